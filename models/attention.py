@@ -1,0 +1,518 @@
+"""The attention family: standard, fixed head size ("concise") and collaborative.
+
+One attention core (`FixedHeadSizeAttention`) does masking, softmax, dropout, the
+value mix and the output projection. The variants override only what their papers
+change:
+
+* `StandardAttention` derives the head size from the width (head_size = width / heads).
+* `CollaborativeAttention` replaces the per-head query/key projections by shared ones
+  re-weighted per head by a mixing matrix, plus per-head content biases.
+
+Shapes in names: B batch, T query length, S key/value length, N heads, H head size,
+K shared key dimension, I input width, O output width.
+
+Masks follow the Keras convention everywhere: True / 1 means "may attend".
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# Logits are masked in float32 (see `_masked_softmax`), so this value cannot overflow
+# in bfloat16 or float16 compute.
+_MASKED_LOGIT = -1e9
+
+
+def _check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+
+
+def _check_rate(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{name}` must be a float in [0, 1). Received: {name}={value!r}")
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class FixedHeadSizeAttention(keras.layers.Layer):
+    """Multi-head attention whose head size is its own hyper-parameter.
+
+    Implements the fixed head size attention of Bhojanapalli et al., "Low-Rank
+    Bottleneck in Multi-head Attention Models" (ICML 2020): every head projects
+    queries and keys to `head_size` dimensions whatever the width and the number of
+    heads, and the output projection maps `num_heads * value_head_size` back to the
+    width. With `head_size >= sequence length` a head can express any attention
+    pattern (the paper's Theorem 1); with `head_size = width / num_heads` the layer is
+    standard multi-head attention.
+
+    The weights have the layout of `keras.layers.MultiHeadAttention` (query, key,
+    value, output `EinsumDense` kernels of shapes (I, N, H), (I, N, H), (I, N, Hv),
+    (N, Hv, O)), so its weights can be copied in and out.
+
+    Args:
+        num_heads: number of attention heads.
+        head_size: size of each query/key head; also sets the softmax scale
+            1/sqrt(head_size).
+        value_head_size: size of each value head; defaults to `head_size`.
+        output_size: width of the output; defaults to the query's width.
+        dropout: dropout rate on the attention probabilities.
+        use_bias: whether the projections have biases.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        seed: seed of the attention dropout.
+        **kwargs: base layer arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: (B, T, I) tensor.
+        value: (B, S, I) tensor; defaults to `query` (self-attention).
+        key: (B, S, I) tensor; defaults to `value`.
+        attention_mask: boolean (B, T, S) or (B, S) tensor, True where a query may
+            attend to a key. A (B, S) mask is a padding mask over the keys.
+        use_causal_mask: if True, query t attends to keys 0..t only.
+        return_attention_scores: if True, also return the attention probabilities
+            (B, N, T, S) (named as in `keras.layers.MultiHeadAttention`).
+        training: whether dropout is active.
+        query_mask, value_mask, key_mask: (B, T) / (B, S) padding masks; Keras fills
+            them from masked inputs when `query` and `value` are both passed.
+
+    Example:
+    >>> layer = FixedHeadSizeAttention(num_heads=8, head_size=128)
+    >>> x = keras.random.normal((2, 16, 512))
+    >>> layer(x, use_causal_mask=True).shape
+    (2, 16, 512)
+    """
+
+    # Whether `head_size` is derived from the query width in `build` (standard attention).
+    _head_size_from_width = False
+
+    def __init__(
+        self,
+        num_heads,
+        head_size,
+        value_head_size=None,
+        output_size=None,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        _check_positive_int("num_heads", num_heads)
+        if head_size is not None or not self._head_size_from_width:
+            _check_positive_int("head_size", head_size)
+        if value_head_size is not None:
+            _check_positive_int("value_head_size", value_head_size)
+        if output_size is not None:
+            _check_positive_int("output_size", output_size)
+        _check_rate("dropout", dropout)
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.value_head_size = value_head_size
+        self.output_size = output_size
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.seed = seed
+
+    # ----------------------------------------------------------------------------------
+    # Hooks a variant overrides.
+
+    def _resolve_head_size(self, input_size):
+        """Returns the query/key head size for a query of width `input_size`."""
+        return self.head_size
+
+    def _build_query_key(self, query_shape, key_shape):
+        self._query_dense = self._dense("query", "BTI,INH->BTNH", (None, self.num_heads, self._head_size), "NH")
+        self._query_dense.build(query_shape)
+        self._key_dense = self._dense("key", "BSI,INH->BSNH", (None, self.num_heads, self._head_size), "NH")
+        self._key_dense.build(key_shape)
+
+    def _attention_logits(self, query, key):
+        """Returns the scaled attention logits (B, N, T, S) of raw query/key inputs."""
+        query_BxTxNxH = self._query_dense(query)
+        key_BxSxNxH = self._key_dense(key)
+        # Scaling the query costs T*N*H multiplications instead of N*T*S on the logits.
+        query_BxTxNxH = ops.multiply(query_BxTxNxH, ops.cast(self._scale, query_BxTxNxH.dtype))
+        return ops.einsum("BTNH,BSNH->BNTS", query_BxTxNxH, key_BxSxNxH)
+
+    def query_key_flops(self, query_length, key_length=None):
+        """Floating point operations of the query/key path for one example.
+
+        Counts the projections (2 per multiply-add), their biases, the query scaling
+        and the logits, i.e. everything `_attention_logits` computes.
+        """
+        key_length = query_length if key_length is None else key_length
+        width, heads, size = self._input_size, self.num_heads, self._head_size
+        projections = 2 * (query_length + key_length) * width * heads * size
+        biases = (query_length + key_length) * heads * size if self.use_bias else 0
+        scaling = query_length * heads * size
+        logits = 2 * heads * query_length * key_length * size
+        return projections + biases + scaling + logits
+
+    # ----------------------------------------------------------------------------------
+    # The shared core.
+
+    def _dense(self, name, equation, output_shape, bias_axes=None):
+        """An `EinsumDense` projection sharing this layer's initializers and policy."""
+        return keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=_clone_initializer(self.kernel_initializer),
+            bias_initializer=_clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if len(shape) != 3 or shape[-1] is None:
+                raise ValueError(
+                    f"`{name}` must have shape (batch, length, width) with a known width. "
+                    f"Received: {name}.shape={tuple(shape)}"
+                )
+        if key_shape[1] is not None and value_shape[1] is not None and key_shape[1] != value_shape[1]:
+            raise ValueError(
+                "`key` and `value` must have the same length. "
+                f"Received: key.shape={tuple(key_shape)}, value.shape={tuple(value_shape)}"
+            )
+        self._input_size = query_shape[-1]
+        self._head_size = self._resolve_head_size(query_shape[-1])
+        self._value_head_size = self.value_head_size or self._head_size
+        self._scale = 1.0 / math.sqrt(self._head_size)
+        self._build_query_key(query_shape, key_shape)
+        self._value_dense = self._dense(
+            "value", "BSI,INH->BSNH", (None, self.num_heads, self._value_head_size), "NH"
+        )
+        self._value_dense.build(value_shape)
+        output_size = self.output_size or query_shape[-1]
+        self._output_dense = self._dense("attention_output", "BTNH,NHO->BTO", (None, output_size), "O")
+        self._output_dense.build((query_shape[0], query_shape[1], self.num_heads, self._value_head_size))
+        self._dropout_layer = keras.layers.Dropout(self.dropout, seed=self.seed, dtype=self.dtype_policy)
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+    ):
+        value = query if value is None else value
+        key = value if key is None else key
+        mask_Bx1xTxS = compute_attention_mask(
+            query,
+            value,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+        )
+        logits_BxNxTxS = self._attention_logits(query, key)
+        probs_BxNxTxS = _masked_softmax(logits_BxNxTxS, mask_Bx1xTxS, self.compute_dtype)
+        value_BxSxNxH = self._value_dense(value)
+        context_BxTxNxH = ops.einsum(
+            "BNTS,BSNH->BTNH", self._dropout_layer(probs_BxNxTxS, training=training), value_BxSxNxH
+        )
+        output_BxTxO = self._output_dense(context_BxTxNxH)
+        if return_attention_scores:
+            return output_BxTxO, probs_BxNxTxS
+        return output_BxTxO
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        return (*query_shape[:-1], self.output_size or query_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            head_size=self.head_size,
+            value_head_size=self.value_head_size,
+            output_size=self.output_size,
+            dropout=self.dropout,
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            seed=self.seed,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class StandardAttention(FixedHeadSizeAttention):
+    """Standard multi-head attention (Vaswani et al., 2017): head size = width / heads.
+
+    This is `FixedHeadSizeAttention` with the head size tied to the query width, which
+    is the coupling the low-rank-bottleneck paper argues against: more heads make each
+    head smaller. Equivalent to `keras.layers.MultiHeadAttention(num_heads,
+    key_dim=width // num_heads)`.
+
+    Args:
+        num_heads: number of heads; must divide the query width.
+        output_size, dropout, use_bias, kernel_initializer, bias_initializer, seed:
+            as in `FixedHeadSizeAttention`.
+
+    Example:
+    >>> layer = StandardAttention(num_heads=8)
+    >>> layer(keras.random.normal((2, 16, 512))).shape
+    (2, 16, 512)
+    """
+
+    _head_size_from_width = True
+
+    def __init__(
+        self,
+        num_heads,
+        output_size=None,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(
+            num_heads=num_heads,
+            head_size=None,
+            output_size=output_size,
+            dropout=dropout,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            seed=seed,
+            **kwargs,
+        )
+
+    def _resolve_head_size(self, input_size):
+        if input_size % self.num_heads:
+            raise ValueError(
+                "`num_heads` must divide the width (hidden_size) for standard attention. "
+                f"Received: hidden_size={input_size}, num_heads={self.num_heads}"
+            )
+        return input_size // self.num_heads
+
+    def get_config(self):
+        config = super().get_config()
+        del config["head_size"], config["value_head_size"]
+        return config
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class ConcatenateMixing(keras.initializers.Initializer):
+    """Mixing matrix (N, K) of blocks of ones: head i sees shared dimensions
+    [i*c, (i+1)*c) with c = ceil(K / N), so collaborative attention starts as
+    concatenated heads (Cordonnier et al., 2020; the last heads get fewer dimensions,
+    or none, when N does not divide K)."""
+
+    def __call__(self, shape, dtype=None):
+        num_heads, shared_key_dim = shape
+        block = -(-shared_key_dim // num_heads)
+        head_N = ops.arange(num_heads)[:, None]
+        column_K = ops.arange(shared_key_dim)[None, :]
+        return ops.cast(ops.equal(column_K // block, head_N), dtype or "float32")
+
+
+_MIXING_INITIALIZERS = {
+    "concatenate": ConcatenateMixing,
+    "all_ones": lambda: keras.initializers.Ones(),
+    # The reference implementation calls this one UNIFORM; it draws N(0, 0.2^2).
+    "random": lambda: keras.initializers.RandomNormal(stddev=0.2),
+}
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class CollaborativeAttention(FixedHeadSizeAttention):
+    """Collaborative multi-head attention (Cordonnier, Loukas and Jaggi, 2020).
+
+    All heads share one query and one key projection of width `shared_key_dim` (K);
+    head i re-weights the shared dimensions with row i of a learned mixing matrix M
+    (N, K) and adds a content bias over the keys:
+
+        logits_i = (X W~Q diag(m_i) W~K^T X'^T + 1 (X' v_i)^T) / sqrt(head_size).
+
+    The query bias of a standard head folds into its content vector v_i = W_K^(i) b_Q^(i)
+    and the key bias cancels in the softmax, so the shared projections have no bias.
+    Values and the output projection are those of `FixedHeadSizeAttention`. The
+    softmax scale is that of the heads being modelled (1/sqrt(head_size)), never
+    1/sqrt(K): a layer converted from trained heads keeps its temperature.
+
+    Args:
+        num_heads: number of heads (N).
+        shared_key_dim: width K of the shared query/key projections.
+        head_size: size of each value head and of the original query/key heads (sets
+            the softmax scale 1/sqrt(head_size)).
+        mixing_initializer: "concatenate" (blocks of ones: starts as concatenated
+            heads), "all_ones", "random" (N(0, 0.2^2), the reference implementation's
+            "uniform") or any Keras initializer.
+        value_head_size, output_size, dropout, use_bias, kernel_initializer,
+            bias_initializer, seed: as in `FixedHeadSizeAttention` (`use_bias` applies
+            to values and output; the content bias always exists).
+
+    Example:
+    >>> layer = CollaborativeAttention(num_heads=12, shared_key_dim=192, head_size=64)
+    >>> layer(keras.random.normal((2, 16, 768))).shape
+    (2, 16, 768)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        shared_key_dim,
+        head_size,
+        mixing_initializer="concatenate",
+        value_head_size=None,
+        output_size=None,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        seed=None,
+        **kwargs,
+    ):
+        _check_positive_int("shared_key_dim", shared_key_dim)
+        _check_positive_int("head_size", head_size)
+        super().__init__(
+            num_heads=num_heads,
+            head_size=head_size,
+            value_head_size=value_head_size,
+            output_size=output_size,
+            dropout=dropout,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            seed=seed,
+            **kwargs,
+        )
+        self.shared_key_dim = shared_key_dim
+        if isinstance(mixing_initializer, str) and mixing_initializer in _MIXING_INITIALIZERS:
+            self.mixing_initializer = _MIXING_INITIALIZERS[mixing_initializer]()
+        else:
+            try:
+                self.mixing_initializer = keras.initializers.get(mixing_initializer)
+            except ValueError as error:
+                raise ValueError(
+                    f"`mixing_initializer` must be one of {sorted(_MIXING_INITIALIZERS)} or a Keras "
+                    f"initializer. Received: mixing_initializer={mixing_initializer!r}"
+                ) from error
+
+    def _build_query_key(self, query_shape, key_shape):
+        shared = self.shared_key_dim
+        # No bias: the query bias lives in `content_bias`, the key bias cancels.
+        self._query_dense = self._dense("query", "BTI,IK->BTK", (None, shared))
+        self._query_dense.build(query_shape)
+        self._key_dense = self._dense("key", "BSI,IK->BSK", (None, shared))
+        self._key_dense.build(key_shape)
+        self.mixing = self.add_weight(
+            name="mixing", shape=(self.num_heads, shared), initializer=self.mixing_initializer
+        )
+        self.content_bias = self.add_weight(
+            name="content_bias",
+            shape=(key_shape[-1], self.num_heads),
+            initializer=_clone_initializer(self.bias_initializer),
+        )
+
+    def _attention_logits(self, query, key):
+        scale = ops.cast(self._scale, self.compute_dtype)
+        query_BxTxK = ops.multiply(self._query_dense(query), scale)
+        key_BxSxK = self._key_dense(key)
+        mixed_query_BxTxNxK = ops.multiply(query_BxTxK[:, :, None, :], self.mixing)
+        logits_BxNxTxS = ops.einsum("BTNK,BSK->BNTS", mixed_query_BxTxNxK, key_BxSxK)
+        content_BxNxS = ops.multiply(ops.einsum("BSI,IN->BNS", key, self.content_bias), scale)
+        return ops.add(logits_BxNxTxS, content_BxNxS[:, :, None, :])
+
+    def query_key_flops(self, query_length, key_length=None):
+        key_length = query_length if key_length is None else key_length
+        width, heads, shared = self._input_size, self.num_heads, self.shared_key_dim
+        projections = 2 * (query_length + key_length) * width * shared
+        scaling = query_length * shared + heads * key_length
+        mixing = query_length * heads * shared
+        logits = 2 * heads * query_length * key_length * shared
+        content = 2 * key_length * width * heads + heads * query_length * key_length
+        return projections + scaling + mixing + logits + content
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            shared_key_dim=self.shared_key_dim,
+            mixing_initializer=keras.initializers.serialize(self.mixing_initializer),
+        )
+        return config
+
+
+def _clone_initializer(initializer):
+    """A fresh copy, so that seeded initializers do not give every kernel the same values."""
+    return initializer.__class__.from_config(initializer.get_config())
+
+
+def _masked_softmax(logits, mask, dtype):
+    """Softmax over the last axis, computed in float32 whatever the compute dtype."""
+    logits = ops.cast(logits, "float32")
+    if mask is not None:
+        logits = ops.where(mask, logits, _MASKED_LOGIT)
+    return ops.cast(ops.softmax(logits, axis=-1), dtype)
+
+
+def compute_attention_mask(
+    query,
+    value,
+    attention_mask=None,
+    use_causal_mask=False,
+    query_mask=None,
+    value_mask=None,
+    key_mask=None,
+):
+    """Combines every mask source into one boolean (B or 1, 1, T, S) mask, or None.
+
+    The single place where masks meet. Keras polarity: True = may attend.
+
+    Args:
+        query: (B, T, ...) tensor.
+        value: (B, S, ...) tensor.
+        attention_mask: (B, T, S) mask, or a (B, S) padding mask over the keys.
+        use_causal_mask: if True, query t may attend to keys s <= t only.
+        query_mask: (B, T) padding mask of the queries.
+        value_mask, key_mask: (B, S) padding masks of the values / keys.
+    """
+    batch, query_length, key_length = query.shape[0], query.shape[1], value.shape[1]
+    masks_BxTxS = []
+    if attention_mask is not None:
+        expected = {2: (batch, key_length), 3: (batch, query_length, key_length)}.get(len(attention_mask.shape))
+        received = tuple(attention_mask.shape)
+        if expected is None or any(
+            want is not None and got is not None and got != want and not (axis == 0 and got == 1)
+            for axis, (got, want) in enumerate(zip(received, expected))
+        ):
+            raise ValueError(
+                "`attention_mask` must have shape (batch, query_length, key_length) = "
+                f"{(batch, query_length, key_length)} or (batch, key_length) = {(batch, key_length)}. "
+                f"Received: attention_mask.shape={received}"
+            )
+        attention_mask = ops.cast(attention_mask, "bool")
+        masks_BxTxS.append(attention_mask[:, None, :] if len(received) == 2 else attention_mask)
+    if query_mask is not None:
+        masks_BxTxS.append(ops.cast(query_mask, "bool")[:, :, None])
+    for padding_mask in (value_mask, key_mask):
+        if padding_mask is not None:
+            masks_BxTxS.append(ops.cast(padding_mask, "bool")[:, None, :])
+    if use_causal_mask:
+        query_position = ops.arange(ops.shape(query)[1])[:, None]
+        key_position = ops.arange(ops.shape(value)[1])[None, :]
+        masks_BxTxS.append(ops.greater_equal(query_position, key_position)[None, :, :])
+    if not masks_BxTxS:
+        return None
+    mask_BxTxS = masks_BxTxS[0]
+    for mask in masks_BxTxS[1:]:
+        mask_BxTxS = ops.logical_and(mask_BxTxS, mask)
+    return mask_BxTxS[:, None, :, :]

@@ -1,0 +1,44 @@
+"""concise-attention: transformers with fixed head size, collaborative and deep single-head attention."""
+
+import pathlib
+
+import setuptools
+
+HERE = pathlib.Path(__file__).parent
+
+setuptools.setup(
+    name="concise-attention",
+    version="0.1.0",
+    description=(
+        "Keras 3 model zoo for fixed head size, collaborative and deep single-head attention, "
+        "with TF-Hub and TF Serving export."
+    ),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10,<3.13",
+    packages=setuptools.find_packages(include=["models*", "training*", "export*"]),
+    package_data={"": ["*.yaml"]},
+    install_requires=[
+        "tensorflow>=2.20,<2.21",
+        "keras>=3.10,<4",
+        "keras-hub>=0.21",
+        "tf-keras>=2.20,<2.21",
+        "tf-models-official>=2.20,<2.21",
+        "tensorflow-text>=2.20,<2.21",
+        "tensorflow-datasets>=4.9",
+        "tensorflow-hub>=0.16",
+        "tensorly>=0.8",
+        "safetensors>=0.4",
+        "numpy",
+        "pyyaml",
+        "tqdm",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout",
+            "tensorflow-serving-api>=2.20,<2.21",
+        ],
+    },
+)

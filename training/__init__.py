@@ -1,0 +1,1 @@
+"""TensorFlow-only training code: tf.data pipelines, tf.distribute strategies, the trainer (issue 4)."""
