@@ -22,7 +22,7 @@ setuptools.setup(
     install_requires=[
         "tensorflow>=2.20,<2.21",
         "keras>=3.10,<4",
-        "keras-hub>=0.21",
+        "keras-hub>=0.29",
         "tf-keras>=2.20,<2.21",
         "tf-models-official>=2.20,<2.21",
         "tensorflow-text>=2.20,<2.21",
@@ -39,6 +39,7 @@ setuptools.setup(
             "pytest>=8",
             "pytest-timeout",
             "tensorflow-serving-api>=2.20,<2.21",
+            "jax[cpu]>=0.4.30",
         ],
     },
 )

@@ -117,6 +117,8 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.seed = seed
+        # Outputs keep the query's Keras mask (each output row is a query position).
+        self.supports_masking = True
 
     # ----------------------------------------------------------------------------------
     # Hooks a variant overrides.
@@ -158,7 +160,7 @@ class FixedHeadSizeAttention(keras.layers.Layer):
 
     def _dense(self, name, equation, output_shape, bias_axes=None):
         """An `EinsumDense` projection sharing this layer's initializers and policy."""
-        return keras.layers.EinsumDense(
+        dense = keras.layers.EinsumDense(
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
@@ -167,6 +169,9 @@ class FixedHeadSizeAttention(keras.layers.Layer):
             dtype=self.dtype_policy,
             name=name,
         )
+        # Masks were read by `call`; a projection just lets them pass instead of warning.
+        dense.supports_masking = True
+        return dense
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
