@@ -24,3 +24,10 @@ def test_setup_declares_the_stack():
                         "tensorflow-text", "tensorflow-datasets", "tensorflow-hub", "tensorly", "safetensors"):
         assert re.search(rf'"{requirement}', setup), requirement
     assert '"test":' in setup
+
+
+def test_readme_python_example_runs(capsys):
+    readme = (ROOT / "README.md").read_text()
+    example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(example, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip().endswith("(2, 16, 512)")
