@@ -147,6 +147,7 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         Counts the projections (2 per multiply-add), their biases, the query scaling
         and the logits, i.e. everything `_attention_logits` computes.
         """
+        self._check_built("query_key_flops")
         key_length = query_length if key_length is None else key_length
         width, heads, size = self._input_size, self.num_heads, self._head_size
         projections = 2 * (query_length + key_length) * width * heads * size
@@ -157,6 +158,10 @@ class FixedHeadSizeAttention(keras.layers.Layer):
 
     # ----------------------------------------------------------------------------------
     # The shared core.
+
+    def _check_built(self, method):
+        if not self.built:
+            raise ValueError(f"`{method}` needs the input width: build or call the layer first (layer {self.name!r}).")
 
     def _dense(self, name, equation, output_shape, bias_axes=None):
         """An `EinsumDense` projection sharing this layer's initializers and policy."""
@@ -235,9 +240,6 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         if return_attention_scores:
             return output_BxTxO, probs_BxNxTxS
         return output_BxTxO
-
-    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
-        return (*query_shape[:-1], self.output_size or query_shape[-1])
 
     def get_config(self):
         config = super().get_config()
@@ -438,6 +440,7 @@ class CollaborativeAttention(FixedHeadSizeAttention):
         return ops.add(logits_BxNxTxS, content_BxNxS[:, :, None, :])
 
     def query_key_flops(self, query_length, key_length=None):
+        self._check_built("query_key_flops")
         key_length = query_length if key_length is None else key_length
         width, heads, shared = self._input_size, self.num_heads, self.shared_key_dim
         projections = 2 * (query_length + key_length) * width * shared

@@ -170,14 +170,15 @@ def test_collaborative_query_key_parameter_count():
 # Theorem 1 of the low-rank-bottleneck paper
 
 
-def test_theorem_1_head_size_at_least_length_represents_any_stochastic_matrix():
+@pytest.mark.parametrize("head_size", [6, 9])
+def test_theorem_1_head_size_at_least_length_represents_any_stochastic_matrix(head_size):
     """Bhojanapalli et al., Theorem 1, with the construction of its proof.
 
     The paper writes tokens as columns of X (d x n) and P as column stochastic:
     P = Softmax(X^T W_k^T W_q X / sqrt(d_p)), softmax over each column (one per query).
     Our layer's rows are queries, so its probabilities must equal P^T.
     """
-    n, d, head_size = 6, 10, 6  # d_p >= n, X of full column rank needs d >= n
+    n, d = 6, 10  # d_p = head_size >= n; X of full column rank needs d >= n
     rng = np.random.default_rng(3)
     x_dxn = rng.normal(size=(d, n))
     p_nxn = rng.uniform(0.05, 1.0, size=(n, n))
@@ -402,3 +403,20 @@ def test_layers_run_under_jax_with_the_same_outputs_and_flop_counts(tmp_path):
     for name, outputs in expected.items():
         np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), outputs, rtol=1e-5, atol=1e-5)
         assert flops[name]["ours"] == pytest.approx(flops[name]["xla"], rel=0.02), (name, flops[name])
+
+
+def test_functional_model_with_attention_probabilities(layer):
+    """Symbolic Keras inputs: the output structure follows `return_attention_scores`."""
+    tokens = keras.Input((LENGTH, WIDTH))
+    padding = keras.Input((LENGTH,), dtype="bool")
+    outputs, probs = layer(tokens, attention_mask=padding, return_attention_scores=True)
+    assert tuple(outputs.shape) == (None, LENGTH, WIDTH)
+    assert tuple(probs.shape) == (None, HEADS, LENGTH, LENGTH)
+    model = keras.Model([tokens, padding], [outputs, probs])
+    _, eager_probs = model([_random(BATCH, LENGTH, WIDTH), _padding_mask()])
+    np.testing.assert_allclose(_np(eager_probs).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_flop_count_needs_a_built_layer():
+    with pytest.raises(ValueError, match="build or call the layer first"):
+        FixedHeadSizeAttention(num_heads=2, head_size=4).query_key_flops(8)
