@@ -169,8 +169,8 @@ class FixedHeadSizeAttention(keras.layers.Layer):
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=_clone_initializer(self.kernel_initializer),
-            bias_initializer=_clone_initializer(self.bias_initializer),
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -427,7 +427,7 @@ class CollaborativeAttention(FixedHeadSizeAttention):
         self.content_bias = self.add_weight(
             name="content_bias",
             shape=(key_shape[-1], self.num_heads),
-            initializer=_clone_initializer(self.bias_initializer),
+            initializer=clone_initializer(self.bias_initializer),
         )
 
     def _attention_logits(self, query, key):
@@ -459,7 +459,7 @@ class CollaborativeAttention(FixedHeadSizeAttention):
         return config
 
 
-def _clone_initializer(initializer):
+def clone_initializer(initializer):
     """A fresh copy, so that seeded initializers do not give every kernel the same values."""
     return initializer.__class__.from_config(initializer.get_config())
 

@@ -1,0 +1,162 @@
+"""A decoder-only causal language model (the LM1B study of the fixed-head-size paper)."""
+
+import keras
+from keras import ops
+
+from models.bert import _check_sizes
+from models.embedding import PositionEmbedding
+from models.transformer import build_blocks
+from models.transformer import admin_initialize
+
+
+def packed_causal_mask(segment_ids):
+    """(B, T, T) mask for packed rows: causal, within one segment, never onto padding (segment 0).
+
+    Keras polarity (True = may attend). Rows packed tensor2tensor-style hold several
+    sentences with segment ids 1, 2, ...; a token attends to earlier tokens of its own
+    sentence only.
+    """
+    segment_ids = ops.cast(segment_ids, "int32")
+    same_segment = ops.equal(segment_ids[:, :, None], segment_ids[:, None, :])
+    real_key = ops.not_equal(segment_ids, 0)[:, None, :]
+    positions = ops.arange(ops.shape(segment_ids)[1])
+    causal = ops.greater_equal(positions[:, None], positions[None, :])[None, :, :]
+    return ops.logical_and(ops.logical_and(same_segment, real_key), causal)
+
+
+LM_ARGUMENTS = (
+    "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "attention_type", "head_size",
+    "shared_key_dim", "mixing_initializer", "max_sequence_length", "position_embedding", "tie_embeddings",
+    "norm_position", "residual_scaling", "activation", "dropout", "attention_dropout", "layer_norm_epsilon",
+    "initializer_range",
+)
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class CausalLM(keras.Model):
+    """Decoder-only transformer LM with any attention variant.
+
+    Inputs (dict of int32 (B, T)): `token_ids`; `segment_ids` (1, 2, ... per packed
+    sentence, 0 for padding; all ones for one unpadded sentence a row) and `positions`
+    (restarting at 0 for each packed sentence). Output: logits (B, T, vocab_size).
+
+    Args:
+        vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes.
+        attention_type, head_size, shared_key_dim, mixing_initializer: attention variant.
+        max_sequence_length: longest sequence (rows of the learned position table).
+        position_embedding: "learned" or "sinusoidal" (tensor2tensor timing signal).
+        tie_embeddings: output projection = input embedding transposed.
+        norm_position: "pre" (tensor2tensor; default) or "post" (needed by Admin).
+        residual_scaling: "none" or "admin" (call `initialize_admin` on a batch).
+        activation: feed-forward activation (tensor2tensor uses "relu").
+        dropout, attention_dropout, layer_norm_epsilon, initializer_range: as named.
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        hidden_size,
+        num_layers,
+        num_heads,
+        intermediate_size,
+        attention_type="standard",
+        head_size=None,
+        shared_key_dim=None,
+        mixing_initializer=None,
+        max_sequence_length=256,
+        position_embedding="learned",
+        tie_embeddings=True,
+        norm_position="pre",
+        residual_scaling="none",
+        activation="relu",
+        dropout=0.1,
+        attention_dropout=0.1,
+        layer_norm_epsilon=1e-6,
+        initializer_range=0.02,
+        dtype=None,
+        **kwargs,
+    ):
+        arguments = {name: value for name, value in locals().items() if name in LM_ARGUMENTS}
+        _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
+        initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
+        # === Layers ===
+        self.token_embeddings = keras.layers.ReversibleEmbedding(
+            vocab_size,
+            hidden_size,
+            tie_weights=tie_embeddings,
+            embeddings_initializer=initializer,
+            dtype=dtype,
+            name="token_embeddings",
+        )
+        self.position_embeddings = PositionEmbedding(
+            max_sequence_length, kind=position_embedding, embeddings_initializer=initializer, dtype=dtype, name="position_embeddings"
+        )
+        # Post-LN blocks expect a normalised residual stream from the start (as BERT).
+        self.embeddings_norm = (
+            keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_norm")
+            if norm_position == "post"
+            else None
+        )
+        self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
+        self.blocks = build_blocks(
+            num_layers,
+            num_heads=num_heads,
+            intermediate_size=intermediate_size,
+            attention_type=attention_type,
+            head_size=head_size,
+            shared_key_dim=shared_key_dim,
+            mixing_initializer=mixing_initializer,
+            activation=activation,
+            norm_position=norm_position,
+            residual_scaling=residual_scaling,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            layer_norm_epsilon=layer_norm_epsilon,
+            kernel_initializer=initializer,
+            dtype=dtype,
+        )
+        # Pre-LN leaves the residual stream unnormalised: one last norm before the logits.
+        self.final_norm = (
+            keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="final_norm")
+            if norm_position == "pre"
+            else None
+        )
+
+        # === Graph ===
+        inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in ("token_ids", "segment_ids", "positions")}
+        x, mask = self._embed(inputs)
+        for block in self.blocks:
+            x = block(x, attention_mask=mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        logits = self.token_embeddings(x, reverse=True)
+        super().__init__(inputs=inputs, outputs=logits, dtype=dtype, **kwargs)
+
+        for name, value in arguments.items():
+            setattr(self, name, value)
+
+    def _embed(self, inputs, training=None):
+        tokens = self.token_embeddings(inputs["token_ids"])
+        x = tokens + self.position_embeddings(tokens, positions=inputs["positions"])
+        if self.embeddings_norm is not None:
+            x = self.embeddings_norm(x)
+        return self.embeddings_dropout(x, training=training), packed_causal_mask(inputs["segment_ids"])
+
+    def initialize_admin(self, inputs):
+        """Admin: sets every block's omegas from a profiling pass over `inputs` (a batch dict)."""
+        inputs = {name: ops.convert_to_tensor(value, "int32") for name, value in inputs.items()}
+        x, mask = self._embed(inputs, training=False)
+        return admin_initialize(self.blocks, x, attention_mask=mask)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            **{name: getattr(self, name) for name in LM_ARGUMENTS},
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
