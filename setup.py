@@ -17,7 +17,7 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10,<3.13",
-    packages=setuptools.find_packages(include=["models*", "training*", "export*"]),
+    packages=setuptools.find_packages(include=["models*", "training*", "export*", "configs*"]),
     package_data={"": ["*.yaml"]},
     install_requires=[
         "tensorflow>=2.20,<2.21",

@@ -120,6 +120,23 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         # Outputs keep the query's Keras mask (each output row is a query position).
         self.supports_masking = True
 
+    # The projections, for weight import and conversion (as keras.layers.MultiHeadAttention).
+    @property
+    def query_dense(self):
+        return self._query_dense
+
+    @property
+    def key_dense(self):
+        return self._key_dense
+
+    @property
+    def value_dense(self):
+        return self._value_dense
+
+    @property
+    def output_dense(self):
+        return self._output_dense
+
     # ----------------------------------------------------------------------------------
     # Hooks a variant overrides.
 

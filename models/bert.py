@@ -6,6 +6,7 @@ from keras import ops
 from models.embedding import PositionEmbedding
 from models.transformer import build_blocks
 from models.transformer import admin_initialize
+from models.transformer import get_activation
 
 
 def _check_sizes(**sizes):
@@ -169,7 +170,7 @@ class BertPretrainer(keras.Model):
         self.encoder = encoder
         self.transform = keras.layers.Dense(
             encoder.hidden_size,
-            activation=activation or encoder.activation,
+            activation=get_activation(activation or encoder.activation),
             kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
             dtype=encoder.dtype_policy,
             name="mlm_transform",

@@ -9,19 +9,16 @@ from models.transformer import build_blocks
 from models.transformer import admin_initialize
 
 
-def packed_causal_mask(segment_ids):
-    """(B, T, T) mask for packed rows: causal, within one segment, never onto padding (segment 0).
+def packed_segment_mask(segment_ids):
+    """(B, T, T) mask for packed rows: attend within one segment, never onto padding (segment 0).
 
     Keras polarity (True = may attend). Rows packed tensor2tensor-style hold several
-    sentences with segment ids 1, 2, ...; a token attends to earlier tokens of its own
-    sentence only.
+    sentences with segment ids 1, 2, ...; with the causal mask that the blocks add, a
+    token attends to earlier tokens of its own sentence only.
     """
     segment_ids = ops.cast(segment_ids, "int32")
     same_segment = ops.equal(segment_ids[:, :, None], segment_ids[:, None, :])
-    real_key = ops.not_equal(segment_ids, 0)[:, None, :]
-    positions = ops.arange(ops.shape(segment_ids)[1])
-    causal = ops.greater_equal(positions[:, None], positions[None, :])[None, :, :]
-    return ops.logical_and(ops.logical_and(same_segment, real_key), causal)
+    return ops.logical_and(same_segment, ops.not_equal(segment_ids, 0)[:, None, :])
 
 
 LM_ARGUMENTS = (
@@ -126,7 +123,7 @@ class CausalLM(keras.Model):
         inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in ("token_ids", "segment_ids", "positions")}
         x, mask = self._embed(inputs)
         for block in self.blocks:
-            x = block(x, attention_mask=mask)
+            x = block(x, attention_mask=mask, use_causal_mask=True)
         if self.final_norm is not None:
             x = self.final_norm(x)
         logits = self.token_embeddings(x, reverse=True)
@@ -140,13 +137,13 @@ class CausalLM(keras.Model):
         x = tokens + self.position_embeddings(tokens, positions=inputs["positions"])
         if self.embeddings_norm is not None:
             x = self.embeddings_norm(x)
-        return self.embeddings_dropout(x, training=training), packed_causal_mask(inputs["segment_ids"])
+        return self.embeddings_dropout(x, training=training), packed_segment_mask(inputs["segment_ids"])
 
     def initialize_admin(self, inputs):
         """Admin: sets every block's omegas from a profiling pass over `inputs` (a batch dict)."""
         inputs = {name: ops.convert_to_tensor(value, "int32") for name, value in inputs.items()}
         x, mask = self._embed(inputs, training=False)
-        return admin_initialize(self.blocks, x, attention_mask=mask)
+        return admin_initialize(self.blocks, x, attention_mask=mask, use_causal_mask=True)
 
     def get_config(self):
         return {

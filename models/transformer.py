@@ -28,6 +28,23 @@ ATTENTION_TYPES = {
 NORM_POSITIONS = ("post", "pre")
 RESIDUAL_SCALINGS = ("none", "admin")
 
+
+
+def gelu_approximate(x):
+    """GELU in its tanh form (GPT-2's "gelu_new", keras-hub's BERT)."""
+    return keras.activations.gelu(x, approximate=True)
+
+
+def get_activation(name):
+    """A Keras activation by name; "gelu" is the exact erf form, "gelu_approximate" the tanh one."""
+    if name == "gelu_approximate":
+        return gelu_approximate
+    try:
+        return keras.activations.get(name)
+    except ValueError as error:
+        raise ValueError(f"Unknown activation. Received: activation={name!r}") from error
+
+
 # Arguments a builder may set that belong to one attention variant or another.
 _VARIANT_ARGUMENTS = ("head_size", "shared_key_dim", "mixing_initializer")
 
@@ -136,7 +153,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_dropout = attention_dropout
         self.layer_norm_epsilon = layer_norm_epsilon
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self._activation = keras.activations.get(activation)
+        self._activation = get_activation(activation)
         self.attention = make_attention(
             attention_type,
             num_heads,

@@ -1,0 +1,211 @@
+"""YAML presets -> frozen dataclasses -> builders, with no renaming on the way.
+
+A preset is `configs/<name>.yaml` (or any YAML path):
+
+    description: what it is
+    base: another_preset        # optional: start from that preset, then override
+    model_type: bert            # bert | causal_lm: which builder
+    model:                      # exactly the builder's constructor arguments
+      hidden_size: 512
+      ...
+
+The model dataclasses are generated from the builders' signatures, so a config field is
+a builder argument by construction. Unknown keys and values of the wrong type are errors
+that name the key. `--set model.num_heads=16` style overrides apply after the YAML.
+
+    python -m configs bert_d512_p128_h8 --set model.num_heads=12   # resolved config + parameters
+"""
+
+import argparse
+import dataclasses
+import inspect
+import pathlib
+import types
+import typing
+
+import yaml
+
+from models.bert import BertEncoder
+from models.lm import CausalLM
+
+PRESET_DIRECTORY = pathlib.Path(__file__).parent
+BUILDERS = {"bert": BertEncoder, "causal_lm": CausalLM}
+# Builder arguments that are not model hyper-parameters.
+_NOT_CONFIG = {"self", "dtype", "kwargs"}
+
+
+def _field_type(default):
+    """The type a field accepts, read off the builder's default value."""
+    if default is inspect.Parameter.empty:
+        return int  # every required builder argument is a size
+    if default is None:
+        return typing.Optional[typing.Union[int, str]]
+    if isinstance(default, bool):
+        return bool
+    if isinstance(default, float):
+        return float
+    return type(default)
+
+
+def _model_dataclass(name, builder):
+    fields = []
+    for parameter in inspect.signature(builder.__init__).parameters.values():
+        if parameter.name in _NOT_CONFIG:
+            continue
+        field_type = _field_type(parameter.default)
+        if parameter.default is inspect.Parameter.empty:
+            fields.append((parameter.name, field_type))
+        else:
+            fields.append((parameter.name, field_type, dataclasses.field(default=parameter.default)))
+    fields.sort(key=lambda field: len(field) == 3)  # required fields first
+    return dataclasses.make_dataclass(name, fields, frozen=True)
+
+
+MODEL_CONFIGS = {
+    "bert": _model_dataclass("BertConfig", BertEncoder),
+    "causal_lm": _model_dataclass("CausalLMConfig", CausalLM),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """A resolved preset: which builder, and its arguments."""
+
+    name: str
+    model_type: str
+    model: typing.Any
+    description: str = ""
+
+    def build_model(self, **kwargs):
+        """The model this config describes (`kwargs` go to the builder, e.g. `dtype`)."""
+        return BUILDERS[self.model_type](**dataclasses.asdict(self.model), **kwargs)
+
+    def to_dict(self):
+        return {"description": self.description, "model_type": self.model_type, "model": dataclasses.asdict(self.model)}
+
+
+def preset_names():
+    return sorted(path.stem for path in PRESET_DIRECTORY.glob("*.yaml"))
+
+
+def _read(name_or_path, seen=()):
+    path = pathlib.Path(name_or_path)
+    if not path.suffix:
+        path = PRESET_DIRECTORY / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ValueError(
+            f"No such config file or preset: {str(name_or_path)!r}. Presets: {', '.join(preset_names())}"
+        )
+    if path.resolve() in seen:
+        raise ValueError(f"Config {path.name} inherits from itself through `base`.")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"Config {path} is not valid YAML: {error}") from error
+    if not isinstance(raw, dict):
+        raise ValueError(f"Config {path} must be a YAML mapping. Received: {type(raw).__name__}")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    merged = _read(base if pathlib.Path(base).suffix else path.parent / f"{base}.yaml", (*seen, path.resolve()))
+    merged.pop("description", None)
+    return _merge(merged, raw)
+
+
+def _merge(base, override):
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_override(text):
+    """`a.b=value` -> (["a", "b"], value parsed as YAML)."""
+    key, separator, value = text.partition("=")
+    if not separator or not key:
+        raise ValueError(f"An override must look like key.subkey=value. Received: {text!r}")
+    return key.strip().split("."), yaml.safe_load(value)
+
+
+def _check_type(key, value, expected):
+    origin = typing.get_origin(expected)
+    allowed = typing.get_args(expected) if origin in (typing.Union, types.UnionType) else (expected,)
+    if value is None and type(None) in allowed:
+        return value
+    if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and bool not in allowed:
+        raise ValueError(f"`{key}` must be of type {expected}. Received: {key}={value!r}")
+    if not isinstance(value, tuple(t for t in allowed if t is not type(None))):
+        raise ValueError(f"`{key}` must be of type {getattr(expected, '__name__', expected)}. Received: {key}={value!r}")
+    return value
+
+
+def _to_dataclass(cls, values, prefix):
+    if not isinstance(values, dict):
+        raise ValueError(f"`{prefix}` must be a mapping. Received: {prefix}={values!r}")
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            raise ValueError(f"Unknown config key `{prefix}.{key}`. Known keys: {', '.join(sorted(fields))}")
+    missing = [name for name, field in fields.items() if name not in values and field.default is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"Missing config key(s): {', '.join(f'{prefix}.{name}' for name in missing)}")
+    return cls(**{key: _check_type(f"{prefix}.{key}", value, fields[key].type) for key, value in values.items()})
+
+
+def load_config(name_or_path, overrides=()):
+    """Reads a preset name or YAML path, applies `key=value` overrides, validates.
+
+    Args:
+        name_or_path: a preset name (see `preset_names()`) or a path to a YAML file.
+        overrides: strings like "model.num_heads=16".
+
+    Returns:
+        A frozen `ExperimentConfig`.
+    """
+    raw = _read(name_or_path)
+    for text in overrides:
+        keys, value = parse_override(text)
+        target = raw
+        for key in keys[:-1]:
+            target = target.setdefault(key, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"Cannot override `{text}`: `{key}` is not a mapping.")
+        target[keys[-1]] = value
+    unknown = set(raw) - {"description", "model_type", "model"}
+    if unknown:
+        raise ValueError(f"Unknown config key(s): {', '.join(sorted(unknown))}. Known keys: description, model_type, model")
+    model_type = raw.get("model_type")
+    if model_type not in MODEL_CONFIGS:
+        raise ValueError(f"`model_type` must be one of {sorted(MODEL_CONFIGS)}. Received: model_type={model_type!r}")
+    return ExperimentConfig(
+        name=pathlib.Path(str(name_or_path)).stem,
+        model_type=model_type,
+        model=_to_dataclass(MODEL_CONFIGS[model_type], raw.get("model", {}), "model"),
+        description=raw.get("description", ""),
+    )
+
+
+def add_config_arguments(parser):
+    """Adds `--config NAME_OR_PATH` and repeatable `--set key=value` to an argparse parser."""
+    parser.add_argument("--config", required=True, help=f"preset name or YAML path; presets: {', '.join(preset_names())}")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_heads=16")
+    return parser
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m configs", description="Print a resolved config and its parameter count.")
+    parser.add_argument("config", help=f"preset name or YAML path; presets: {', '.join(preset_names())}")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_heads=16")
+    args = parser.parse_args(argv)
+    config = load_config(args.config, args.set)
+    import keras
+
+    with keras.StatelessScope(initialize_variables=False):  # shapes only: no weights allocated
+        parameters = config.build_model().count_params()
+    print(yaml.safe_dump(config.to_dict(), sort_keys=False).rstrip())
+    print(f"parameters: {parameters:,}")

@@ -1,0 +1,3 @@
+from configs import main
+
+main()

@@ -1,0 +1,128 @@
+"""Import of a pre-trained Hugging Face BERT directory into `BertEncoder` (standard attention).
+
+Reads `config.json` and `model.safetensors` with safetensors (never pickle or
+torch.load); `vocab.txt` is left for the tokenizer. Works on BertModel checkpoints
+(keys `embeddings.*`) and BertFor* ones (keys `bert.embeddings.*`), with LayerNorm
+parameters named weight/bias or gamma/beta.
+"""
+
+import json
+import pathlib
+
+import numpy as np
+import safetensors.numpy
+
+from models.bert import BertEncoder
+
+# Hugging Face `hidden_act` -> Keras activation of the same function.
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
+
+
+def hf_bert_config(directory):
+    """The `BertEncoder` arguments of a Hugging Face BERT `config.json`."""
+    path = pathlib.Path(directory) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"No config.json in the Hugging Face BERT directory. Received: directory={str(directory)!r}")
+    config = json.loads(path.read_text())
+    if config.get("model_type") != "bert":
+        raise ValueError(f"Only BERT checkpoints can be imported. Received: model_type={config.get('model_type')!r}")
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(
+            f"Only absolute position embeddings are supported. Received: position_embedding_type={config['position_embedding_type']!r}"
+        )
+    if config.get("hidden_act") not in _ACTIVATIONS:
+        raise ValueError(f"`hidden_act` must be one of {sorted(_ACTIVATIONS)}. Received: hidden_act={config.get('hidden_act')!r}")
+    return {
+        "vocab_size": config["vocab_size"],
+        "hidden_size": config["hidden_size"],
+        "num_layers": config["num_hidden_layers"],
+        "num_heads": config["num_attention_heads"],
+        "intermediate_size": config["intermediate_size"],
+        "attention_type": "standard",
+        "max_sequence_length": config["max_position_embeddings"],
+        "type_vocab_size": config["type_vocab_size"],
+        "activation": _ACTIVATIONS[config["hidden_act"]],
+        "dropout": config.get("hidden_dropout_prob", 0.1),
+        "attention_dropout": config.get("attention_probs_dropout_prob", 0.1),
+        "layer_norm_epsilon": config.get("layer_norm_eps", 1e-12),
+        "initializer_range": config.get("initializer_range", 0.02),
+    }
+
+
+class _Checkpoint:
+    """The tensors of a safetensors file, looked up without the `bert.` prefix."""
+
+    def __init__(self, path):
+        self.tensors = {name.removeprefix("bert."): value for name, value in safetensors.numpy.load_file(path).items()}
+        self.path = path
+
+    def __call__(self, name):
+        for candidate in (name, name.replace(".weight", ".gamma").replace(".bias", ".beta")):
+            if candidate in self.tensors:
+                return self.tensors[candidate]
+        raise ValueError(f"The checkpoint {self.path.name} has no tensor {name!r}: not a BERT checkpoint of this config?")
+
+    def layer_norm(self, prefix):
+        return [self(f"{prefix}.LayerNorm.weight"), self(f"{prefix}.LayerNorm.bias")]
+
+    def dense(self, prefix):
+        # PyTorch Linear stores (out, in); Keras Dense kernels are (in, out).
+        return self(f"{prefix}.weight").T, self(f"{prefix}.bias")
+
+
+def _assign(variable, value, source):
+    value = np.asarray(value)
+    if tuple(variable.shape) != value.shape:
+        raise ValueError(
+            f"Shape mismatch importing {source!r} into {variable.path!r}: checkpoint {value.shape}, model {tuple(variable.shape)}"
+        )
+    variable.assign(value)
+
+
+def load_hf_bert(directory, **overrides):
+    """A `BertEncoder` with the weights of a Hugging Face BERT directory.
+
+    Args:
+        directory: folder with config.json and model.safetensors.
+        **overrides: `BertEncoder` arguments to change (e.g. `dropout=0.0`).
+
+    Returns:
+        The encoder, standard attention, weights loaded.
+    """
+    directory = pathlib.Path(directory)
+    weights_path = directory / "model.safetensors"
+    if not weights_path.is_file():
+        raise ValueError(f"No model.safetensors in the Hugging Face BERT directory. Received: directory={str(directory)!r}")
+    encoder = BertEncoder(**(hf_bert_config(directory) | overrides))
+    checkpoint = _Checkpoint(weights_path)
+    heads = encoder.num_heads
+    _assign(encoder.word_embeddings.embeddings, checkpoint("embeddings.word_embeddings.weight"), "word_embeddings")
+    _assign(encoder.position_embeddings.embeddings, checkpoint("embeddings.position_embeddings.weight"), "position_embeddings")
+    _assign(encoder.type_embeddings.embeddings, checkpoint("embeddings.token_type_embeddings.weight"), "token_type_embeddings")
+    _set_layer_norm(encoder.embeddings_norm, checkpoint.layer_norm("embeddings"), "embeddings.LayerNorm")
+    for index, block in enumerate(encoder.blocks):
+        prefix = f"encoder.layer.{index}"
+        attention = block.attention
+        for dense, name in ((attention.query_dense, "query"), (attention.key_dense, "key"), (attention.value_dense, "value")):
+            kernel, bias = checkpoint.dense(f"{prefix}.attention.self.{name}")
+            _assign(dense.kernel, kernel.reshape(kernel.shape[0], heads, -1), f"{prefix}.attention.self.{name}.weight")
+            _assign(dense.bias, bias.reshape(heads, -1), f"{prefix}.attention.self.{name}.bias")
+        kernel, bias = checkpoint.dense(f"{prefix}.attention.output.dense")
+        _assign(attention.output_dense.kernel, kernel.reshape(heads, -1, kernel.shape[-1]), f"{prefix}.attention.output.dense.weight")
+        _assign(attention.output_dense.bias, bias, f"{prefix}.attention.output.dense.bias")
+        _set_layer_norm(block.attention_norm, checkpoint.layer_norm(f"{prefix}.attention.output"), f"{prefix}.attention.output.LayerNorm")
+        _set_dense(block.intermediate, checkpoint.dense(f"{prefix}.intermediate.dense"), f"{prefix}.intermediate.dense")
+        _set_dense(block.feedforward_output, checkpoint.dense(f"{prefix}.output.dense"), f"{prefix}.output.dense")
+        _set_layer_norm(block.feedforward_norm, checkpoint.layer_norm(f"{prefix}.output"), f"{prefix}.output.LayerNorm")
+    _set_dense(encoder.pooler, checkpoint.dense("pooler.dense"), "pooler.dense")
+    return encoder
+
+
+def _set_dense(layer, kernel_and_bias, source):
+    _assign(layer.kernel, kernel_and_bias[0], f"{source}.weight")
+    _assign(layer.bias, kernel_and_bias[1], f"{source}.bias")
+
+
+def _set_layer_norm(layer, gamma_and_beta, source):
+    _assign(layer.gamma, gamma_and_beta[0], f"{source}.weight")
+    _assign(layer.beta, gamma_and_beta[1], f"{source}.bias")
