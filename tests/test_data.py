@@ -1,0 +1,47 @@
+"""Packing of sentences into LM rows (tensor2tensor style)."""
+
+import numpy as np
+import pytest
+
+from training.data import SAMPLE_CORPUS
+from training.data import next_token_targets
+from training.data import pack_sentences
+from training.data import read_lines
+
+
+def test_packing_keeps_sentences_whole_and_positions_restart():
+    packed = pack_sentences([[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], sequence_length=5)
+    np.testing.assert_array_equal(packed["token_ids"], [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    np.testing.assert_array_equal(packed["segment_ids"], [[1, 1, 1, 2, 2], [1, 1, 1, 1, 2]])
+    np.testing.assert_array_equal(packed["positions"], [[0, 1, 2, 0, 1], [0, 1, 2, 3, 0]])
+    assert all(array.dtype == np.int32 for array in packed.values())
+
+
+def test_packing_pads_and_splits_long_sentences():
+    packed = pack_sentences([[1, 2, 3, 4, 5, 6, 7], [8]], sequence_length=4)
+    np.testing.assert_array_equal(packed["token_ids"], [[1, 2, 3, 4], [5, 6, 7, 8]])
+    np.testing.assert_array_equal(packed["segment_ids"], [[1, 1, 1, 1], [1, 1, 1, 2]])
+    packed = pack_sentences([[1, 2]], sequence_length=4)
+    np.testing.assert_array_equal(packed["segment_ids"], [[1, 1, 0, 0]])
+
+
+def test_next_token_targets_never_cross_a_sentence():
+    packed = pack_sentences([[1, 2, 3], [4, 5]], sequence_length=6)
+    labels, weights = next_token_targets(packed)
+    np.testing.assert_array_equal(labels[0, :4], [2, 3, 4, 5])
+    np.testing.assert_array_equal(weights, [[1, 1, 0, 1, 0, 0]])
+
+
+def test_sample_corpus_is_real_text():
+    lines = read_lines()
+    words = sum(len(line.split()) for line in lines)
+    assert words > 20000 and SAMPLE_CORPUS.stat().st_size < 1_000_000
+    assert any("statement" in line for line in lines)
+
+
+def test_bad_corpus_paths(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        read_lines(tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="empty"):
+        read_lines(tmp_path / "empty.txt")
