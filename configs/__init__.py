@@ -84,6 +84,23 @@ class ExperimentConfig:
         return {"description": self.description, "model_type": self.model_type, "model": dataclasses.asdict(self.model)}
 
 
+def count_parameters(config):
+    """Parameters of the model `config` describes, from shapes alone: no weights are allocated.
+
+    Builds under a stateless scope, then clears the Keras session (keeping the dtype
+    policy) so that the never-initialised variables are dropped, not initialised later by
+    the next scope that initialises deferred variables.
+    """
+    import keras
+
+    policy = keras.config.dtype_policy()
+    with keras.StatelessScope(initialize_variables=False):
+        count = config.build_model().count_params()
+    keras.utils.clear_session(free_memory=False)
+    keras.config.set_dtype_policy(policy)
+    return count
+
+
 def preset_names():
     return sorted(path.stem for path in PRESET_DIRECTORY.glob("*.yaml"))
 
@@ -203,9 +220,6 @@ def main(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_heads=16")
     args = parser.parse_args(argv)
     config = load_config(args.config, args.set)
-    import keras
-
-    with keras.StatelessScope(initialize_variables=False):  # shapes only: no weights allocated
-        parameters = config.build_model().count_params()
+    parameters = count_parameters(config)
     print(yaml.safe_dump(config.to_dict(), sort_keys=False).rstrip())
     print(f"parameters: {parameters:,}")

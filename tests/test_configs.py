@@ -1,0 +1,128 @@
+"""Presets: loading, validation, overrides, and the papers' parameter counts."""
+
+import dataclasses
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+import configs
+from models.bert import BertEncoder
+from models.lm import CausalLM
+
+# Bhojanapalli et al. (2020), Tables 1-3: parameters of the BERT-study models.
+PAPER_PARAMETERS = {
+    "bert_large": 336e6,
+    "bert_d512_p128_h8": 168e6,
+    "bert_d512_p128_h12": 193e6,
+    "bert_d512_p128_h16": 218e6,
+    "bert_d512_p128_h32": 319e6,
+    "bert_d512_h8_p32": 130e6,
+    "bert_d512_h8_p64": 142e6,
+    "bert_d512_h8_p256": 218e6,
+    "bert_d768_p128_h8": 214e6,
+    "bert_d768_p128_h12": 252e6,
+    "bert_d768_p128_h16": 290e6,
+    "bert_d768_p128_h20": 327e6,
+}
+
+
+def _parameters(config):
+    return configs.count_parameters(config)
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_PARAMETERS))
+def test_bert_study_parameter_counts_match_the_paper(name):
+    assert _parameters(configs.load_config(name)) == pytest.approx(PAPER_PARAMETERS[name], rel=0.01)
+
+
+def test_deep_single_head_matches_shallow_multi_head_parameters():
+    shallow = _parameters(configs.load_config("lm1b_shallow_multi_head"))
+    deep = _parameters(configs.load_config("lm1b_deep_single_head_admin"))
+    assert deep == pytest.approx(shallow, rel=0.01)
+    config = configs.load_config("lm1b_deep_single_head_admin").model
+    assert (config.num_layers, config.num_heads, config.residual_scaling) == (48, 1, "admin")
+
+
+def test_collaborative_presets_use_a_quarter_and_an_eighth_of_the_key_dimension():
+    for name, ratio in (("lm1b_collaborative_d512_k128", 4), ("lm1b_collaborative_d512_k64", 8)):
+        model = configs.load_config(name).model
+        assert model.num_heads * model.head_size == ratio * model.shared_key_dim
+
+
+@pytest.mark.parametrize("name", [n for n in configs.preset_names() if n.startswith("tiny_")])
+def test_tiny_presets_build_and_run(name):
+    model = configs.load_config(name).build_model()
+    assert model.count_params() < 200_000
+
+
+def test_model_fields_are_the_builders_arguments():
+    for model_type, builder in (("bert", BertEncoder), ("causal_lm", CausalLM)):
+        arguments = [p for p in inspect.signature(builder.__init__).parameters if p not in ("self", "dtype", "kwargs")]
+        assert sorted(f.name for f in dataclasses.fields(configs.MODEL_CONFIGS[model_type])) == sorted(arguments)
+
+
+def test_configs_are_frozen():
+    config = configs.load_config("tiny_bert_fixed")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.model.num_heads = 3
+
+
+def test_overrides_and_inheritance():
+    config = configs.load_config("bert_d512_p128_h12", ["model.num_heads=32", "model.dropout=0"])
+    assert (config.model.num_heads, config.model.head_size, config.model.hidden_size) == (32, 128, 512)
+    assert config.model.dropout == 0.0 and isinstance(config.model.dropout, float)
+    assert config.model.num_layers == 24  # inherited from bert_large through bert_d512_p128_h8
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.num_head=4"], "Unknown config key `model.num_head`"),
+        (["trainer.steps=4"], "Unknown config key.*trainer"),
+        (["model.num_heads=four"], r"`model.num_heads` must be of type int. Received: model.num_heads='four'"),
+        (["model.tie_embeddings=3"], "model.tie_embeddings"),
+        (["model_type=gpt"], "model_type='gpt'"),
+        (["model.num_heads"], "key.subkey=value"),
+    ],
+)
+def test_bad_configs_name_the_key(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        configs.load_config("tiny_lm", overrides)
+
+
+def test_unknown_preset_lists_the_presets(tmp_path):
+    with pytest.raises(ValueError, match="No such config file or preset: 'nope'.*tiny_lm"):
+        configs.load_config("nope")
+    path = tmp_path / "broken.yaml"
+    path.write_text("model: [unclosed")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        configs.load_config(path)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.attention_type=sparse"], "attention_type='sparse'"),
+        (["model.head_size=null"], "head_size.*required.*'fixed'"),
+        (["model.shared_key_dim=8"], "shared_key_dim.*does not apply.*'fixed'"),
+        (["model.attention_type=collaborative"], "shared_key_dim.*required"),
+        (["model.position_embedding=rotary"], "kind='rotary'"),
+        (["model.residual_scaling=admin"], "post-LN"),
+    ],
+)
+def test_bad_model_configs_fail_at_build(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        configs.load_config("tiny_lm", overrides).build_model()
+
+
+def test_command_line_prints_the_resolved_config():
+    result = subprocess.run(
+        [sys.executable, "-m", "configs", "bert_d512_p128_h8", "--set", "model.num_heads=12"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "num_heads: 12" in result.stdout
+    parameters = int(result.stdout.rsplit("parameters:", 1)[1].replace(",", ""))
+    assert parameters == pytest.approx(193e6, rel=0.01)
