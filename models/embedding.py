@@ -59,7 +59,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def call(self, inputs, positions=None):
         length = inputs.shape[1]
-        if length is not None and length > self.max_sequence_length:
+        if isinstance(length, int) and length > self.max_sequence_length:
             raise ValueError(
                 f"The sequence is longer than the model's max_sequence_length={self.max_sequence_length}. "
                 f"Received: sequence length {length}"
