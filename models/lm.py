@@ -25,7 +25,7 @@ LM_ARGUMENTS = (
     "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "attention_type", "head_size",
     "shared_key_dim", "mixing_initializer", "max_sequence_length", "position_embedding", "tie_embeddings",
     "norm_position", "residual_scaling", "activation", "dropout", "attention_dropout", "layer_norm_epsilon",
-    "initializer_range",
+    "kernel_initializer",
 )
 
 
@@ -46,7 +46,8 @@ class CausalLM(keras.Model):
         norm_position: "pre" (tensor2tensor; default) or "post" (needed by Admin).
         residual_scaling: "none" or "admin" (call `initialize_admin` on a batch).
         activation: feed-forward activation (tensor2tensor uses "relu").
-        dropout, attention_dropout, layer_norm_epsilon, initializer_range: as named.
+        dropout, attention_dropout, layer_norm_epsilon: as named.
+        kernel_initializer: initializer of every kernel (tensor2tensor: Xavier uniform).
     """
 
     def __init__(
@@ -69,24 +70,30 @@ class CausalLM(keras.Model):
         dropout=0.1,
         attention_dropout=0.1,
         layer_norm_epsilon=1e-6,
-        initializer_range=0.02,
+        kernel_initializer="glorot_uniform",
         dtype=None,
         **kwargs,
     ):
         arguments = {name: value for name, value in locals().items() if name in LM_ARGUMENTS}
         _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
-        initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
+        # tensor2tensor: Xavier kernels; embeddings N(0, 1/d) scaled by sqrt(d) on the way in,
+        # so the tied softmax sees d^-0.5-sized rows and the residual stream unit-sized inputs.
+        embedding_initializer = keras.initializers.RandomNormal(stddev=hidden_size**-0.5)
         # === Layers ===
         self.token_embeddings = keras.layers.ReversibleEmbedding(
             vocab_size,
             hidden_size,
             tie_weights=tie_embeddings,
-            embeddings_initializer=initializer,
+            embeddings_initializer=embedding_initializer,
             dtype=dtype,
             name="token_embeddings",
         )
         self.position_embeddings = PositionEmbedding(
-            max_sequence_length, kind=position_embedding, embeddings_initializer=initializer, dtype=dtype, name="position_embeddings"
+            max_sequence_length,
+            kind=position_embedding,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
+            dtype=dtype,
+            name="position_embeddings",
         )
         # Post-LN blocks expect a normalised residual stream from the start (as BERT).
         self.embeddings_norm = (
@@ -109,7 +116,7 @@ class CausalLM(keras.Model):
             dropout=dropout,
             attention_dropout=attention_dropout,
             layer_norm_epsilon=layer_norm_epsilon,
-            kernel_initializer=initializer,
+            kernel_initializer=kernel_initializer,
             dtype=dtype,
         )
         # Pre-LN leaves the residual stream unnormalised: one last norm before the logits.
@@ -134,6 +141,7 @@ class CausalLM(keras.Model):
 
     def _embed(self, inputs, training=None):
         tokens = self.token_embeddings(inputs["token_ids"])
+        tokens = tokens * (tokens.shape[-1] ** 0.5)
         x = tokens + self.position_embeddings(tokens, positions=inputs["positions"])
         if self.embeddings_norm is not None:
             x = self.embeddings_norm(x)

@@ -1,0 +1,39 @@
+"""A deep single-head LM with Admin trains on the shipped real-text corpus."""
+
+import numpy as np
+import pytest
+
+import configs
+from training.data import pack_sentences
+from training.data import read_lines
+from training.lm import fit_language_model
+from training.tokenizer import train_wordpiece
+from training.tokenizer import wordpiece_tokenizer
+
+
+@pytest.fixture(scope="module")
+def packed_corpus(tmp_path_factory):
+    lines = read_lines()
+    tokenizer = wordpiece_tokenizer(train_wordpiece(lines, 2000, tmp_path_factory.mktemp("vocab") / "vocab.txt"))
+    return tokenizer.vocabulary_size(), pack_sentences([np.asarray(ids).tolist() for ids in tokenizer(lines)], 64)
+
+
+def test_wordpiece_vocabulary_is_cached(tmp_path):
+    lines = read_lines()[:200]
+    path = train_wordpiece(lines, 500, tmp_path / "vocab.txt")
+    stamp = path.stat().st_mtime_ns
+    assert train_wordpiece(lines, 500, path).stat().st_mtime_ns == stamp  # same corpus and size: reused
+    assert path.read_text().splitlines()[:5] == ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+
+
+@pytest.mark.slow
+def test_deep_single_head_with_admin_trains_without_diverging(packed_corpus):
+    vocabulary_size, packed = packed_corpus
+    config = configs.load_config("tiny_lm_deep_single_head_admin", [f"model.vocab_size={vocabulary_size}", "model.dropout=0"])
+    model = config.build_model()
+    variances = model.initialize_admin({name: value[:16] for name, value in packed.items()})
+    assert len(variances) == 2 * config.model.num_layers
+    losses = fit_language_model(model, packed, steps=300, learning_rate=1e-3, warmup_steps=30, jit_compile=False)
+    assert np.all(np.isfinite(losses))
+    assert losses[-1] < losses[0] - 0.7, losses  # it learns the text, it does not merely survive
+    assert max(losses[len(losses) // 2 :]) < losses[0]  # and never climbs back up

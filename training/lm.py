@@ -1,0 +1,68 @@
+"""A short language-model training run with `model.fit` (used by the Admin study and tests).
+
+The resumable, distributed LM1B trainer builds on the same pieces (issue 4).
+"""
+
+import keras
+import numpy as np
+
+from training.data import next_token_targets
+
+
+class WarmupThenConstant(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up from 0 to `learning_rate` over `warmup_steps`, then constant."""
+
+    def __init__(self, learning_rate, warmup_steps):
+        self.learning_rate = learning_rate
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, step):
+        step = keras.ops.cast(step, "float32") + 1.0
+        return self.learning_rate * keras.ops.minimum(1.0, step / max(self.warmup_steps, 1))
+
+    def get_config(self):
+        return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps}
+
+
+class _BatchLosses(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+def fit_language_model(
+    model, packed, steps, batch_size=16, learning_rate=5e-4, warmup_steps=50, steps_per_point=10, seed=0, jit_compile=True
+):
+    """Trains `model` (a CausalLM) on packed rows for `steps` steps; returns the loss curve.
+
+    Args:
+        model: a `CausalLM`.
+        packed: output of `training.data.pack_sentences`.
+        steps: optimiser steps.
+        batch_size: rows per step.
+        learning_rate, warmup_steps: Adam with linear warm-up.
+        steps_per_point: the curve has one point (mean loss) per this many steps.
+        seed: shuffling seed.
+        jit_compile: compile the train step with XLA (slow to compile for deep models).
+
+    Returns:
+        List of mean training losses (nats per predicted token), one per `steps_per_point`.
+    """
+    labels, weights = next_token_targets(packed)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(np.resize(np.arange(len(labels)), steps * batch_size))
+    inputs = {name: value[order] for name, value in packed.items()}
+    model.compile(
+        optimizer=keras.optimizers.Adam(WarmupThenConstant(learning_rate, warmup_steps), clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit_compile,
+    )
+    recorder = _BatchLosses()
+    model.fit(
+        inputs, labels[order], sample_weight=weights[order], batch_size=batch_size, epochs=steps // steps_per_point,
+        steps_per_epoch=steps_per_point, shuffle=False, callbacks=[recorder], verbose=0,
+    )
+    return recorder.losses
