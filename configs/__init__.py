@@ -101,6 +101,30 @@ def count_parameters(config):
     return count
 
 
+def to_collaborative(config, shared_key_dim, mixing_initializer="concatenate"):
+    """The same model with collaborative attention of shared key width `shared_key_dim`.
+
+    The heads keep their size (so their softmax temperature): head_size is the source's
+    (width / heads for standard attention). A shared width above num_heads * head_size
+    would exceed the rank of the concatenated heads, so it is refused.
+    """
+    model = config.model
+    if model.attention_type == "collaborative":
+        raise ValueError(f"Config {config.name!r} already uses collaborative attention.")
+    head_size = model.head_size if model.attention_type == "fixed" else model.hidden_size // model.num_heads
+    exact = model.num_heads * head_size
+    if isinstance(shared_key_dim, bool) or not isinstance(shared_key_dim, int) or not 1 <= shared_key_dim <= exact:
+        raise ValueError(
+            f"`shared_key_dim` must be an integer in [1, num_heads * head_size = {exact}] when converting {config.name!r}. "
+            f"Received: shared_key_dim={shared_key_dim!r}"
+        )
+    collaborative = dataclasses.replace(
+        model, attention_type="collaborative", head_size=head_size, shared_key_dim=shared_key_dim,
+        mixing_initializer=mixing_initializer,
+    )
+    return dataclasses.replace(config, name=f"{config.name}_collaborative_k{shared_key_dim}", model=collaborative)
+
+
 def preset_names():
     return sorted(path.stem for path in PRESET_DIRECTORY.glob("*.yaml"))
 

@@ -126,3 +126,13 @@ def test_command_line_prints_the_resolved_config():
     assert "num_heads: 12" in result.stdout
     parameters = int(result.stdout.rsplit("parameters:", 1)[1].replace(",", ""))
     assert parameters == pytest.approx(193e6, rel=0.01)
+
+
+def test_conversion_to_collaborative_keeps_head_size_and_checks_the_shared_width():
+    converted = configs.to_collaborative(configs.load_config("lm1b_standard_d512"), 128)
+    assert (converted.model.attention_type, converted.model.head_size, converted.model.shared_key_dim) == ("collaborative", 64, 128)
+    with pytest.raises(ValueError, match=r"num_heads \* head_size = 512.*shared_key_dim=513"):
+        configs.to_collaborative(configs.load_config("lm1b_standard_d512"), 513)
+    with pytest.raises(ValueError, match="shared_key_dim=0"):
+        configs.to_collaborative(configs.load_config("tiny_bert_fixed"), 0)
+    assert configs.to_collaborative(configs.load_config("tiny_bert_fixed"), 64).model.head_size == 16
