@@ -67,21 +67,75 @@ MODEL_CONFIGS = {
 }
 
 
+DATASETS = ("sample", "lm1b", "text_files")
+STRATEGIES = ("auto", "cpu", "mirrored", "multi_worker", "tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """How a language model trains; the defaults are the tensor2tensor LM recipe of the paper.
+
+    dataset: "sample" (the shipped corpus), "lm1b" (tensorflow-datasets, `data_dir` may be
+        gs://...), or "text_files" (every *.txt under `data_dir`).
+    vocabulary: an existing vocab.txt; by default a WordPiece vocabulary of the model's
+        vocab_size is trained on the training text and cached in the run directory.
+    The learning rate rises linearly to `learning_rate` over `warmup_steps`, then decays as
+    1/sqrt(step) ("rsqrt") or stays ("constant"). AdamW with the betas, epsilon and
+    decoupled weight decay given; `label_smoothing` on the next-token targets.
+    """
+
+    dataset: str = "sample"
+    data_dir: typing.Optional[str] = None
+    vocabulary: typing.Optional[str] = None
+    sequence_length: int = 256
+    batch_size: int = 64
+    train_steps: int = 10000
+    steps_per_epoch: int = 500
+    eval_batches: int = 20
+    learning_rate: float = 1e-3
+    warmup_steps: int = 1000
+    decay: str = "rsqrt"
+    adam_beta_1: float = 0.9
+    adam_beta_2: float = 0.98
+    adam_epsilon: float = 1e-9
+    weight_decay: float = 0.01
+    label_smoothing: float = 0.0
+    steps_per_execution: int = 10
+    jit_compile: bool = True
+    strategy: str = "auto"
+    tpu: typing.Optional[str] = None
+    seed: int = 0
+
+    def __post_init__(self):
+        for name, allowed in (("dataset", DATASETS), ("strategy", STRATEGIES), ("decay", ("rsqrt", "constant"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"`training.{name}` must be one of {allowed}. Received: training.{name}={getattr(self, name)!r}")
+        for name in ("sequence_length", "batch_size", "train_steps", "steps_per_epoch", "eval_batches", "steps_per_execution"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}")
+        if self.dataset == "text_files" and not self.data_dir:
+            raise ValueError("`training.data_dir` must name the folder of .txt files when training.dataset='text_files'.")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """A resolved preset: which builder, and its arguments."""
+    """A resolved preset: which builder, its arguments, and (optionally) how to train it."""
 
     name: str
     model_type: str
     model: typing.Any
     description: str = ""
+    training: typing.Optional[TrainingConfig] = None
 
     def build_model(self, **kwargs):
         """The model this config describes (`kwargs` go to the builder, e.g. `dtype`)."""
         return BUILDERS[self.model_type](**dataclasses.asdict(self.model), **kwargs)
 
     def to_dict(self):
-        return {"description": self.description, "model_type": self.model_type, "model": dataclasses.asdict(self.model)}
+        config = {"description": self.description, "model_type": self.model_type, "model": dataclasses.asdict(self.model)}
+        if self.training is not None:
+            config["training"] = dataclasses.asdict(self.training)
+        return config
 
 
 def count_parameters(config):
@@ -217,9 +271,11 @@ def load_config(name_or_path, overrides=()):
             if not isinstance(target, dict):
                 raise ValueError(f"Cannot override `{text}`: `{key}` is not a mapping.")
         target[keys[-1]] = value
-    unknown = set(raw) - {"description", "model_type", "model"}
+    unknown = set(raw) - {"description", "model_type", "model", "training"}
     if unknown:
-        raise ValueError(f"Unknown config key(s): {', '.join(sorted(unknown))}. Known keys: description, model_type, model")
+        raise ValueError(
+            f"Unknown config key(s): {', '.join(sorted(unknown))}. Known keys: description, model_type, model, training"
+        )
     model_type = raw.get("model_type")
     if model_type not in MODEL_CONFIGS:
         raise ValueError(f"`model_type` must be one of {sorted(MODEL_CONFIGS)}. Received: model_type={model_type!r}")
@@ -228,6 +284,7 @@ def load_config(name_or_path, overrides=()):
         model_type=model_type,
         model=_to_dataclass(MODEL_CONFIGS[model_type], raw.get("model", {}), "model"),
         description=raw.get("description", ""),
+        training=_to_dataclass(TrainingConfig, raw["training"], "training") if "training" in raw else None,
     )
 
 
