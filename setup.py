@@ -34,6 +34,7 @@ setuptools.setup(
         "pyyaml",
         "tqdm",
     ],
+    entry_points={"console_scripts": ["concise-train-lm = training.cli:main"]},
     extras_require={
         "test": [
             "pytest>=8",

@@ -1,0 +1,253 @@
+"""The tensor2tensor-style language-model trainer: tf.distribute, model.fit, resumable.
+
+A run directory holds everything a run needs to continue and everything downstream
+reads:
+
+    RUN/config.json              the resolved config (the exporter reads only this + weights)
+    RUN/vocab.txt                the WordPiece vocabulary (trained once, cached)
+    RUN/checkpoint/              weights + optimizer state + step, written atomically
+    RUN/logs/                    TensorBoard
+    RUN/model.weights.h5         final weights
+    RUN/metrics.json             final evaluation
+
+Checkpoints are written at epoch ends (every `steps_per_epoch` steps) by writing a
+temporary file and renaming it, so a run killed at any moment leaves the previous
+checkpoint intact. A restarted run loads it, skips the batches already consumed (the
+seeded pipeline replays the same order) and continues from the same step: no step is
+counted twice.
+"""
+
+import json
+import math
+import os
+import pathlib
+
+import keras
+
+from training.pipeline import corpus_lines
+from training.pipeline import language_model_dataset
+from training.pipeline import tokens_per_word
+from training.strategy import choose_strategy
+from training.tokenizer import train_wordpiece
+from training.tokenizer import wordpiece_tokenizer
+
+# Lines of a streaming corpus (LM1B) read to learn the vocabulary.
+VOCABULARY_TRAINING_LINES = 200_000
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class WarmupRsqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to `learning_rate`, then `learning_rate * sqrt(warmup_steps / step)`
+    ("rsqrt", tensor2tensor's linear_warmup * rsqrt_decay) or constant."""
+
+    def __init__(self, learning_rate, warmup_steps, decay="rsqrt"):
+        self.learning_rate = learning_rate
+        self.warmup_steps = warmup_steps
+        self.decay = decay
+
+    def __call__(self, step):
+        step = keras.ops.cast(step, "float32") + 1.0
+        warmup = keras.ops.cast(max(self.warmup_steps, 1), "float32")
+        factor = keras.ops.minimum(1.0, step / warmup)
+        if self.decay == "rsqrt":
+            factor = keras.ops.minimum(factor, keras.ops.sqrt(warmup / step))
+        return self.learning_rate * factor
+
+    def get_config(self):
+        return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps, "decay": self.decay}
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class NextTokenLoss(keras.losses.Loss):
+    """Cross-entropy from logits with label smoothing, averaged over weighted tokens only."""
+
+    def __init__(self, label_smoothing=0.0, name="next_token_loss", **kwargs):
+        kwargs.setdefault("reduction", "mean_with_sample_weight")
+        super().__init__(name=name, **kwargs)
+        self.label_smoothing = label_smoothing
+
+    def call(self, labels, logits):
+        log_probs = keras.ops.log_softmax(keras.ops.cast(logits, "float32"), axis=-1)
+        target = -keras.ops.take_along_axis(log_probs, keras.ops.cast(labels, "int32")[..., None], axis=-1)[..., 0]
+        if not self.label_smoothing:
+            return target
+        uniform = -keras.ops.mean(log_probs, axis=-1)
+        return (1.0 - self.label_smoothing) * target + self.label_smoothing * uniform
+
+    def get_config(self):
+        return {**super().get_config(), "label_smoothing": self.label_smoothing}
+
+
+class AtomicCheckpoint(keras.callbacks.Callback):
+    """Writes weights + optimizer state (its step included) at each epoch end, atomically."""
+
+    def __init__(self, directory, is_chief=True):
+        super().__init__()
+        self.directory = pathlib.Path(directory)
+        self.is_chief = is_chief
+
+    @property
+    def weights_path(self):
+        return self.directory / "model.weights.h5"
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.is_chief:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        temporary = self.directory / f".model.{os.getpid()}.tmp.weights.h5"
+        self.model.save_weights(temporary)
+        os.replace(temporary, self.weights_path)
+        write_json_atomically(self.directory / "state.json", {"step": int(self.model.optimizer.iterations.numpy()), "epoch": epoch + 1})
+
+
+class PerplexityLogger(keras.callbacks.Callback):
+    """Adds per-subword and per-word perplexity of the evaluation loss to the epoch logs."""
+
+    def __init__(self, tokens_per_word):
+        super().__init__()
+        self.tokens_per_word = tokens_per_word
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and "val_loss" in logs:
+            logs["val_subword_perplexity"] = math.exp(min(logs["val_loss"], 50.0))
+            logs["val_word_perplexity"] = math.exp(min(logs["val_loss"] * self.tokens_per_word, 50.0))
+
+
+def write_json_atomically(path, value):
+    path = pathlib.Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(value, indent=1, sort_keys=True))
+    os.replace(temporary, path)
+
+
+def _check(config):
+    """Fails fast, before any data is read or model built, on configs that cannot train."""
+    if config.model_type != "causal_lm":
+        raise ValueError(f"The LM trainer trains causal_lm models. Received: model_type={config.model_type!r} ({config.name})")
+    if config.training is None:
+        raise ValueError(f"Config {config.name!r} has no `training` section.")
+    training, model = config.training, config.model
+    if training.sequence_length > model.max_sequence_length:
+        raise ValueError(
+            f"training.sequence_length={training.sequence_length} is above the model's "
+            f"max_sequence_length={model.max_sequence_length}."
+        )
+
+
+def prepare_vocabulary(config, run_dir, train_lines):
+    """The run's vocabulary: the configured file, or WordPiece trained on the training text."""
+    training = config.training
+    path = pathlib.Path(run_dir) / "vocab.txt"
+    if training.vocabulary:
+        source = pathlib.Path(training.vocabulary)
+        if not source.is_file():
+            raise ValueError(f"Vocabulary file not found. Received: training.vocabulary={training.vocabulary!r}")
+        path = source
+    else:
+        lines = [line for _, line in zip(range(VOCABULARY_TRAINING_LINES), train_lines())]
+        train_wordpiece(lines, config.model.vocab_size, path)
+    size = sum(1 for _ in path.open(encoding="utf-8"))
+    if size > config.model.vocab_size:
+        raise ValueError(
+            f"The vocabulary {path} has {size} tokens but model.vocab_size={config.model.vocab_size}: "
+            "set model.vocab_size to at least the vocabulary size."
+        )
+    return path
+
+
+def train_language_model(config, run_dir, verbose="auto"):
+    """Trains (or resumes training of) the causal LM of `config` in `run_dir`.
+
+    Args:
+        config: an `ExperimentConfig` with model_type "causal_lm" and a training section.
+        run_dir: the run directory (created; an existing one is resumed).
+        verbose: keras progress display ("auto", 0, 1, 2).
+
+    Returns:
+        dict of final metrics: step, eval loss, per-subword and per-word perplexity.
+    """
+    _check(config)
+    training = config.training
+    run_dir = pathlib.Path(run_dir)
+    train_lines = corpus_lines(training.dataset, training.data_dir, "train")
+    eval_lines = corpus_lines(training.dataset, training.data_dir, "eval")
+    strategy = choose_strategy(training.strategy, training.tpu)
+    is_chief = _is_chief(strategy)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved_config = run_dir / "config.json"
+    if saved_config.is_file() and json.loads(saved_config.read_text())["model"] != config.to_dict()["model"]:
+        raise ValueError(f"{run_dir} holds a run of a different model; use a new run directory.")
+    if is_chief:
+        write_json_atomically(saved_config, config.to_dict() | {"name": config.name})
+    vocabulary = prepare_vocabulary(config, run_dir, train_lines)
+    tokenizer = wordpiece_tokenizer(vocabulary)
+    ratio = tokens_per_word([line for _, line in zip(range(20_000), eval_lines())], tokenizer)
+
+    keras.utils.set_random_seed(training.seed)
+    checkpoint = AtomicCheckpoint(run_dir / "checkpoint", is_chief=is_chief)
+    with strategy.scope():
+        model = config.build_model()
+        model.compile(
+            optimizer=keras.optimizers.AdamW(
+                learning_rate=WarmupRsqrtSchedule(training.learning_rate, training.warmup_steps, training.decay),
+                weight_decay=training.weight_decay,
+                beta_1=training.adam_beta_1,
+                beta_2=training.adam_beta_2,
+                epsilon=training.adam_epsilon,
+            ),
+            loss=NextTokenLoss(training.label_smoothing),
+            steps_per_execution=training.steps_per_execution,
+            jit_compile=training.jit_compile,
+        )
+        # LayerNorm scales/offsets, biases and Admin's omegas are not decayed.
+        model.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
+        step = 0
+        if checkpoint.weights_path.is_file():
+            model.optimizer.build(model.trainable_variables)
+            model.load_weights(checkpoint.weights_path)
+            step = int(model.optimizer.iterations.numpy())
+
+    epochs = math.ceil(training.train_steps / training.steps_per_epoch)
+    train_data = language_model_dataset(
+        train_lines, tokenizer, training.sequence_length, training.batch_size, training=True, seed=training.seed, skip_batches=step
+    )
+    if step == 0 and config.model.residual_scaling == "admin":
+        # Admin's profiling pass on the first training batch sets the residual scalings.
+        profiling_inputs, _, _ = next(iter(train_data))
+        with strategy.scope():
+            model.initialize_admin(profiling_inputs)
+    eval_data = language_model_dataset(eval_lines, tokenizer, training.sequence_length, training.batch_size, training=False)
+    eval_data = eval_data.take(training.eval_batches)
+    callbacks = [checkpoint, PerplexityLogger(ratio), keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch")]
+    if step < training.train_steps:
+        model.fit(
+            train_data,
+            epochs=epochs,
+            initial_epoch=step // training.steps_per_epoch,
+            steps_per_epoch=training.steps_per_epoch,
+            validation_data=eval_data,
+            callbacks=callbacks,
+            verbose=verbose,
+        )
+    evaluation = model.evaluate(eval_data, verbose=0, return_dict=True)
+    metrics = {
+        "step": int(model.optimizer.iterations.numpy()),
+        "eval_loss": float(evaluation["loss"]),
+        "eval_subword_perplexity": math.exp(min(evaluation["loss"], 50.0)),
+        "eval_word_perplexity": math.exp(min(evaluation["loss"] * ratio, 50.0)),
+        "tokens_per_word": ratio,
+    }
+    if is_chief:
+        temporary = run_dir / f".model.{os.getpid()}.tmp.weights.h5"
+        model.save_weights(temporary)
+        os.replace(temporary, run_dir / "model.weights.h5")
+        write_json_atomically(run_dir / "metrics.json", metrics)
+    return metrics
+
+
+def _is_chief(strategy):
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return True
+    return resolver.task_type in ("chief", None) or (resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().as_dict())
+
