@@ -76,8 +76,16 @@ def packed_rows(lines, tokenizer, sequence_length):
         yield from _pack_chunk(chunk, tokenizer, sequence_length)
 
 
+def token_lists(tokenizer, lines):
+    """Token ids of `lines` as Python lists (keras-hub returns ragged tensors or lists)."""
+    token_ids = tokenizer(tf.constant(list(lines)))
+    if hasattr(token_ids, "to_list"):
+        return token_ids.to_list()
+    return [np.asarray(ids).tolist() for ids in token_ids]
+
+
 def _pack_chunk(chunk, tokenizer, sequence_length):
-    token_ids = tokenizer(tf.constant(chunk)).to_list()
+    token_ids = token_lists(tokenizer, chunk)
     packed = pack_sentences([ids for ids in token_ids if ids], sequence_length)
     labels, weights = next_token_targets(packed)
     for row in range(len(labels)):
@@ -115,5 +123,5 @@ def tokens_per_word(lines, tokenizer):
     words = sum(len(line.split()) for line in lines)
     if not words:
         raise ValueError("The evaluation text has no words.")
-    tokens = int(np.sum(tokenizer(tf.constant(lines)).row_lengths().numpy()))
+    tokens = sum(len(ids) for ids in token_lists(tokenizer, lines))
     return tokens / words

@@ -63,6 +63,6 @@ def _tpu_strategy(tpu):
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as error:
-        raise ValueError(f"Could not find or connect to the TPU {tpu!r}: {error}") from error
+    except Exception as error:  # noqa: BLE001 - resolver failures come as URLError, HttpError, OpError, ...
+        raise ValueError(f"Could not find or connect to the TPU {tpu!r}: {type(error).__name__}: {error}") from error
     return tf.distribute.TPUStrategy(resolver)

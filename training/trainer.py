@@ -217,7 +217,12 @@ def train_language_model(config, run_dir, verbose="auto"):
         with strategy.scope():
             model.initialize_admin(profiling_inputs)
     eval_data = language_model_dataset(eval_lines, tokenizer, training.sequence_length, training.batch_size, training=False)
-    eval_data = eval_data.take(training.eval_batches)
+    eval_data = eval_data.take(training.eval_batches).cache()
+    eval_steps = sum(1 for _ in eval_data)
+    if eval_steps == 0:
+        raise ValueError(
+            f"The evaluation split holds less than one batch of {training.batch_size} rows of {training.sequence_length} tokens."
+        )
     callbacks = [checkpoint, PerplexityLogger(ratio), keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch")]
     if step < training.train_steps:
         model.fit(
@@ -226,10 +231,12 @@ def train_language_model(config, run_dir, verbose="auto"):
             initial_epoch=step // training.steps_per_epoch,
             steps_per_epoch=training.steps_per_epoch,
             validation_data=eval_data,
+            validation_steps=eval_steps,
             callbacks=callbacks,
+            shuffle=False,
             verbose=verbose,
         )
-    evaluation = model.evaluate(eval_data, verbose=0, return_dict=True)
+    evaluation = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)
     metrics = {
         "step": int(model.optimizer.iterations.numpy()),
         "eval_loss": float(evaluation["loss"]),
@@ -237,11 +244,13 @@ def train_language_model(config, run_dir, verbose="auto"):
         "eval_word_perplexity": math.exp(min(evaluation["loss"] * ratio, 50.0)),
         "tokens_per_word": ratio,
     }
-    if is_chief:
-        temporary = run_dir / f".model.{os.getpid()}.tmp.weights.h5"
-        model.save_weights(temporary)
-        os.replace(temporary, run_dir / "model.weights.h5")
-        write_json_atomically(run_dir / "metrics.json", metrics)
+    # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
+    output_dir = run_dir if is_chief else run_dir / f"worker_{strategy.cluster_resolver.task_id}"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    temporary = output_dir / f".model.{os.getpid()}.tmp.weights.h5"
+    model.save_weights(temporary)
+    os.replace(temporary, output_dir / "model.weights.h5")
+    write_json_atomically(output_dir / "metrics.json", metrics)
     return metrics
 
 
