@@ -15,7 +15,7 @@ import pytest
 
 import configs
 from training.strategy import choose_strategy
-from training.trainer import WarmupRsqrtSchedule
+from training.objectives import WarmupRsqrtSchedule
 from training.trainer import train_language_model
 
 TINY = ["model.dropout=0", "model.attention_dropout=0"]

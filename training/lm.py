@@ -1,27 +1,14 @@
-"""A short language-model training run with `model.fit` (used by the Admin study and tests).
+"""A short in-memory language-model run with `model.fit` (the Admin study and its test).
 
-The resumable, distributed LM1B trainer builds on the same pieces (issue 4).
+No checkpoints, no strategy: `training.trainer` is the resumable, distributed trainer.
 """
 
 import keras
 import numpy as np
 
 from training.data import next_token_targets
-
-
-class WarmupThenConstant(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up from 0 to `learning_rate` over `warmup_steps`, then constant."""
-
-    def __init__(self, learning_rate, warmup_steps):
-        self.learning_rate = learning_rate
-        self.warmup_steps = warmup_steps
-
-    def __call__(self, step):
-        step = keras.ops.cast(step, "float32") + 1.0
-        return self.learning_rate * keras.ops.minimum(1.0, step / max(self.warmup_steps, 1))
-
-    def get_config(self):
-        return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps}
+from training.objectives import NextTokenLoss
+from training.objectives import WarmupRsqrtSchedule
 
 
 class _BatchLosses(keras.callbacks.Callback):
@@ -56,8 +43,8 @@ def fit_language_model(
     order = rng.permutation(np.resize(np.arange(len(labels)), steps * batch_size))
     inputs = {name: value[order] for name, value in packed.items()}
     model.compile(
-        optimizer=keras.optimizers.Adam(WarmupThenConstant(learning_rate, warmup_steps), clipnorm=1.0),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer=keras.optimizers.Adam(WarmupRsqrtSchedule(learning_rate, warmup_steps, decay="constant"), clipnorm=1.0),
+        loss=NextTokenLoss(),
         jit_compile=jit_compile,
     )
     recorder = _BatchLosses()
