@@ -105,9 +105,11 @@ def _free_ports(count):
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="keras 3.15 model.fit under MultiWorkerMirroredStrategy reduces the whole (dict inputs, labels, "
-    "weights) batch with strategy.reduce in Trainer._maybe_symbolic_build, which CollectiveAllReduce cannot "
-    "do for nested structures (keras-team/keras#20329, open). Strict: this test fails loudly once Keras is fixed.",
+    reason="keras 3.15 model.fit under MultiWorkerMirroredStrategy: (1) Trainer._maybe_symbolic_build reduces the "
+    "whole (dict inputs, labels, weights) batch with one strategy.reduce, which CollectiveAllReduce cannot do for "
+    "nested structures (keras-team/keras#20329, open); (2) past that, reduce_per_replica reduces the scalar "
+    "step logs with axis=0 ('Invalid reduction dimension 0 for input with 0 dimensions'). Strict: this test "
+    "fails loudly once Keras is fixed.",
 )
 def test_multi_worker_mirrored_two_processes_end_with_identical_weights(tmp_path):
     workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
