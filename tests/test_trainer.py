@@ -203,3 +203,10 @@ def test_empty_corpus_fails_before_training(tmp_path):
 def test_lm_trainer_refuses_other_models(tmp_path):
     with pytest.raises(ValueError, match="model_type='bert'"):
         train_language_model(configs.load_config("tiny_bert_fixed"), tmp_path / "run")
+
+
+def test_cli_help_lists_the_options():
+    result = subprocess.run([sys.executable, "-m", "training.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    for option in ("--config", "--set", "--run-dir", "--strategy", "--tpu"):
+        assert option in result.stdout
