@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import h5py
+import keras
 import numpy as np
 import pytest
 
@@ -103,14 +104,6 @@ def _free_ports(count):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="keras 3.15 model.fit under MultiWorkerMirroredStrategy: (1) Trainer._maybe_symbolic_build reduces the "
-    "whole (dict inputs, labels, weights) batch with one strategy.reduce, which CollectiveAllReduce cannot do for "
-    "nested structures (keras-team/keras#20329, open); (2) past that, reduce_per_replica reduces the scalar "
-    "step logs with axis=0 ('Invalid reduction dimension 0 for input with 0 dimensions'). Strict: this test "
-    "fails loudly once Keras is fixed.",
-)
 def test_multi_worker_mirrored_two_processes_end_with_identical_weights(tmp_path):
     workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
     processes = []
@@ -129,6 +122,14 @@ def test_multi_worker_mirrored_two_processes_end_with_identical_weights(tmp_path
     for name in chief:
         np.testing.assert_array_equal(chief[name], other[name], err_msg=name)
     assert json.loads((tmp_path / "run0" / "metrics.json").read_text())["step"] == 4
+    assert json.loads((tmp_path / "run1" / "worker_1" / "metrics.json").read_text())["step"] == 4
+    # ... and they trained: the weights moved away from the (seeded, shared) initialisation.
+    keras.utils.set_random_seed(0)
+    initial = configs.load_config("tiny_lm", TINY).build_model()
+    initial.save_weights(tmp_path / "initial.weights.h5")
+    start = _weights(tmp_path / "initial.weights.h5")
+    assert start.keys() == chief.keys()
+    assert max(np.abs(chief[name] - start[name]).max() for name in chief) > 1e-4
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ import os
 import pathlib
 
 import keras
+import tensorflow as tf
 
 from training.objectives import NextTokenLoss
 from training.objectives import WarmupRsqrtSchedule
@@ -183,24 +184,30 @@ def train_language_model(config, run_dir, verbose="auto"):
             f"The evaluation split holds less than one batch of {training.batch_size} rows of {training.sequence_length} tokens."
         )
     callbacks = [checkpoint, PerplexityLogger(ratio), keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch")]
-    if step < training.train_steps:
-        model.fit(
-            train_data,
-            epochs=epochs,
-            initial_epoch=step // training.steps_per_epoch,
-            steps_per_epoch=training.steps_per_epoch,
-            validation_data=eval_data,
-            validation_steps=eval_steps,
-            callbacks=callbacks,
-            shuffle=False,
-            verbose=verbose,
-        )
-    evaluation = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        loop = _MultiWorkerLoop(model, strategy, train_data, eval_data)
+        if step < training.train_steps:
+            loop.fit(epochs, step // training.steps_per_epoch, training.steps_per_epoch, callbacks, verbose)
+        eval_loss = loop.evaluate()
+    else:
+        if step < training.train_steps:
+            model.fit(
+                train_data,
+                epochs=epochs,
+                initial_epoch=step // training.steps_per_epoch,
+                steps_per_epoch=training.steps_per_epoch,
+                validation_data=eval_data,
+                validation_steps=eval_steps,
+                callbacks=callbacks,
+                shuffle=False,
+                verbose=verbose,
+            )
+        eval_loss = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)["loss"]
     metrics = {
         "step": int(model.optimizer.iterations.numpy()),
-        "eval_loss": float(evaluation["loss"]),
-        "eval_subword_perplexity": math.exp(min(evaluation["loss"], 50.0)),
-        "eval_word_perplexity": math.exp(min(evaluation["loss"] * ratio, 50.0)),
+        "eval_loss": float(eval_loss),
+        "eval_subword_perplexity": math.exp(min(eval_loss, 50.0)),
+        "eval_word_perplexity": math.exp(min(eval_loss * ratio, 50.0)),
         "tokens_per_word": ratio,
     }
     # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
@@ -211,6 +218,67 @@ def train_language_model(config, run_dir, verbose="auto"):
     os.replace(temporary, output_dir / "model.weights.h5")
     write_json_atomically(output_dir / "metrics.json", metrics)
     return metrics
+
+
+class _MultiWorkerLoop:
+    """`strategy.run` training and evaluation for MultiWorkerMirroredStrategy.
+
+    Keras 3.15's `model.fit` and `model.evaluate` fail under MultiWorkerMirroredStrategy
+    (keras-team/keras#20329: the symbolic build reduces the nested first batch in one
+    collective; the step logs are then reduced along axis 0 although they are scalars).
+    This loop does what fit does for this trainer, with the same model, optimizer, loss,
+    data and callbacks: each replica's weighted token loss is divided by the global
+    weight total, so the gradients the Keras optimizer all-reduces (sums) across replicas
+    are those of the global mean, as on one device.
+    """
+
+    def __init__(self, model, strategy, train_data, eval_data):
+        self.model, self.strategy = model, strategy
+        self.train_iterator = iter(strategy.experimental_distribute_dataset(train_data))
+        self.eval_data = strategy.experimental_distribute_dataset(eval_data)
+        with strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+
+    def _weighted_loss_sums(self, inputs, labels, weights, training):
+        per_token = self.model.loss.call(labels, self.model(inputs, training=training))
+        return tf.reduce_sum(per_token * weights), tf.reduce_sum(weights)
+
+    @tf.function
+    def _train_step(self):
+        def replica_step(inputs, labels, weights):
+            total = tf.distribute.get_replica_context().all_reduce("SUM", tf.reduce_sum(weights))
+            with tf.GradientTape() as tape:
+                loss_sum, _ = self._weighted_loss_sums(inputs, labels, weights, training=True)
+                loss = loss_sum / tf.maximum(total, 1.0)
+            gradients = tape.gradient(loss, self.model.trainable_variables)
+            self.model.optimizer.apply(gradients, self.model.trainable_variables)
+            return loss
+
+        return self.strategy.reduce("SUM", self.strategy.run(replica_step, args=next(self.train_iterator)), axis=None)
+
+    @tf.function
+    def _eval_step(self, batch):
+        sums = self.strategy.run(lambda i, l, w: self._weighted_loss_sums(i, l, w, training=False), args=batch)
+        return [self.strategy.reduce("SUM", value, axis=None) for value in sums]
+
+    def evaluate(self):
+        loss_sum, weight_sum = 0.0, 0.0
+        for batch in self.eval_data:
+            batch_loss, batch_weight = self._eval_step(batch)
+            loss_sum, weight_sum = loss_sum + float(batch_loss), weight_sum + float(batch_weight)
+        return loss_sum / max(weight_sum, 1.0)
+
+    def fit(self, epochs, initial_epoch, steps_per_epoch, callbacks, verbose):
+        callbacks = keras.callbacks.CallbackList(callbacks, model=self.model)
+        callbacks.on_train_begin()
+        for epoch in range(initial_epoch, epochs):
+            callbacks.on_epoch_begin(epoch)
+            losses = [float(self._train_step()) for _ in range(steps_per_epoch)]
+            logs = {"loss": sum(losses) / len(losses), "val_loss": self.evaluate()}
+            callbacks.on_epoch_end(epoch, logs)
+            if verbose:
+                print(f"epoch {epoch + 1}/{epochs}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
+        callbacks.on_train_end()
 
 
 def _is_chief(strategy):
