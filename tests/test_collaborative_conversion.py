@@ -1,0 +1,126 @@
+"""Conversion of trained attention layers to collaborative attention (CP decomposition)."""
+
+import numpy as np
+import pytest
+
+from export.collaborative import convert_attention
+from export.collaborative import query_key_tensor
+from models import CollaborativeAttention
+from models import FixedHeadSizeAttention
+from models import StandardAttention
+
+WIDTH, LENGTH, BATCH = 24, 7, 2
+
+
+def _trained(layer, seed=3):
+    layer.build((BATCH, LENGTH, WIDTH))
+    rng = np.random.default_rng(seed)
+    layer.set_weights([rng.normal(scale=0.4, size=w.shape).astype("float32") for w in layer.get_weights()])
+    return layer
+
+
+def _tokens(seed=0):
+    return np.random.default_rng(seed).normal(size=(BATCH, LENGTH, WIDTH)).astype("float32")
+
+
+def _mask():
+    return np.array([[1] * LENGTH, [1] * (LENGTH - 2) + [0, 0]], bool)
+
+
+@pytest.mark.parametrize("factory", [lambda: StandardAttention(4), lambda: FixedHeadSizeAttention(3, head_size=10)])
+def test_full_rank_conversion_is_exact(factory):
+    layer = _trained(factory())
+    full = layer.num_heads * layer.query_dense.kernel.shape[-1]
+    converted, report = convert_attention(layer, full)
+    assert isinstance(converted, CollaborativeAttention) and report["relative_error"] < 1e-6
+    for kwargs in ({}, {"attention_mask": _mask()}, {"use_causal_mask": True}):
+        expected, expected_probs = layer(_tokens(), return_attention_scores=True, **kwargs)
+        outputs, probs = converted(_tokens(), return_attention_scores=True, **kwargs)
+        np.testing.assert_allclose(np.asarray(outputs), np.asarray(expected), atol=1e-4)
+        np.testing.assert_allclose(np.asarray(probs), np.asarray(expected_probs), atol=1e-5)
+
+
+def test_cp_conversion_keeps_the_heads_temperature():
+    """Heads built from 4 shared directions have an exact rank-4 CP: converting at D~k = 4
+    (through ALS, not the closed form) must then give the original probabilities. A
+    conversion scaling the softmax by 1/sqrt(D~k) instead of 1/sqrt(head_size) would be
+    off by a factor sqrt(6/4) in the logits, far beyond the tolerance."""
+    layer = _trained(FixedHeadSizeAttention(3, head_size=6))
+    rng = np.random.default_rng(11)
+    shared_query, shared_key, mixing = rng.normal(size=(WIDTH, 4)), rng.normal(size=(WIDTH, 4)), rng.normal(size=(3, 4))
+    query = np.zeros((WIDTH, 3, 6))
+    key = np.zeros((WIDTH, 3, 6))
+    for head in range(3):
+        query[:, head, :4] = shared_query * mixing[head]
+        key[:, head, :4] = shared_key
+    layer.query_dense.kernel.assign(0.5 * query)
+    layer.key_dense.kernel.assign(0.5 * key)
+    converted, report = convert_attention(layer, 4, seed=0, n_iter_max=2000, tol=1e-14)
+    assert report["relative_error"] < 1e-4
+    probs = np.asarray(converted(_tokens(), return_attention_scores=True)[1])
+    expected = np.asarray(layer(_tokens(), return_attention_scores=True)[1])
+    np.testing.assert_allclose(probs, expected, atol=1e-3)
+    wrong = np.asarray(_rescaled(layer, np.sqrt(6 / 4))(_tokens(), return_attention_scores=True)[1])
+    assert np.abs(wrong - expected).max() > 0.05  # the check above could tell a wrong temperature apart
+
+
+def _rescaled(layer, factor):
+    """The same layer with its logits multiplied by `factor` (a wrong temperature)."""
+    copy = FixedHeadSizeAttention.from_config(layer.get_config())
+    copy.build((BATCH, LENGTH, WIDTH))
+    copy.set_weights(layer.get_weights())
+    copy.query_dense.kernel.assign(np.asarray(layer.query_dense.kernel) * factor)
+    copy.query_dense.bias.assign(np.asarray(layer.query_dense.bias) * factor)
+    return copy
+
+
+def test_reconstruction_error_falls_with_rank_and_is_deterministic():
+    layer = _trained(StandardAttention(4))
+    errors = [convert_attention(layer, rank, seed=1)[1]["relative_error"] for rank in (4, 12, 20)]
+    assert errors[0] > errors[1] > errors[2]
+    again = convert_attention(layer, 12, seed=1)[0]
+    first = convert_attention(layer, 12, seed=1)[0]
+    for a, b in zip(first.get_weights(), again.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_query_key_tensor_is_the_stack_of_head_products():
+    layer = _trained(StandardAttention(4))
+    q, k = np.asarray(layer.query_dense.kernel), np.asarray(layer.key_dense.kernel)
+    np.testing.assert_allclose(query_key_tensor(layer)[2], q[:, 2, :] @ k[:, 2, :].T, atol=1e-6)
+
+
+def test_report_counts_query_key_parameters():
+    layer = _trained(StandardAttention(4))
+    _, report = convert_attention(layer, 12)
+    assert report["query_key_parameters_before"] == 2 * WIDTH * WIDTH + 2 * WIDTH
+    assert report["query_key_parameters_after"] == (2 * WIDTH + 4) * 12 + WIDTH * 4
+
+
+@pytest.mark.parametrize("shared_key_dim", [0, 25, 2.5])
+def test_bad_ranks_are_refused(shared_key_dim):
+    with pytest.raises(ValueError, match=f"shared_key_dim={shared_key_dim!r}"):
+        convert_attention(_trained(StandardAttention(4)), shared_key_dim)
+
+
+def test_only_attention_layers_convert():
+    import keras
+
+    dense = keras.layers.Dense(4)
+    with pytest.raises(ValueError, match="Only standard or fixed-head-size attention.*Dense"):
+        convert_attention(dense, 4)
+    with pytest.raises(ValueError, match="CollaborativeAttention"):
+        convert_attention(_trained(CollaborativeAttention(4, 8, 6)), 4)
+    with pytest.raises(ValueError, match="not built"):
+        convert_attention(StandardAttention(4), 4)
+
+
+def test_minilm_layer_converts_exactly(minilm_dir):
+    from models.hf_import import load_hf_bert
+
+    encoder = load_hf_bert(minilm_dir)
+    attention = encoder.blocks[0].attention
+    converted, report = convert_attention(attention, 384)
+    tokens = np.random.default_rng(0).normal(size=(2, 9, 384)).astype("float32")
+    np.testing.assert_allclose(np.asarray(converted(tokens)), np.asarray(attention(tokens)), atol=1e-4)
+    assert report["relative_error"] < 1e-6
