@@ -124,3 +124,19 @@ def test_minilm_layer_converts_exactly(minilm_dir):
     tokens = np.random.default_rng(0).normal(size=(2, 9, 384)).astype("float32")
     np.testing.assert_allclose(np.asarray(converted(tokens)), np.asarray(attention(tokens)), atol=1e-4)
     assert report["relative_error"] < 1e-6
+
+
+def test_encoder_conversion_at_full_rank_is_exact():
+    import configs
+    from export.collaborative import convert_encoder
+
+    encoder = configs.load_config("tiny_bert_standard").build_model()
+    for variable in encoder.weights:  # "trained": no zero biases hiding a mistake
+        variable.assign(np.random.default_rng(len(variable.path)).normal(scale=0.2, size=variable.shape))
+    converted, reports = convert_encoder(encoder, 32, progress=False)
+    assert converted.attention_type == "collaborative" and len(reports) == 2
+    ids = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], "int32")
+    inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
+    expected, outputs = encoder(inputs), converted(inputs)
+    np.testing.assert_allclose(np.asarray(outputs["sequence_output"]), np.asarray(expected["sequence_output"]), atol=1e-4)
+    np.testing.assert_allclose(np.asarray(outputs["pooled_output"]), np.asarray(expected["pooled_output"]), atol=1e-4)
