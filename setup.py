@@ -34,7 +34,12 @@ setuptools.setup(
         "pyyaml",
         "tqdm",
     ],
-    entry_points={"console_scripts": ["concise-train-lm = training.cli:main"]},
+    entry_points={
+        "console_scripts": [
+            "concise-train-lm = training.cli:main",
+            "concise-collaborative = export.collaborative_cli:main",
+        ]
+    },
     extras_require={
         "test": [
             "pytest>=8",

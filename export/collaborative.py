@@ -124,37 +124,38 @@ def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9):
     return converted, report
 
 
-def convert_encoder(encoder, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progress=True):
-    """A collaborative copy of a trained `BertEncoder`, layer by layer (Cordonnier et al.).
+def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progress=True):
+    """A collaborative copy of a trained `BertEncoder` or `CausalLM`, layer by layer.
 
     Every weight outside the attention query/key path is copied; each layer's attention
     is converted by `convert_attention` with seed `seed + layer index` (deterministic).
 
     Returns:
-        (encoder, reports): the new `BertEncoder` (attention_type "collaborative") and one
-        report per layer.
+        (model, reports): the new model (attention_type "collaborative", same builder) and
+        one report per layer.
     """
     from tqdm import tqdm
 
-    from models.bert import BERT_ARGUMENTS
     from models.bert import BertEncoder
+    from models.lm import CausalLM
 
-    if not isinstance(encoder, BertEncoder):
-        raise ValueError(f"`encoder` must be a BertEncoder. Received: {type(encoder).__name__}")
-    head_size = encoder.head_size if encoder.attention_type == "fixed" else encoder.hidden_size // encoder.num_heads
-    arguments = {name: getattr(encoder, name) for name in BERT_ARGUMENTS}
+    if not isinstance(model, (BertEncoder, CausalLM)):
+        raise ValueError(f"`model` must be a BertEncoder or a CausalLM. Received: {type(model).__name__}")
+    if model.attention_type == "collaborative":
+        raise ValueError(f"The model {model.name!r} already uses collaborative attention.")
+    head_size = model.head_size if model.attention_type == "fixed" else model.hidden_size // model.num_heads
+    arguments = {key: value for key, value in model.get_config().items() if key not in ("name", "trainable", "dtype")}
     arguments.update(attention_type="collaborative", head_size=head_size, shared_key_dim=shared_key_dim, mixing_initializer="concatenate")
-    if arguments["attention_type"] == encoder.attention_type:
-        raise ValueError("The encoder already uses collaborative attention.")
     converted_layers = []
-    for index, block in enumerate(tqdm(encoder.blocks, desc=f"CP rank {shared_key_dim}", disable=not progress)):
+    for index, block in enumerate(tqdm(model.blocks, desc=f"CP rank {shared_key_dim}", disable=not progress)):
         converted_layers.append(convert_attention(block.attention, shared_key_dim, seed + index, n_iter_max, tol))
-    result = BertEncoder(**arguments, dtype=encoder.dtype_policy)
-    source = {variable.path: variable for variable in encoder.weights}
+    result = type(model)(**arguments, dtype=model.dtype_policy)
+    source = {variable.path: variable for variable in model.weights}
     for variable in result.weights:
         original = source.get(variable.path)
         if original is not None and tuple(original.shape) == tuple(variable.shape):
             variable.assign(original)
     for block, (attention, _) in zip(result.blocks, converted_layers):
         block.attention.set_weights(attention.get_weights())
-    return result, [report for _, report in converted_layers]
+    reports = [report | {"layer": block.name} for block, (_, report) in zip(model.blocks, converted_layers)]
+    return result, reports

@@ -128,15 +128,90 @@ def test_minilm_layer_converts_exactly(minilm_dir):
 
 def test_encoder_conversion_at_full_rank_is_exact():
     import configs
-    from export.collaborative import convert_encoder
+    from export.collaborative import convert_model
 
     encoder = configs.load_config("tiny_bert_standard").build_model()
     for variable in encoder.weights:  # "trained": no zero biases hiding a mistake
         variable.assign(np.random.default_rng(len(variable.path)).normal(scale=0.2, size=variable.shape))
-    converted, reports = convert_encoder(encoder, 32, progress=False)
+    converted, reports = convert_model(encoder, 32, progress=False)
     assert converted.attention_type == "collaborative" and len(reports) == 2
     ids = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], "int32")
     inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
     expected, outputs = encoder(inputs), converted(inputs)
     np.testing.assert_allclose(np.asarray(outputs["sequence_output"]), np.asarray(expected["sequence_output"]), atol=1e-4)
     np.testing.assert_allclose(np.asarray(outputs["pooled_output"]), np.asarray(expected["pooled_output"]), atol=1e-4)
+
+
+def _run_dir(tmp_path):
+    """A run directory in the trainer's format holding a 'trained' tiny BERT."""
+    import json
+
+    import configs
+
+    config = configs.load_config("tiny_bert_standard")
+    model = config.build_model()
+    for variable in model.weights:
+        variable.assign(np.random.default_rng(len(variable.path)).normal(scale=0.2, size=variable.shape))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(config.to_dict()))
+    model.save_weights(run / "model.weights.h5")
+    return run, model
+
+
+def _cli(*arguments):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "export.collaborative_cli", *map(str, arguments)], capture_output=True, text=True, timeout=300)
+
+
+def test_command_converts_a_run_and_the_result_reloads(tmp_path):
+    import json
+
+    from configs import BUILDERS
+
+    run, model = _run_dir(tmp_path)
+    result = _cli("--run", run, "--ratio", 1.0, "--out", tmp_path / "out")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "transformer_layer_1: D~k=32" in result.stdout
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    converted = BUILDERS[saved["model_type"]](**saved["model"])
+    converted.load_weights(tmp_path / "out" / "model.weights.h5")
+    ids = np.array([[5, 6, 7, 0], [8, 9, 10, 11]], "int32")
+    inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
+    np.testing.assert_allclose(np.asarray(converted(inputs)["sequence_output"]), np.asarray(model(inputs)["sequence_output"]), atol=1e-4)
+    assert len(json.loads((tmp_path / "out" / "conversion_report.json").read_text())) == 2
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--shared-key-dim", 0], "shared_key_dim=0"),
+        (["--shared-key-dim", 33], "num_heads \\* head_size = 32"),
+    ],
+)
+def test_bad_requests_fail_clearly_and_write_nothing(tmp_path, arguments, message):
+    import re
+
+    run, _ = _run_dir(tmp_path)
+    result = _cli("--run", run, *arguments, "--out", tmp_path / "out")
+    assert result.returncode == 2 and re.search(message, result.stderr), result.stderr[-2000:]
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_wrong_checkpoint_and_existing_output_are_refused(tmp_path):
+    import json
+
+    run, _ = _run_dir(tmp_path)
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["hidden_size"] = 64
+    config["model"]["intermediate_size"] = 64
+    (run / "config.json").write_text(json.dumps(config))
+    result = _cli("--run", run, "--ratio", 0.5, "--out", tmp_path / "out")
+    assert result.returncode == 2 and "do not fit" in result.stderr and not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    result = _cli("--run", run, "--ratio", 0.5, "--out", tmp_path / "out")
+    assert result.returncode == 2 and "--overwrite" in result.stderr
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
