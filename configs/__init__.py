@@ -18,6 +18,7 @@ that name the key. `--set model.num_heads=16` style overrides apply after the YA
 
 import argparse
 import dataclasses
+import json
 import inspect
 import pathlib
 import types
@@ -79,6 +80,8 @@ class TrainingConfig:
         gs://...), or "text_files" (every *.txt under `data_dir`).
     vocabulary: an existing vocab.txt; by default a WordPiece vocabulary of the model's
         vocab_size is trained on the training text and cached in the run directory.
+    init_weights: weights to start from (e.g. a model converted to collaborative attention
+        by `concise-collaborative`); ignored once the run has a checkpoint.
     The learning rate rises linearly to `learning_rate` over `warmup_steps`, then decays as
     1/sqrt(step) ("rsqrt") or stays ("constant"). AdamW with the betas, epsilon and
     decoupled weight decay given; `label_smoothing` on the next-token targets.
@@ -87,6 +90,7 @@ class TrainingConfig:
     dataset: str = "sample"
     data_dir: typing.Optional[str] = None
     vocabulary: typing.Optional[str] = None
+    init_weights: typing.Optional[str] = None
     sequence_length: int = 256
     batch_size: int = 64
     train_steps: int = 10000
@@ -194,8 +198,9 @@ def _read(name_or_path, seen=()):
     if path.resolve() in seen:
         raise ValueError(f"Config {path.name} inherits from itself through `base`.")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
+        # JSON is YAML, but PyYAML reads JSON's 1e-06 as a string: parse .json as JSON.
+        raw = (json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())) or {}
+    except (yaml.YAMLError, json.JSONDecodeError) as error:
         raise ValueError(f"Config {path} is not valid YAML: {error}") from error
     if not isinstance(raw, dict):
         raise ValueError(f"Config {path} must be a YAML mapping. Received: {type(raw).__name__}")
@@ -232,6 +237,11 @@ def _check_type(key, value, expected):
         return value
     if float in allowed and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if float in allowed and isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-4 (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
     if isinstance(value, bool) and bool not in allowed:
         raise ValueError(f"`{key}` must be of type {expected}. Received: {key}={value!r}")
     if not isinstance(value, tuple(t for t in allowed if t is not type(None))):

@@ -215,3 +215,33 @@ def test_wrong_checkpoint_and_existing_output_are_refused(tmp_path):
     result = _cli("--run", run, "--ratio", 0.5, "--out", tmp_path / "out")
     assert result.returncode == 2 and "--overwrite" in result.stderr
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path):
+    """Train a tiny LM, convert it at half the key dimension, fine-tune the result with the normal trainer."""
+    import json
+    import subprocess
+    import sys
+
+    def train(run, config, *overrides):
+        command = [sys.executable, "-m", "training.cli", "--config", str(config), "--run-dir", str(run), "--quiet"]
+        for override in ("model.dropout=0", "model.attention_dropout=0", *overrides):
+            command += ["--set", override]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout[result.stdout.index("{"):])
+
+    trained = train(tmp_path / "base", "tiny_lm", "training.train_steps=40")
+    result = _cli("--run", tmp_path / "base", "--ratio", 0.5, "--out", tmp_path / "converted", "--iterations", 50)
+    assert result.returncode == 0, result.stderr[-3000:]
+    vocabulary = tmp_path / "base" / "vocab.txt"
+    start = train(tmp_path / "zero", tmp_path / "converted" / "config.json", "training.train_steps=1", "training.steps_per_epoch=1",
+                  "training.learning_rate=1e-9", "training.sequence_length=64", "training.batch_size=8", "training.eval_batches=4",
+                  f"training.vocabulary={vocabulary}", f"training.init_weights={tmp_path / 'converted' / 'model.weights.h5'}")
+    tuned = train(tmp_path / "tuned", tmp_path / "converted" / "config.json", "training.train_steps=40", "training.steps_per_epoch=20",
+                  "training.learning_rate=0.002", "training.warmup_steps=5", "training.sequence_length=64", "training.batch_size=8",
+                  "training.eval_batches=4", f"training.vocabulary={vocabulary}",
+                  f"training.init_weights={tmp_path / 'converted' / 'model.weights.h5'}")
+    assert start["eval_loss"] < trained["eval_loss"] + 1.0  # the conversion kept most of what was learned
+    assert tuned["eval_loss"] < start["eval_loss"]  # and fine-tuning recovers

@@ -136,3 +136,8 @@ def test_conversion_to_collaborative_keeps_head_size_and_checks_the_shared_width
     with pytest.raises(ValueError, match="shared_key_dim=0"):
         configs.to_collaborative(configs.load_config("tiny_bert_fixed"), 0)
     assert configs.to_collaborative(configs.load_config("tiny_bert_fixed"), 64).model.head_size == 16
+
+
+def test_exponent_floats_are_floats():
+    config = configs.load_config("tiny_lm", ["training.learning_rate=1e-4", "model.layer_norm_epsilon=1e-12"])
+    assert config.training.learning_rate == 1e-4 and config.model.layer_norm_epsilon == 1e-12

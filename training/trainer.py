@@ -87,6 +87,8 @@ def _check(config):
     if config.training is None:
         raise ValueError(f"Config {config.name!r} has no `training` section.")
     training, model = config.training, config.model
+    if training.init_weights and not pathlib.Path(training.init_weights).is_file():
+        raise ValueError(f"Initial weights not found. Received: training.init_weights={training.init_weights!r}")
     if training.sequence_length > model.max_sequence_length:
         raise ValueError(
             f"training.sequence_length={training.sequence_length} is above the model's "
@@ -162,6 +164,8 @@ def train_language_model(config, run_dir, verbose="auto"):
         # LayerNorm scales/offsets, biases and Admin's omegas are not decayed.
         model.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
         step = 0
+        if training.init_weights and not checkpoint.weights_path.is_file():
+            model.load_weights(training.init_weights)
         if checkpoint.weights_path.is_file():
             model.optimizer.build(model.trainable_variables)
             model.load_weights(checkpoint.weights_path)
@@ -171,7 +175,7 @@ def train_language_model(config, run_dir, verbose="auto"):
     train_data = language_model_dataset(
         train_lines, tokenizer, training.sequence_length, training.batch_size, training=True, seed=training.seed, skip_batches=step
     )
-    if step == 0 and config.model.residual_scaling == "admin":
+    if step == 0 and config.model.residual_scaling == "admin" and not training.init_weights:
         # Admin's profiling pass on the first training batch sets the residual scalings.
         profiling_inputs, _, _ = next(iter(train_data))
         with strategy.scope():
