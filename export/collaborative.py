@@ -59,7 +59,7 @@ def _cp_factors(tensor_NxIxI, rank, seed, n_iter_max, tol):
     return query_IxK, key_IxK, mixing_NxK * weights[None, :]
 
 
-def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9):
+def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, flops_length=128):
     """A `CollaborativeAttention` equivalent (or closest at rank D~k) to a trained layer.
 
     Args:
@@ -67,10 +67,12 @@ def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9):
         shared_key_dim: D~k, in [1, num_heads * head_size].
         seed: seed of the CP decomposition's random initialisation (deterministic).
         n_iter_max, tol: ALS iterations and tolerance of tensorly's parafac.
+        flops_length: sequence length at which query/key FLOPs are reported.
 
     Returns:
         (collaborative layer, report dict): the report holds the relative reconstruction
-        error of the stacked tensor, query/key parameters before and after, and seconds.
+        error of the stacked tensor, query/key parameters and FLOPs (per example at
+        `flops_length`) before and after, and seconds.
     """
     _check_convertible(layer)
     heads, head_size = layer.num_heads, layer.query_dense.kernel.shape[-1]
@@ -119,6 +121,9 @@ def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9):
         "relative_error": error,
         "query_key_parameters_before": 2 * input_size * exact + (2 * exact if layer.use_bias else 0),
         "query_key_parameters_after": (2 * input_size + heads) * shared_key_dim + input_size * heads,
+        "flops_length": flops_length,
+        "query_key_flops_before": layer.query_key_flops(flops_length),
+        "query_key_flops_after": converted.query_key_flops(flops_length),
         "seconds": time.perf_counter() - start,
     }
     return converted, report

@@ -79,6 +79,7 @@ def main(argv=None):
     for report in reports:
         print(f"{report['layer']}: D~k={report['shared_key_dim']} relative error {report['relative_error']:.4f}, "
               f"query/key parameters {report['query_key_parameters_before']:,} -> {report['query_key_parameters_after']:,}, "
+              f"FLOPs at length {report['flops_length']} {report['query_key_flops_before']:,} -> {report['query_key_flops_after']:,}, "
               f"{report['seconds']:.1f} s")
     print(f"wrote {out}")
     return 0

@@ -92,9 +92,14 @@ def test_query_key_tensor_is_the_stack_of_head_products():
 
 def test_report_counts_query_key_parameters():
     layer = _trained(StandardAttention(4))
-    _, report = convert_attention(layer, 12)
+    converted, report = convert_attention(layer, 12)
     assert report["query_key_parameters_before"] == 2 * WIDTH * WIDTH + 2 * WIDTH
     assert report["query_key_parameters_after"] == (2 * WIDTH + 4) * 12 + WIDTH * 4
+    # FLOP counts are the layers' own (checked against XLA's cost analysis in test_attention).
+    assert report["query_key_flops_before"] == layer.query_key_flops(128)
+    assert report["query_key_flops_after"] == converted.query_key_flops(128)
+    # Width 24 is narrow against length 128: the logits (N * T * S * D~k) outweigh the saved projections.
+    assert report["query_key_flops_after"] > report["query_key_flops_before"]
 
 
 @pytest.mark.parametrize("shared_key_dim", [0, 25, 2.5])
