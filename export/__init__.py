@@ -1,1 +1,1 @@
-"""TensorFlow-only export code: TF-Hub and TF Serving SavedModels (issue 5), collaborative conversion (issue 6)."""
+"""Export and conversion: collaborative re-parametrisation of trained attention (CP); TF-Hub / TF Serving SavedModels to come."""
