@@ -28,6 +28,7 @@ import yaml
 
 from models.bert import BertEncoder
 from models.lm import CausalLM
+from models.transformer import head_size_of
 
 PRESET_DIRECTORY = pathlib.Path(__file__).parent
 BUILDERS = {"bert": BertEncoder, "causal_lm": CausalLM}
@@ -169,7 +170,7 @@ def to_collaborative(config, shared_key_dim, mixing_initializer="concatenate"):
     model = config.model
     if model.attention_type == "collaborative":
         raise ValueError(f"Config {config.name!r} already uses collaborative attention.")
-    head_size = model.head_size if model.attention_type == "fixed" else model.hidden_size // model.num_heads
+    head_size = head_size_of(model)
     exact = model.num_heads * head_size
     if isinstance(shared_key_dim, bool) or not isinstance(shared_key_dim, int) or not 1 <= shared_key_dim <= exact:
         raise ValueError(

@@ -19,6 +19,7 @@ import numpy as np
 
 from models.attention import CollaborativeAttention
 from models.attention import FixedHeadSizeAttention
+from models.transformer import head_size_of
 
 
 def _check_convertible(layer):
@@ -148,7 +149,7 @@ def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progr
         raise ValueError(f"`model` must be a BertEncoder or a CausalLM. Received: {type(model).__name__}")
     if model.attention_type == "collaborative":
         raise ValueError(f"The model {model.name!r} already uses collaborative attention.")
-    head_size = model.head_size if model.attention_type == "fixed" else model.hidden_size // model.num_heads
+    head_size = head_size_of(model)
     arguments = {key: value for key, value in model.get_config().items() if key not in ("name", "trainable", "dtype")}
     arguments.update(attention_type="collaborative", head_size=head_size, shared_key_dim=shared_key_dim, mixing_initializer="concatenate")
     converted_layers = []

@@ -16,6 +16,8 @@ import shutil
 import sys
 import tempfile
 
+from models.transformer import head_size_of
+
 
 def _load_source(args):
     if args.hf_dir:
@@ -55,7 +57,7 @@ def main(argv=None):
         if out.exists() and not args.overwrite:
             raise ValueError(f"{out} exists; pass --overwrite to replace it.")
         model, model_type = _load_source(args)
-        head_size = model.head_size if model.attention_type == "fixed" else model.hidden_size // model.num_heads
+        head_size = head_size_of(model)
         full = model.num_heads * head_size
         shared_key_dim = args.shared_key_dim if args.shared_key_dim is not None else round(args.ratio * full)
         from export.collaborative import convert_model

@@ -77,6 +77,15 @@ def make_attention(attention_type, num_heads, head_size=None, shared_key_dim=Non
     return layer_class(num_heads=num_heads, **arguments, **common)
 
 
+def head_size_of(spec):
+    """The query/key head size of a model or model config (standard: hidden_size / num_heads).
+
+    `spec` is anything with the builder fields attention_type, hidden_size, num_heads and
+    head_size: a `BertEncoder`, a `CausalLM`, or their config dataclasses.
+    """
+    return spec.hidden_size // spec.num_heads if spec.attention_type == "standard" else spec.head_size
+
+
 @keras.saving.register_keras_serializable(package="concise_attention")
 class TransformerBlock(keras.layers.Layer):
     """One transformer layer: self-attention and a feed-forward network, each residual.
