@@ -10,7 +10,6 @@ Admin (post-LN everywhere), and writes the loss curves as JSON and a PNG.
 """
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -26,6 +25,7 @@ from training.data import read_lines  # noqa: E402
 from training.lm import fit_language_model  # noqa: E402
 from training.tokenizer import train_wordpiece  # noqa: E402
 from training.tokenizer import wordpiece_tokenizer  # noqa: E402
+from training.trainer import write_json_atomically  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -76,15 +76,8 @@ def main():
               "cpu_count": os.cpu_count(), "corpus": "training/data/python_reference.txt",
               "tokens": int((packed["segment_ids"] > 0).sum()), "steps_per_point": 10, "curves": curves}
     os.makedirs(RESULTS, exist_ok=True)
-    _write_atomically(os.path.join(RESULTS, "admin_study.json"), json.dumps(record, indent=1))
+    write_json_atomically(os.path.join(RESULTS, "admin_study.json"), record)
     _plot(record, os.path.join(RESULTS, "admin_study.png"))
-
-
-def _write_atomically(path, text):
-    temporary = path + ".tmp"
-    with open(temporary, "w") as f:
-        f.write(text)
-    os.replace(temporary, path)
 
 
 def _plot(record, path):

@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 from export.collaborative import convert_model  # noqa: E402
 from models.hf_import import load_hf_bert  # noqa: E402
 from training.data import read_lines  # noqa: E402
+from training.trainer import write_json_atomically  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -71,8 +72,7 @@ def main():
               "cpu_count": os.cpu_count(), "sentences": len(ids), "rows": rows}
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".tmp").write_text(json.dumps(record, indent=1))
-    path.with_suffix(".tmp").replace(path)
+    write_json_atomically(path, record)
     print(f"{'D~k':>5s} {'of D_k':>7s} {'mean cos':>9s} {'min cos':>8s} {'CP error':>9s} {'q/k params':>11s}")
     for row in rows:
         print(f"{row['shared_key_dim']:5d} {row['fraction_of_D_k']:7.2f} {row['mean_cosine']:9.4f} {row['min_cosine']:8.4f} "

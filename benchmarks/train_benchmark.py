@@ -14,7 +14,6 @@ Measured in one run, interleaved:
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -32,6 +31,7 @@ from training.pipeline import corpus_lines  # noqa: E402
 from training.pipeline import language_model_dataset  # noqa: E402
 from training.tokenizer import train_wordpiece  # noqa: E402
 from training.tokenizer import wordpiece_tokenizer  # noqa: E402
+from training.trainer import write_json_atomically  # noqa: E402
 from training.objectives import NextTokenLoss  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
@@ -152,9 +152,7 @@ def main():
           f"= {pipeline_tokens_per_second / fastest:.1f}x what the fastest training step consumes")
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, "train_tensorflow.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_json_atomically(path, record)
     print(f"wrote {path}")
 
 

@@ -54,9 +54,7 @@ class AtomicCheckpoint(keras.callbacks.Callback):
         if not self.is_chief:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        temporary = self.directory / f".model.{os.getpid()}.tmp.weights.h5"
-        self.model.save_weights(temporary)
-        os.replace(temporary, self.weights_path)
+        save_weights_atomically(self.model, self.weights_path)
         write_json_atomically(self.directory / "state.json", {"step": int(self.model.optimizer.iterations.numpy()), "epoch": epoch + 1})
 
 
@@ -71,6 +69,14 @@ class PerplexityLogger(keras.callbacks.Callback):
         if logs is not None and "val_loss" in logs:
             logs["val_subword_perplexity"] = math.exp(min(logs["val_loss"], 50.0))
             logs["val_word_perplexity"] = math.exp(min(logs["val_loss"] * self.tokens_per_word, 50.0))
+
+
+def save_weights_atomically(model, path):
+    """`model.save_weights(path)` through a temporary file and a rename: never half-written."""
+    path = pathlib.Path(path)
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp.weights.h5")
+    model.save_weights(temporary)
+    os.replace(temporary, path)
 
 
 def write_json_atomically(path, value):
@@ -217,9 +223,7 @@ def train_language_model(config, run_dir, verbose="auto"):
     # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
     output_dir = run_dir if is_chief else run_dir / f"worker_{strategy.cluster_resolver.task_id}"
     output_dir.mkdir(parents=True, exist_ok=True)
-    temporary = output_dir / f".model.{os.getpid()}.tmp.weights.h5"
-    model.save_weights(temporary)
-    os.replace(temporary, output_dir / "model.weights.h5")
+    save_weights_atomically(model, output_dir / "model.weights.h5")
     write_json_atomically(output_dir / "metrics.json", metrics)
     return metrics
 
