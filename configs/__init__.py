@@ -32,8 +32,6 @@ from models.transformer import head_size_of
 
 PRESET_DIRECTORY = pathlib.Path(__file__).parent
 BUILDERS = {"bert": BertEncoder, "causal_lm": CausalLM}
-# Builder arguments that are not model hyper-parameters.
-_NOT_CONFIG = {"self", "dtype", "kwargs"}
 
 
 def _field_type(default):
@@ -52,7 +50,7 @@ def _field_type(default):
 def _model_dataclass(name, builder):
     fields = []
     for parameter in inspect.signature(builder.__init__).parameters.values():
-        if parameter.name in _NOT_CONFIG:
+        if parameter.name not in builder.config_arguments():
             continue
         field_type = _field_type(parameter.default)
         if parameter.default is inspect.Parameter.empty:

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from models.builder import ArgumentsAreConfig
 from models.embedding import PositionEmbedding
 from models.transformer import build_blocks
 from models.transformer import admin_initialize
@@ -15,15 +16,8 @@ def _check_sizes(**sizes):
             raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 
-BERT_ARGUMENTS = (
-    "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "attention_type", "head_size",
-    "shared_key_dim", "mixing_initializer", "max_sequence_length", "type_vocab_size", "activation", "dropout",
-    "attention_dropout", "layer_norm_epsilon", "residual_scaling", "initializer_range",
-)
-
-
 @keras.saving.register_keras_serializable(package="concise_attention")
-class BertEncoder(keras.Model):
+class BertEncoder(ArgumentsAreConfig, keras.Model):
     """A BERT encoder with any attention variant, in the TF-Hub BERT contract.
 
     Inputs (dict of int32 (B, T)): `input_word_ids`, `input_mask` (1 = real token),
@@ -74,7 +68,7 @@ class BertEncoder(keras.Model):
         dtype=None,
         **kwargs,
     ):
-        arguments = {name: value for name, value in locals().items() if name in BERT_ARGUMENTS}
+        arguments = dict(locals())  # the constructor arguments, before any other local exists
         _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, type_vocab_size=type_vocab_size)
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
         # === Layers ===
@@ -125,8 +119,7 @@ class BertEncoder(keras.Model):
         }
         super().__init__(inputs=inputs, outputs=outputs, dtype=dtype, **kwargs)
 
-        for name, value in arguments.items():
-            setattr(self, name, value)
+        self._keep_arguments(arguments)
 
     def _embed(self, inputs, training=None):
         words = self.word_embeddings(inputs["input_word_ids"])
@@ -137,18 +130,6 @@ class BertEncoder(keras.Model):
         """Admin: sets every block's omegas from a profiling pass over `inputs` (a batch dict)."""
         inputs = {name: ops.convert_to_tensor(value, "int32") for name, value in inputs.items()}
         return admin_initialize(self.blocks, self._embed(inputs, training=False), attention_mask=inputs["input_mask"])
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
-            **{name: getattr(self, name) for name in BERT_ARGUMENTS},
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")

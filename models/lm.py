@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from models.bert import _check_sizes
+from models.builder import ArgumentsAreConfig
 from models.embedding import PositionEmbedding
 from models.transformer import build_blocks
 from models.transformer import admin_initialize
@@ -21,16 +22,8 @@ def packed_segment_mask(segment_ids):
     return ops.logical_and(same_segment, ops.not_equal(segment_ids, 0)[:, None, :])
 
 
-LM_ARGUMENTS = (
-    "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "attention_type", "head_size",
-    "shared_key_dim", "mixing_initializer", "max_sequence_length", "position_embedding", "tie_embeddings",
-    "norm_position", "residual_scaling", "activation", "dropout", "attention_dropout", "layer_norm_epsilon",
-    "kernel_initializer",
-)
-
-
 @keras.saving.register_keras_serializable(package="concise_attention")
-class CausalLM(keras.Model):
+class CausalLM(ArgumentsAreConfig, keras.Model):
     """Decoder-only transformer LM with any attention variant.
 
     Inputs (dict of int32 (B, T)): `token_ids`; `segment_ids` (1, 2, ... per packed
@@ -74,7 +67,7 @@ class CausalLM(keras.Model):
         dtype=None,
         **kwargs,
     ):
-        arguments = {name: value for name, value in locals().items() if name in LM_ARGUMENTS}
+        arguments = dict(locals())  # the constructor arguments, before any other local exists
         _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
         # tensor2tensor: Xavier kernels; embeddings N(0, 1/d) scaled by sqrt(d) on the way in,
         # so the tied softmax sees d^-0.5-sized rows and the residual stream unit-sized inputs.
@@ -136,8 +129,7 @@ class CausalLM(keras.Model):
         logits = self.token_embeddings(x, reverse=True)
         super().__init__(inputs=inputs, outputs=logits, dtype=dtype, **kwargs)
 
-        for name, value in arguments.items():
-            setattr(self, name, value)
+        self._keep_arguments(arguments)
 
     def _embed(self, inputs, training=None):
         tokens = self.token_embeddings(inputs["token_ids"])
@@ -152,16 +144,4 @@ class CausalLM(keras.Model):
         inputs = {name: ops.convert_to_tensor(value, "int32") for name, value in inputs.items()}
         x, mask = self._embed(inputs, training=False)
         return admin_initialize(self.blocks, x, attention_mask=mask, use_causal_mask=True)
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
-            **{name: getattr(self, name) for name in LM_ARGUMENTS},
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 

@@ -1,0 +1,38 @@
+"""Builders whose constructor arguments are their config (as keras-hub's backbones)."""
+
+import inspect
+
+import keras
+
+# Constructor parameters that are not hyper-parameters of the model.
+NOT_CONFIG = ("self", "dtype", "kwargs")
+
+
+class ArgumentsAreConfig:
+    """Mixin for functional `keras.Model` builders: `cls(**get_config())` rebuilds the model.
+
+    The config fields are read off the constructor's signature, so the arguments, the
+    saved config and the `configs` dataclasses cannot drift apart.
+    """
+
+    @classmethod
+    def config_arguments(cls):
+        """The constructor's hyper-parameter names, in signature order."""
+        return tuple(name for name in inspect.signature(cls.__init__).parameters if name not in NOT_CONFIG)
+
+    def _keep_arguments(self, arguments):
+        """Stores the hyper-parameters (call after `keras.Model.__init__`)."""
+        for name in self.config_arguments():
+            setattr(self, name, arguments[name])
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            **{name: getattr(self, name) for name in self.config_arguments()},
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
