@@ -81,9 +81,17 @@ class TrainingConfig:
         vocab_size is trained on the training text and cached in the run directory.
     init_weights: weights to start from (e.g. a model converted to collaborative attention
         by `concise-collaborative`); ignored once the run has a checkpoint.
+    init_weights may also be a Hugging Face BERT folder (config.json + model.safetensors,
+    e.g. all-MiniLM-L6-v2) for a BERT run: the encoder starts from it, and its vocab.txt
+    is the run's vocabulary unless `vocabulary` is set.
     The learning rate rises linearly to `learning_rate` over `warmup_steps`, then decays as
-    1/sqrt(step) ("rsqrt") or stays ("constant"). AdamW with the betas, epsilon and
-    decoupled weight decay given; `label_smoothing` on the next-token targets.
+    1/sqrt(step) ("rsqrt", the LM recipe), linearly to 0 at `train_steps` ("linear", the
+    BERT recipe) or stays ("constant"). AdamW with the betas, epsilon and decoupled weight
+    decay given; `label_smoothing` on the targets.
+    The task follows model_type: causal_lm trains next-token prediction on packed rows,
+    bert trains the masked LM on segment pairs: `mask_rate` of the tokens (at most
+    `max_predictions` per row) are masked 80/10/10 by keras-hub's mask generator.
+    WordPiece is uncased; `strip_accents` also removes accent marks (BERT-uncased).
     """
 
     dataset: str = "sample"
@@ -103,6 +111,9 @@ class TrainingConfig:
     adam_epsilon: float = 1e-9
     weight_decay: float = 0.01
     label_smoothing: float = 0.0
+    mask_rate: float = 0.15
+    max_predictions: int = 20
+    strip_accents: bool = False
     steps_per_execution: int = 10
     jit_compile: bool = True
     strategy: str = "auto"
@@ -110,12 +121,19 @@ class TrainingConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name, allowed in (("dataset", DATASETS), ("strategy", STRATEGIES), ("decay", ("rsqrt", "constant"))):
+        for name, allowed in (("dataset", DATASETS), ("strategy", STRATEGIES), ("decay", ("rsqrt", "linear", "constant"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"`training.{name}` must be one of {allowed}. Received: training.{name}={getattr(self, name)!r}")
-        for name in ("sequence_length", "batch_size", "train_steps", "steps_per_epoch", "eval_batches", "steps_per_execution"):
+        for name in ("sequence_length", "batch_size", "train_steps", "steps_per_epoch", "eval_batches", "steps_per_execution", "max_predictions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}")
+        if not 0.0 < self.mask_rate < 1.0:
+            raise ValueError(f"`training.mask_rate` must be in (0, 1). Received: training.mask_rate={self.mask_rate!r}")
+        if self.decay == "linear" and self.train_steps <= self.warmup_steps:
+            raise ValueError(
+                f"Linear decay needs training.train_steps > training.warmup_steps. "
+                f"Received: train_steps={self.train_steps}, warmup_steps={self.warmup_steps}"
+            )
         if self.dataset == "text_files" and not self.data_dir:
             raise ValueError("`training.data_dir` must name the folder of .txt files when training.dataset='text_files'.")
 

@@ -16,7 +16,7 @@ import pytest
 
 import configs
 from training.strategy import choose_strategy
-from training.objectives import WarmupRsqrtSchedule
+from training.objectives import WarmupDecaySchedule
 from training.trainer import train_language_model
 
 TINY = ["model.dropout=0", "model.attention_dropout=0"]
@@ -45,7 +45,7 @@ def _run(command, env=None, timeout=600):
 
 
 def test_schedule_is_linear_warmup_then_rsqrt():
-    schedule = WarmupRsqrtSchedule(1e-3, warmup_steps=100)
+    schedule = WarmupDecaySchedule(1e-3, warmup_steps=100)
     rates = [float(schedule(step)) for step in (0, 49, 99, 399, 9999)]
     np.testing.assert_allclose(rates, [1e-5, 5e-4, 1e-3, 5e-4, 1e-4], rtol=1e-5)
 

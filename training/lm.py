@@ -7,8 +7,8 @@ import keras
 import numpy as np
 
 from training.data import next_token_targets
-from training.objectives import NextTokenLoss
-from training.objectives import WarmupRsqrtSchedule
+from training.objectives import TokenCrossEntropy
+from training.objectives import WarmupDecaySchedule
 
 
 class _BatchLosses(keras.callbacks.Callback):
@@ -43,8 +43,8 @@ def fit_language_model(
     order = rng.permutation(np.resize(np.arange(len(labels)), steps * batch_size))
     inputs = {name: value[order] for name, value in packed.items()}
     model.compile(
-        optimizer=keras.optimizers.Adam(WarmupRsqrtSchedule(learning_rate, warmup_steps, decay="constant"), clipnorm=1.0),
-        loss=NextTokenLoss(),
+        optimizer=keras.optimizers.Adam(WarmupDecaySchedule(learning_rate, warmup_steps, decay="constant"), clipnorm=1.0),
+        loss=TokenCrossEntropy(),
         jit_compile=jit_compile,
     )
     recorder = _BatchLosses()

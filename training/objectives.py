@@ -1,17 +1,29 @@
-"""The language-model objective and learning-rate schedule shared by every LM training run."""
+"""The token cross-entropy and learning-rate schedule shared by the LM and MLM training runs."""
 
 import keras
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
-class WarmupRsqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up to `learning_rate`, then `learning_rate * sqrt(warmup_steps / step)`
-    ("rsqrt", tensor2tensor's linear_warmup * rsqrt_decay) or constant."""
+class WarmupDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to `learning_rate` over `warmup_steps`, then one of:
 
-    def __init__(self, learning_rate, warmup_steps, decay="rsqrt"):
+    - "rsqrt": `learning_rate * sqrt(warmup_steps / step)` (tensor2tensor's
+      linear_warmup * rsqrt_decay, the LM recipe);
+    - "linear": linearly down to 0 at `total_steps` (BERT's recipe);
+    - "constant".
+    """
+
+    def __init__(self, learning_rate, warmup_steps, decay="rsqrt", total_steps=None):
+        if decay not in ("rsqrt", "linear", "constant"):
+            raise ValueError(f"`decay` must be one of rsqrt, linear, constant. Received: decay={decay!r}")
+        if decay == "linear" and (not total_steps or total_steps <= warmup_steps):
+            raise ValueError(
+                f"Linear decay needs total_steps > warmup_steps. Received: total_steps={total_steps!r}, warmup_steps={warmup_steps!r}"
+            )
         self.learning_rate = learning_rate
         self.warmup_steps = warmup_steps
         self.decay = decay
+        self.total_steps = total_steps
 
     def __call__(self, step):
         step = keras.ops.cast(step, "float32") + 1.0
@@ -19,17 +31,20 @@ class WarmupRsqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
         factor = keras.ops.minimum(1.0, step / warmup)
         if self.decay == "rsqrt":
             factor = keras.ops.minimum(factor, keras.ops.sqrt(warmup / step))
+        elif self.decay == "linear":
+            remaining = (float(self.total_steps) - step) / float(self.total_steps - self.warmup_steps)
+            factor = keras.ops.minimum(factor, keras.ops.maximum(remaining, 0.0))
         return self.learning_rate * factor
 
     def get_config(self):
-        return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps, "decay": self.decay}
+        return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps, "decay": self.decay, "total_steps": self.total_steps}
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
-class NextTokenLoss(keras.losses.Loss):
+class TokenCrossEntropy(keras.losses.Loss):
     """Cross-entropy from logits with label smoothing, averaged over weighted tokens only."""
 
-    def __init__(self, label_smoothing=0.0, name="next_token_loss", **kwargs):
+    def __init__(self, label_smoothing=0.0, name="token_cross_entropy", **kwargs):
         kwargs.setdefault("reduction", "mean_with_sample_weight")
         super().__init__(name=name, **kwargs)
         self.label_smoothing = label_smoothing

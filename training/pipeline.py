@@ -1,4 +1,4 @@
-"""tf.data input pipelines for language modelling: text -> WordPiece ids -> packed rows.
+"""tf.data input pipelines: text -> WordPiece ids -> packed LM rows or masked-LM examples.
 
 Sources: the shipped sample corpus, any folder of .txt files, or LM1B through
 tensorflow-datasets (`lm1b`, any data_dir including gs://). Rows are packed
@@ -106,6 +106,12 @@ def language_model_dataset(lines_fn, tokenizer, sequence_length, batch_size, tra
     row = tf.TensorSpec((sequence_length,), tf.int32)
     signature = ({"token_ids": row, "segment_ids": row, "positions": row}, row, tf.TensorSpec((sequence_length,), tf.float32))
     dataset = tf.data.Dataset.from_generator(lambda: packed_rows(lines_fn(), tokenizer, sequence_length), output_signature=signature)
+    return _batched(dataset, batch_size, training, seed, skip_batches).prefetch(tf.data.AUTOTUNE)
+
+
+def _batched(dataset, batch_size, training, seed, skip_batches):
+    """Repeats and shuffles (seeded) when training, batches with drop_remainder (static
+    shapes), skips the batches a resumed run already consumed, shards by data."""
     if training:
         dataset = dataset.repeat().shuffle(2048, seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.batch(batch_size, drop_remainder=True)
@@ -114,7 +120,7 @@ def language_model_dataset(lines_fn, tokenizer, sequence_length, batch_size, tra
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
-    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return dataset.with_options(options)
 
 
 def tokens_per_word(lines, tokenizer):
@@ -125,3 +131,51 @@ def tokens_per_word(lines, tokenizer):
         raise ValueError("The evaluation text has no words.")
     tokens = sum(len(ids) for ids in token_lists(tokenizer, lines))
     return tokens / words
+
+
+def masked_lm_dataset(
+    lines_fn, tokenizer, sequence_length, batch_size, max_predictions, mask_rate, training, seed=0, skip_batches=0
+):
+    """The batched tf.data pipeline of BERT masked-LM examples.
+
+    Consecutive lines form a segment pair ([CLS] A [SEP] B [SEP], truncated round-robin
+    to `sequence_length` by keras-hub's MultiSegmentPacker); keras-hub's
+    MaskedLMMaskGenerator picks `mask_rate` of the real tokens (at most
+    `max_predictions`) and replaces 80% of them by [MASK], 10% by a random token and
+    keeps 10%. There is no next-sentence objective (RoBERTa found it does not help).
+
+    Yields (inputs, labels, weights): inputs are the encoder's `input_word_ids`,
+    `input_mask`, `input_type_ids` plus `masked_lm_positions`, int32 (B, T) and (B, P);
+    labels the original ids at those positions, weights 1.0 for real predictions.
+    """
+    import keras_hub
+
+    special = {token: tokenizer.token_to_id(token) for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
+    packer = keras_hub.layers.MultiSegmentPacker(
+        sequence_length, start_value=special["[CLS]"], end_value=special["[SEP]"], pad_value=special["[PAD]"],
+        truncate="round_robin",
+    )
+    masker = keras_hub.layers.MaskedLMMaskGenerator(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        mask_selection_rate=mask_rate,
+        mask_token_id=special["[MASK]"],
+        mask_selection_length=max_predictions,
+        unselectable_token_ids=[special["[PAD]"], special["[CLS]"], special["[SEP]"]],
+    )
+
+    def to_example(pairs_Bx2):
+        token_ids, segment_ids = packer((tokenizer(pairs_Bx2[:, 0]), tokenizer(pairs_Bx2[:, 1])))
+        masked = masker(token_ids)
+        shape = (batch_size, sequence_length)
+        inputs = {
+            "input_word_ids": tf.ensure_shape(tf.cast(masked["token_ids"], tf.int32), shape),
+            "input_mask": tf.ensure_shape(tf.cast(token_ids != special["[PAD]"], tf.int32), shape),
+            "input_type_ids": tf.ensure_shape(tf.cast(segment_ids, tf.int32), shape),
+            "masked_lm_positions": tf.ensure_shape(tf.cast(masked["mask_positions"], tf.int32), (batch_size, max_predictions)),
+        }
+        return inputs, tf.cast(masked["mask_ids"], tf.int32), tf.cast(masked["mask_weights"], tf.float32)
+
+    dataset = tf.data.Dataset.from_generator(lines_fn, output_signature=tf.TensorSpec((), tf.string))
+    dataset = dataset.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0).batch(2, drop_remainder=True)
+    dataset = _batched(dataset, batch_size, training, seed, skip_batches)
+    return dataset.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)

@@ -1,13 +1,17 @@
-"""The tensor2tensor-style language-model trainer: tf.distribute, model.fit, resumable.
+"""The trainer of both tasks: tf.distribute, model.fit, resumable.
+
+The task follows the config's model_type: `causal_lm` trains next-token prediction on
+tensor2tensor-style packed rows; `bert` trains BERT's masked LM (a `BertPretrainer` on the
+encoder) on segment pairs masked by keras-hub's mask generator.
 
 A run directory holds everything a run needs to continue and everything downstream
 reads:
 
     RUN/config.json              the resolved config (the exporter reads only this + weights)
-    RUN/vocab.txt                the WordPiece vocabulary (trained once, cached)
+    RUN/vocab.txt                the WordPiece vocabulary (trained once and cached, or copied)
     RUN/checkpoint/              weights + optimizer state + step, written atomically
     RUN/logs/                    TensorBoard
-    RUN/model.weights.h5         final weights
+    RUN/model.weights.h5         final weights (the LM, or the BERT encoder + MLM head)
     RUN/metrics.json             final evaluation
 
 Checkpoints are written at epoch ends (every `steps_per_epoch` steps) by writing a
@@ -25,10 +29,13 @@ import pathlib
 import keras
 import tensorflow as tf
 
-from training.objectives import NextTokenLoss
-from training.objectives import WarmupRsqrtSchedule
+from models.bert import BertPretrainer
+from models.hf_import import load_hf_bert
+from training.objectives import TokenCrossEntropy
+from training.objectives import WarmupDecaySchedule
 from training.pipeline import corpus_lines
 from training.pipeline import language_model_dataset
+from training.pipeline import masked_lm_dataset
 from training.pipeline import tokens_per_word
 from training.strategy import choose_strategy
 from training.tokenizer import train_wordpiece
@@ -61,14 +68,15 @@ class AtomicCheckpoint(keras.callbacks.Callback):
 class PerplexityLogger(keras.callbacks.Callback):
     """Adds per-subword and per-word perplexity of the evaluation loss to the epoch logs."""
 
-    def __init__(self, tokens_per_word):
+    def __init__(self, tokens_per_word=None):
         super().__init__()
         self.tokens_per_word = tokens_per_word
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None and "val_loss" in logs:
             logs["val_subword_perplexity"] = math.exp(min(logs["val_loss"], 50.0))
-            logs["val_word_perplexity"] = math.exp(min(logs["val_loss"] * self.tokens_per_word, 50.0))
+            if self.tokens_per_word is not None:
+                logs["val_word_perplexity"] = math.exp(min(logs["val_loss"] * self.tokens_per_word, 50.0))
 
 
 def save_weights_atomically(model, path):
@@ -86,34 +94,77 @@ def write_json_atomically(path, value):
     os.replace(temporary, path)
 
 
+def _is_hf_checkpoint(path):
+    return pathlib.Path(path).is_dir() and (pathlib.Path(path) / "model.safetensors").is_file()
+
+
 def _check(config):
     """Fails fast, before any data is read or model built, on configs that cannot train."""
-    if config.model_type != "causal_lm":
-        raise ValueError(f"The LM trainer trains causal_lm models. Received: model_type={config.model_type!r} ({config.name})")
+    if config.model_type not in ("causal_lm", "bert"):
+        raise ValueError(f"The trainer trains causal_lm and bert models. Received: model_type={config.model_type!r} ({config.name})")
     if config.training is None:
         raise ValueError(f"Config {config.name!r} has no `training` section.")
     training, model = config.training, config.model
-    if training.init_weights and not pathlib.Path(training.init_weights).is_file():
-        raise ValueError(f"Initial weights not found. Received: training.init_weights={training.init_weights!r}")
+    if training.init_weights:
+        if _is_hf_checkpoint(training.init_weights) and config.model_type != "bert":
+            raise ValueError(f"A Hugging Face BERT checkpoint initialises bert models only. Received: training.init_weights={training.init_weights!r}")
+        if not (pathlib.Path(training.init_weights).is_file() or _is_hf_checkpoint(training.init_weights)):
+            raise ValueError(
+                "Initial weights not found (a .weights.h5 file or a folder with model.safetensors). "
+                f"Received: training.init_weights={training.init_weights!r}"
+            )
     if training.sequence_length > model.max_sequence_length:
         raise ValueError(
             f"training.sequence_length={training.sequence_length} is above the model's "
             f"max_sequence_length={model.max_sequence_length}."
         )
+    if config.model_type == "bert" and training.max_predictions > training.sequence_length:
+        raise ValueError(
+            f"training.max_predictions={training.max_predictions} is above training.sequence_length={training.sequence_length}."
+        )
+
+
+def build_training_model(config):
+    """The model a run trains and saves: the causal LM itself, or `BertPretrainer(encoder)`."""
+    model = config.build_model()
+    return BertPretrainer(model) if config.model_type == "bert" else model
+
+
+def _load_hf_encoder(encoder, directory):
+    """Copies an imported Hugging Face BERT (safetensors) into `encoder`, shape by shape."""
+    imported = load_hf_bert(directory)
+    if len(imported.weights) != len(encoder.weights):
+        raise ValueError(
+            f"The checkpoint {directory} has {len(imported.weights)} weights, the configured encoder {len(encoder.weights)}: "
+            "the model section must describe the checkpoint's architecture."
+        )
+    for target, source in zip(encoder.weights, imported.weights):
+        if tuple(target.shape) != tuple(source.shape):
+            raise ValueError(
+                f"Checkpoint {directory}: {source.path} has shape {tuple(source.shape)} but the configured encoder's "
+                f"{target.path} has {tuple(target.shape)}: the model section must describe the checkpoint's architecture."
+            )
+        target.assign(source)
 
 
 def prepare_vocabulary(config, run_dir, train_lines):
-    """The run's vocabulary: the configured file, or WordPiece trained on the training text."""
+    """The run's vocabulary, RUN/vocab.txt: a copy of `training.vocabulary` (or of the
+    vocab.txt beside a Hugging Face checkpoint), else WordPiece trained on the training text."""
     training = config.training
     path = pathlib.Path(run_dir) / "vocab.txt"
-    if training.vocabulary:
-        source = pathlib.Path(training.vocabulary)
+    source = training.vocabulary
+    if not source and training.init_weights and _is_hf_checkpoint(training.init_weights):
+        source = pathlib.Path(training.init_weights) / "vocab.txt"
+    if source:
+        source = pathlib.Path(source)
         if not source.is_file():
-            raise ValueError(f"Vocabulary file not found. Received: training.vocabulary={training.vocabulary!r}")
-        path = source
+            raise ValueError(f"Vocabulary file not found. Received: training.vocabulary={str(source)!r}")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(source.read_bytes())
+        os.replace(temporary, path)
     else:
         lines = [line for _, line in zip(range(VOCABULARY_TRAINING_LINES), train_lines())]
-        train_wordpiece(lines, config.model.vocab_size, path)
+        train_wordpiece(lines, config.model.vocab_size, path, strip_accents=training.strip_accents)
     size = sum(1 for _ in path.open(encoding="utf-8"))
     if size > config.model.vocab_size:
         raise ValueError(
@@ -123,16 +174,35 @@ def prepare_vocabulary(config, run_dir, train_lines):
     return path
 
 
+def _datasets(config, tokenizer, train_lines, eval_lines, skip_batches):
+    training = config.training
+    if config.model_type == "bert":
+        def make(lines, is_training, skip=0):
+            return masked_lm_dataset(
+                lines, tokenizer, training.sequence_length, training.batch_size, training.max_predictions,
+                training.mask_rate, training=is_training, seed=training.seed, skip_batches=skip,
+            )
+    else:
+        def make(lines, is_training, skip=0):
+            return language_model_dataset(
+                lines, tokenizer, training.sequence_length, training.batch_size, training=is_training,
+                seed=training.seed, skip_batches=skip,
+            )
+    return make(train_lines, True, skip_batches), make(eval_lines, False)
+
+
 def train_language_model(config, run_dir, verbose="auto"):
-    """Trains (or resumes training of) the causal LM of `config` in `run_dir`.
+    """Trains (or resumes training of) the model of `config` in `run_dir`.
 
     Args:
-        config: an `ExperimentConfig` with model_type "causal_lm" and a training section.
+        config: an `ExperimentConfig` with model_type "causal_lm" (next-token task) or
+            "bert" (masked LM) and a training section.
         run_dir: the run directory (created; an existing one is resumed).
         verbose: keras progress display ("auto", 0, 1, 2).
 
     Returns:
-        dict of final metrics: step, eval loss, per-subword and per-word perplexity.
+        dict of final metrics: step, eval loss and accuracy, per-subword perplexity (and
+        per-word perplexity for causal LMs).
     """
     _check(config)
     training = config.training
@@ -148,22 +218,25 @@ def train_language_model(config, run_dir, verbose="auto"):
     if is_chief:
         write_json_atomically(saved_config, config.to_dict() | {"name": config.name})
     vocabulary = prepare_vocabulary(config, run_dir, train_lines)
-    tokenizer = wordpiece_tokenizer(vocabulary)
-    ratio = tokens_per_word([line for _, line in zip(range(20_000), eval_lines())], tokenizer)
+    tokenizer = wordpiece_tokenizer(vocabulary, strip_accents=training.strip_accents)
+    ratio = None
+    if config.model_type == "causal_lm":
+        ratio = tokens_per_word([line for _, line in zip(range(20_000), eval_lines())], tokenizer)
 
     keras.utils.set_random_seed(training.seed)
     checkpoint = AtomicCheckpoint(run_dir / "checkpoint", is_chief=is_chief)
     with strategy.scope():
-        model = config.build_model()
+        model = build_training_model(config)
         model.compile(
             optimizer=keras.optimizers.AdamW(
-                learning_rate=WarmupRsqrtSchedule(training.learning_rate, training.warmup_steps, training.decay),
+                learning_rate=WarmupDecaySchedule(training.learning_rate, training.warmup_steps, training.decay, training.train_steps),
                 weight_decay=training.weight_decay,
                 beta_1=training.adam_beta_1,
                 beta_2=training.adam_beta_2,
                 epsilon=training.adam_epsilon,
             ),
-            loss=NextTokenLoss(training.label_smoothing),
+            loss=TokenCrossEntropy(training.label_smoothing),
+            weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             steps_per_execution=training.steps_per_execution,
             jit_compile=training.jit_compile,
         )
@@ -171,22 +244,26 @@ def train_language_model(config, run_dir, verbose="auto"):
         model.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
         step = 0
         if training.init_weights and not checkpoint.weights_path.is_file():
-            model.load_weights(training.init_weights)
+            if _is_hf_checkpoint(training.init_weights):
+                _load_hf_encoder(model.encoder, training.init_weights)
+            else:
+                model.load_weights(training.init_weights)
         if checkpoint.weights_path.is_file():
             model.optimizer.build(model.trainable_variables)
             model.load_weights(checkpoint.weights_path)
             step = int(model.optimizer.iterations.numpy())
 
     epochs = math.ceil(training.train_steps / training.steps_per_epoch)
-    train_data = language_model_dataset(
-        train_lines, tokenizer, training.sequence_length, training.batch_size, training=True, seed=training.seed, skip_batches=step
-    )
+    train_data, eval_data = _datasets(config, tokenizer, train_lines, eval_lines, skip_batches=step)
     if step == 0 and config.model.residual_scaling == "admin" and not training.init_weights:
         # Admin's profiling pass on the first training batch sets the residual scalings.
         profiling_inputs, _, _ = next(iter(train_data))
         with strategy.scope():
-            model.initialize_admin(profiling_inputs)
-    eval_data = language_model_dataset(eval_lines, tokenizer, training.sequence_length, training.batch_size, training=False)
+            if config.model_type == "bert":
+                model.encoder.initialize_admin({name: profiling_inputs[name] for name in model.encoder.input})
+            else:
+                model.initialize_admin(profiling_inputs)
+    # Cached: the evaluation rows (and their masks) are the same at every evaluation.
     eval_data = eval_data.take(training.eval_batches).cache()
     eval_steps = sum(1 for _ in eval_data)
     if eval_steps == 0:
@@ -198,7 +275,7 @@ def train_language_model(config, run_dir, verbose="auto"):
         loop = _MultiWorkerLoop(model, strategy, train_data, eval_data)
         if step < training.train_steps:
             loop.fit(epochs, step // training.steps_per_epoch, training.steps_per_epoch, callbacks, verbose)
-        eval_loss = loop.evaluate()
+        eval_loss, eval_accuracy = loop.evaluate(), None
     else:
         if step < training.train_steps:
             model.fit(
@@ -212,14 +289,18 @@ def train_language_model(config, run_dir, verbose="auto"):
                 shuffle=False,
                 verbose=verbose,
             )
-        eval_loss = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)["loss"]
+        evaluation = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)
+        eval_loss, eval_accuracy = evaluation["loss"], evaluation["accuracy"]
     metrics = {
+        "task": "mlm" if config.model_type == "bert" else "lm",
         "step": int(model.optimizer.iterations.numpy()),
         "eval_loss": float(eval_loss),
         "eval_subword_perplexity": math.exp(min(eval_loss, 50.0)),
-        "eval_word_perplexity": math.exp(min(eval_loss * ratio, 50.0)),
-        "tokens_per_word": ratio,
     }
+    if eval_accuracy is not None:
+        metrics["eval_accuracy"] = float(eval_accuracy)
+    if ratio is not None:
+        metrics |= {"eval_word_perplexity": math.exp(min(eval_loss * ratio, 50.0)), "tokens_per_word": ratio}
     # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
     output_dir = run_dir if is_chief else run_dir / f"worker_{strategy.cluster_resolver.task_id}"
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -248,7 +329,9 @@ class _MultiWorkerLoop:
             model.optimizer.build(model.trainable_variables)
 
     def _weighted_loss_sums(self, inputs, labels, weights, training):
-        per_token = self.model.loss.call(labels, self.model(inputs, training=training))
+        outputs = self.model(inputs, training=training)
+        logits = outputs["mlm_logits"] if isinstance(outputs, dict) else outputs
+        per_token = self.model.loss.call(labels, logits)
         return tf.reduce_sum(per_token * weights), tf.reduce_sum(weights)
 
     @tf.function
