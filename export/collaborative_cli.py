@@ -24,19 +24,11 @@ def _load_source(args):
         from models.hf_import import load_hf_bert
 
         return load_hf_bert(args.hf_dir), "bert"
-    from configs import BUILDERS
+    from export.run import load_run
 
-    run = pathlib.Path(args.run)
-    config_path, weights_path = run / "config.json", run / "model.weights.h5"
-    if not config_path.is_file() or not weights_path.is_file():
-        raise ValueError(f"A run directory needs config.json and model.weights.h5. Received: --run {str(run)!r}")
-    saved = json.loads(config_path.read_text())
-    model = BUILDERS[saved["model_type"]](**saved["model"])
-    try:
-        model.load_weights(weights_path, skip_mismatch=False)
-    except ValueError as error:
-        raise ValueError(f"The weights in {weights_path} do not fit the model of {config_path}: {error}") from error
-    return model, saved["model_type"]
+    config, model, _ = load_run(args.run)
+    # A BERT run holds the encoder and its MLM head; the encoder is converted.
+    return (model.encoder if config["model_type"] == "bert" else model), config["model_type"]
 
 
 def main(argv=None):

@@ -153,15 +153,17 @@ def _run_dir(tmp_path):
 
     import configs
 
+    from models.bert import BertPretrainer
+
     config = configs.load_config("tiny_bert_standard")
-    model = config.build_model()
+    model = BertPretrainer(config.build_model())  # a BERT run saves the encoder with its MLM head
     for variable in model.weights:
         variable.assign(np.random.default_rng(len(variable.path)).normal(scale=0.2, size=variable.shape))
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps(config.to_dict()))
     model.save_weights(run / "model.weights.h5")
-    return run, model
+    return run, model.encoder
 
 
 def _cli(*arguments):
