@@ -30,13 +30,17 @@ setuptools.setup(
         "tensorflow-hub>=0.16",
         "tensorly>=0.8",
         "safetensors>=0.4",
+        "tensorflow-serving-api>=2.20,<2.21",
         "numpy",
         "pyyaml",
         "tqdm",
     ],
     entry_points={
         "console_scripts": [
+            "concise-train = training.cli:main",
             "concise-train-lm = training.cli:main",
+            "concise-export = export.cli:main",
+            "concise-quickstart = export.quickstart:main",
             "concise-collaborative = export.collaborative_cli:main",
         ]
     },
@@ -44,7 +48,6 @@ setuptools.setup(
         "test": [
             "pytest>=8",
             "pytest-timeout",
-            "tensorflow-serving-api>=2.20,<2.21",
             "jax[cpu]>=0.4.30",
         ],
     },

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import pathlib
+import warnings
 
 import keras
 import tensorflow as tf
@@ -270,6 +271,9 @@ def train_language_model(config, run_dir, verbose="auto"):
         raise ValueError(
             f"The evaluation split holds less than one batch of {training.batch_size} rows of {training.sequence_length} tokens."
         )
+    if config.model_type == "bert":
+        # The masked LM does not train the pooler (no next-sentence task); fine-tuning does.
+        warnings.filterwarnings("ignore", message=r"Gradients do not exist for variables \['pooler/kernel', 'pooler/bias'\]")
     callbacks = [checkpoint, PerplexityLogger(ratio), keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch")]
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         loop = _MultiWorkerLoop(model, strategy, train_data, eval_data)
