@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from export.run import load_run
 from export.text import WordPieceModule
+from export.text import read_vocabulary
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 DEFAULT_SEQ_LENGTH = 128
@@ -218,6 +219,7 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, seq_length=None,
         raise ValueError(f"Only BERT runs export as TF-Hub encoders. Received: model_type={config['model_type']!r} ({run_dir})")
     if not vocabulary.is_file():
         raise ValueError(f"The run {str(run_dir)!r} has no vocab.txt.")
+    read_vocabulary(vocabulary)  # fails now, before anything is written, if unusable
     if pooling not in ("mean", "cls"):
         raise ValueError(f"`pooling` must be 'mean' or 'cls'. Received: pooling={pooling!r}")
     max_length = config["model"]["max_sequence_length"]

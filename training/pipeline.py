@@ -23,15 +23,28 @@ CHUNK_LINES = 4096
 
 
 def _text_files(data_dir):
+    """Every .txt file under `data_dir`, sorted; local or any tf.io.gfile path (gs://...)."""
     if not data_dir:
         raise ValueError("training.data_dir must name a folder of .txt files for dataset='text_files'.")
-    directory = pathlib.Path(data_dir)
-    if not directory.is_dir():
-        raise ValueError(f"Corpus folder not found. Received: training.data_dir={str(data_dir)!r}")
-    files = sorted(directory.rglob("*.txt"))
+    data_dir = str(data_dir)
+    if not tf.io.gfile.isdir(data_dir):
+        raise ValueError(f"Corpus folder not found. Received: training.data_dir={data_dir!r}")
+    files = sorted(
+        tf.io.gfile.join(root, name) for root, _, names in tf.io.gfile.walk(data_dir) for name in names if name.endswith(".txt")
+    )
     if not files:
-        raise ValueError(f"No .txt files under training.data_dir={str(data_dir)!r}")
+        raise ValueError(f"No .txt files under training.data_dir={data_dir!r}")
     return files
+
+
+def _stream_lines(files):
+    """Non-empty stripped lines of text files, read lazily (corpora larger than memory)."""
+    for path in files:
+        with tf.io.gfile.GFile(path, "r") as file:
+            for line in file:
+                line = line.strip()
+                if line:
+                    yield line
 
 
 def corpus_lines(dataset, data_dir=None, split="train"):
@@ -55,13 +68,16 @@ def corpus_lines(dataset, data_dir=None, split="train"):
         return lm1b_lines
     if dataset == "sample":
         lines = read_lines(SAMPLE_CORPUS)
+        all_lines = lambda: iter(lines)  # noqa: E731
     elif dataset == "text_files":
-        lines = [line for path in _text_files(data_dir) for line in read_lines(path)]
+        files = _text_files(data_dir)
+        if next(_stream_lines(files), None) is None:
+            raise ValueError(f"The corpus under training.data_dir={str(data_dir)!r} is empty.")
+        all_lines = lambda: _stream_lines(files)  # noqa: E731
     else:
         raise ValueError(f"`dataset` must be one of sample, lm1b, text_files. Received: dataset={dataset!r}")
     held_out = (lambda index: index % EVAL_EVERY == 0) if split == "eval" else (lambda index: index % EVAL_EVERY != 0)
-    selected = [line for index, line in enumerate(lines) if held_out(index)]
-    return lambda: iter(selected)
+    return lambda: (line for index, line in enumerate(all_lines()) if held_out(index))
 
 
 def packed_rows(lines, tokenizer, sequence_length):

