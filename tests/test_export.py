@@ -304,6 +304,20 @@ def test_tarball_holds_encoder_and_preprocessor(exported):
     assert not any(name.startswith("/") or ".." in name for name in names)
 
 
+def test_readme_loading_examples_run(exported):
+    """The README's Python examples that load `exported/...` run as written, in a fresh process."""
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    examples = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "exported/hub/1" in block]
+    assert len(examples) == 2
+    workdir = exported["root"] / "readme"
+    workdir.mkdir(exist_ok=True)
+    (workdir / "exported").symlink_to(exported["root"] / "out")
+    for example in examples:
+        _fresh_python(example, cwd=workdir)
+
+
 # --- Versions, atomicity, errors (a small untrained run, exported in-process) ---
 
 

