@@ -126,3 +126,21 @@ def _set_dense(layer, kernel_and_bias, source):
 def _set_layer_norm(layer, gamma_and_beta, source):
     _assign(layer.gamma, gamma_and_beta[0], f"{source}.weight")
     _assign(layer.beta, gamma_and_beta[1], f"{source}.bias")
+
+
+def load_hf_weights(encoder, directory):
+    """Copies a Hugging Face BERT checkpoint into an existing `BertEncoder` of the same
+    architecture (any attention type whose weights have the same shapes), weight by weight."""
+    imported = load_hf_bert(directory)
+    if len(imported.weights) != len(encoder.weights):
+        raise ValueError(
+            f"The checkpoint {directory} has {len(imported.weights)} weights, the configured encoder {len(encoder.weights)}: "
+            "the model section must describe the checkpoint's architecture."
+        )
+    for target, source in zip(encoder.weights, imported.weights):
+        if tuple(target.shape) != tuple(source.shape):
+            raise ValueError(
+                f"Checkpoint {directory}: {source.path} has shape {tuple(source.shape)} but the configured encoder's "
+                f"{target.path} has {tuple(target.shape)}: the model section must describe the checkpoint's architecture."
+            )
+        target.assign(source)

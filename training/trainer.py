@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 
 from models.bert import BertPretrainer
-from models.hf_import import load_hf_bert
+from models.hf_import import load_hf_weights
 from training.objectives import TokenCrossEntropy
 from training.objectives import WarmupDecaySchedule
 from training.pipeline import corpus_lines
@@ -129,23 +129,6 @@ def build_training_model(config):
     """The model a run trains and saves: the causal LM itself, or `BertPretrainer(encoder)`."""
     model = config.build_model()
     return BertPretrainer(model) if config.model_type == "bert" else model
-
-
-def _load_hf_encoder(encoder, directory):
-    """Copies an imported Hugging Face BERT (safetensors) into `encoder`, shape by shape."""
-    imported = load_hf_bert(directory)
-    if len(imported.weights) != len(encoder.weights):
-        raise ValueError(
-            f"The checkpoint {directory} has {len(imported.weights)} weights, the configured encoder {len(encoder.weights)}: "
-            "the model section must describe the checkpoint's architecture."
-        )
-    for target, source in zip(encoder.weights, imported.weights):
-        if tuple(target.shape) != tuple(source.shape):
-            raise ValueError(
-                f"Checkpoint {directory}: {source.path} has shape {tuple(source.shape)} but the configured encoder's "
-                f"{target.path} has {tuple(target.shape)}: the model section must describe the checkpoint's architecture."
-            )
-        target.assign(source)
 
 
 def prepare_vocabulary(config, run_dir, train_lines):
@@ -246,7 +229,7 @@ def train_language_model(config, run_dir, verbose="auto"):
         step = 0
         if training.init_weights and not checkpoint.weights_path.is_file():
             if _is_hf_checkpoint(training.init_weights):
-                _load_hf_encoder(model.encoder, training.init_weights)
+                load_hf_weights(model.encoder, training.init_weights)
             else:
                 model.load_weights(training.init_weights)
         if checkpoint.weights_path.is_file():
