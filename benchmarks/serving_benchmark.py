@@ -43,7 +43,7 @@ MODELS = {
     # name: (preset, overrides, weights from all-MiniLM-L6-v2)
     "all-MiniLM-L6-v2 (6 x 384, 12 heads of 32)": ("minilm_l6", [], True),
     "fixed head size 6 x 512, 8 heads of 128": ("bert_d512_p128_h8", ["model.num_layers=6"], False),
-    "tiny_bert_fixed (quickstart, 2 x 32)": ("tiny_bert_fixed", ["model.vocab_size=30522"], False),
+    "tiny_bert_fixed (quickstart, 2 x 32)": ("tiny_bert_fixed", ["model.vocab_size=30522", "model.max_sequence_length=128"], False),
 }
 
 

@@ -300,8 +300,16 @@ def test_tarball_holds_encoder_and_preprocessor(exported):
 
     with tarfile.open(exported["written"]["tarball"]) as archive:
         names = set(archive.getnames())
-    assert {"encoder/saved_model.pb", "preprocess/saved_model.pb", "encoder/assets/vocab.txt"} <= names
-    assert not any(name.startswith("/") or ".." in name for name in names)
+        assert {"encoder/saved_model.pb", "preprocess/saved_model.pb", "encoder/assets/vocab.txt"} <= names
+        assert not any(name.startswith("/") or ".." in name for name in names)
+        archive.extractall(exported["root"] / "unpacked", filter="data")
+    encoder = tf.saved_model.load(str(exported["root"] / "unpacked" / "encoder"))
+    preprocess = tf.saved_model.load(str(exported["root"] / "unpacked" / "preprocess"))
+    inputs = preprocess(tf.constant(exported["texts"][:3]))
+    np.testing.assert_array_equal(inputs["input_word_ids"].numpy(), exported["reloaded"]["preprocess_input_word_ids"][:3])
+    data = np.load(exported["root"] / "inputs.npz")
+    pooled = encoder({name: tf.constant(data[name]) for name in ID_NAMES}, training=False)["pooled_output"].numpy()
+    np.testing.assert_allclose(pooled, exported["live"]["pooled_output"], atol=1e-5)
 
 
 def test_readme_loading_examples_run(exported):
