@@ -1,0 +1,245 @@
+"""The papers' claims at small scale: held-out perplexity of scaled-down LM1B-study models.
+
+Three studies, every run a normal `concise-train` run of an LM1B preset scaled down (same
+trainer, same shipped corpus, same data order, same steps), so each is resumable: kill
+this script at any moment and run it again, finished runs are skipped and the one in
+flight resumes from its last checkpoint.
+
+  heads          Bhojanapalli et al. (2020), Figures 1 and 3a: standard attention at width
+                 w and wider (head size w/h), and fixed head size p at width w with more
+                 heads; perplexity against parameters and against the number of heads.
+  collaborative  Cordonnier et al. (2020): collaborative attention trained from scratch at
+                 shared key width D~k = D_k/4 and D_k/8 against the concatenated baseline.
+  depth          Liu et al. (2021): deep single-head (h*L layers of 1 head) vs shallow
+                 multi-head (L layers of h heads), post-LN, with and without Admin.
+
+Results go to benchmarks/results/studies/<study>.csv (one row per finished run, rewritten
+after each run) and <study>*.png; `--plot-only` redraws the plots from the CSVs.
+
+    python benchmarks/studies.py                          # all three, seeds 0 and 1
+    python benchmarks/studies.py --study heads --seeds 0  # one study, one seed
+"""
+
+import argparse
+import csv
+import json
+import os
+import pathlib
+import platform
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+STUDIES_DIR = RESULTS / "studies"
+RUNS_DIR = RESULTS / "cache" / "studies"
+
+WIDTH = 64  # w: the scaled-down counterpart of the paper's 256
+HEAD_SIZE = 16  # p: w/4, as the paper's 32 is 256/8
+COMMON = [
+    "model.vocab_size=2000", "model.num_layers=4", "model.intermediate_size=256", "model.max_sequence_length=64",
+    "training.dataset=sample", "training.sequence_length=64", "training.batch_size=16", "training.train_steps=1500",
+    "training.steps_per_epoch=500", "training.eval_batches=20", "training.learning_rate=0.002", "training.warmup_steps=150",
+    "training.steps_per_execution=50", "training.jit_compile=true",
+]
+
+
+def _standard(width, heads):
+    return ("lm1b_standard_d256", [f"model.hidden_size={width}", f"model.num_heads={heads}"])
+
+
+def _fixed(width, heads, head_size=HEAD_SIZE):
+    return ("lm1b_fixed_d256_p32_h8", [f"model.hidden_size={width}", f"model.num_heads={heads}", f"model.head_size={head_size}"])
+
+
+def _collaborative(width, heads, shared_key_dim):
+    preset, overrides = _standard(width, heads)
+    return preset, overrides + ["model.attention_type=collaborative", f"model.head_size={width // heads}",
+                                f"model.shared_key_dim={shared_key_dim}", "model.mixing_initializer=random"]
+
+
+def _depth(layers, heads, admin):
+    preset = "lm1b_deep_single_head_admin" if admin else "lm1b_shallow_multi_head"
+    return preset, [f"model.hidden_size={WIDTH}", f"model.num_layers={layers}", f"model.num_heads={heads}", "model.attention_type=fixed",
+                    f"model.head_size={HEAD_SIZE}", f"model.intermediate_size={256 * heads // 4}",
+                    "model.norm_position=post", f"model.residual_scaling={'admin' if admin else 'none'}"]
+
+
+STUDIES = {
+    "heads": {
+        **{f"standard w={WIDTH} h={h}": _standard(WIDTH, h) for h in (1, 2, 4, 8, 16)},
+        **{f"fixed p={HEAD_SIZE} w={WIDTH} h={h}": _fixed(WIDTH, h) for h in (8, 16, 32)},
+        **{f"standard w={w} h={w // HEAD_SIZE}": _standard(w, w // HEAD_SIZE) for w in (96, 128)},
+    },
+    "collaborative": {
+        f"concatenate w={w} h={w // HEAD_SIZE}": _standard(w, w // HEAD_SIZE) for w in (WIDTH, 128)
+    } | {
+        f"collaborative w={w} D~k={w // ratio} (D_k/{ratio})": _collaborative(w, w // HEAD_SIZE, w // ratio)
+        for w in (WIDTH, 128) for ratio in (4, 8)
+    },
+    "depth": {
+        "shallow 4 layers x 4 heads": _depth(4, 4, admin=False),
+        "deep 16 layers x 1 head, no Admin": _depth(16, 1, admin=False),
+        "deep 16 layers x 1 head, Admin": _depth(16, 1, admin=True),
+    },
+}
+
+
+def _slug(label):
+    return "".join(c if c.isalnum() else "_" for c in label).strip("_")
+
+
+def run_one(study, label, seed):
+    import configs
+    from training.trainer import train_language_model
+
+    preset, overrides = STUDIES[study][label]
+    config = configs.load_config(preset, COMMON + overrides + [f"training.seed={seed}"])
+    run_dir = RUNS_DIR / study / f"{_slug(label)}_seed{seed}"
+    metrics_path = run_dir / "metrics.json"
+    if metrics_path.is_file() and json.loads(metrics_path.read_text())["step"] >= config.training.train_steps:
+        metrics = json.loads(metrics_path.read_text())
+    else:
+        start = time.perf_counter()
+        metrics = train_language_model(config, run_dir, verbose=0)
+        metrics["seconds"] = time.perf_counter() - start
+        metrics_path.write_text(json.dumps(metrics, indent=1))
+    model = config.model
+    parameters = configs.count_parameters(config)
+    return {
+        "study": study, "label": label, "seed": seed, "preset": preset, "attention": model.attention_type,
+        "width": model.hidden_size, "layers": model.num_layers, "heads": model.num_heads,
+        "head_size": model.head_size or model.hidden_size // model.num_heads, "shared_key_dim": model.shared_key_dim or "",
+        "admin": model.residual_scaling == "admin", "parameters": parameters,
+        "non_embedding_parameters": parameters - model.vocab_size * model.hidden_size,
+        "steps": metrics["step"], "eval_loss": round(metrics["eval_loss"], 5),
+        "eval_subword_perplexity": round(metrics["eval_subword_perplexity"], 3),
+        "eval_word_perplexity": round(metrics["eval_word_perplexity"], 3), "seconds": round(metrics.get("seconds", 0.0), 1),
+    }
+
+
+def write_rows(study, rows):
+    STUDIES_DIR.mkdir(parents=True, exist_ok=True)
+    path = STUDIES_DIR / f"{study}.csv"
+    temporary = path.with_suffix(".csv.tmp")
+    with temporary.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(temporary, path)
+
+
+def read_rows(study):
+    path = STUDIES_DIR / f"{study}.csv"
+    if not path.is_file():
+        return []
+    with path.open() as file:
+        return list(csv.DictReader(file))
+
+
+def _mean_by_label(rows):
+    import numpy as np
+
+    grouped = {}
+    for row in rows:
+        grouped.setdefault(row["label"], []).append(row)
+    return {
+        label: {**group[0], "perplexity": float(np.mean([float(r["eval_subword_perplexity"]) for r in group])),
+                "low": min(float(r["eval_subword_perplexity"]) for r in group),
+                "high": max(float(r["eval_subword_perplexity"]) for r in group), "seeds": len(group)}
+        for label, group in grouped.items()
+    }
+
+
+def _save(figure, path):
+    temporary = path.with_suffix(".tmp.png")
+    figure.savefig(temporary, dpi=110)
+    os.replace(temporary, path)
+
+
+def plot(study, rows, caption):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return
+    points = _mean_by_label(rows)
+    if study == "heads":
+        standard_w = sorted((p for p in points.values() if p["attention"] == "standard" and int(p["width"]) == WIDTH), key=lambda p: int(p["heads"]))
+        fixed_w = [p for p in points.values() if p["attention"] == "fixed"] + [p for p in standard_w if int(p["head_size"]) == HEAD_SIZE]
+        fixed_w.sort(key=lambda p: int(p["heads"]))
+        standard_p = sorted((p for p in points.values() if p["attention"] == "standard" and int(p["head_size"]) == HEAD_SIZE),
+                            key=lambda p: int(p["width"]))
+        figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for series, name, marker in ((standard_p, f"standard, head size {HEAD_SIZE}, width {WIDTH}..128", "o"),
+                                     (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}, more heads", "s")):
+            x = [int(p["non_embedding_parameters"]) / 1e3 for p in series]
+            y = [p["perplexity"] for p in series]
+            errors = [[p["perplexity"] - p["low"] for p in series], [p["high"] - p["perplexity"] for p in series]]
+            axes[0].errorbar(x, y, yerr=errors, marker=marker, capsize=3, label=name)
+            for p, xi, yi in zip(series, x, y):
+                axes[0].annotate(f"w{p['width']} h{p['heads']}", (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        axes[0].set_xlabel("non-embedding parameters (thousands)")
+        axes[0].set_ylabel("held-out perplexity per subword")
+        axes[0].set_title("Perplexity vs parameters (their Figure 1)", fontsize=10)
+        for series, name, marker in ((standard_w, f"standard, width {WIDTH} (head size {WIDTH}/h)", "o"),
+                                     (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}", "s")):
+            x = [int(p["heads"]) for p in series]
+            y = [p["perplexity"] for p in series]
+            errors = [[p["perplexity"] - p["low"] for p in series], [p["high"] - p["perplexity"] for p in series]]
+            axes[1].errorbar(x, y, yerr=errors, marker=marker, capsize=3, label=name)
+        axes[1].set_xscale("log", base=2)
+        axes[1].set_xlabel("number of heads")
+        axes[1].set_title("Perplexity vs heads (their Figure 3a)", fontsize=10)
+        for ax in axes:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    else:
+        ordered = sorted(points.values(), key=lambda p: (int(p["width"]), -int(p["layers"]), p["label"]))
+        figure, axes = plt.subplots(figsize=(8, 0.5 + 0.45 * len(ordered) + 1.2))
+        labels = [p["label"] for p in ordered]
+        values = [p["perplexity"] for p in ordered]
+        errors = [[p["perplexity"] - p["low"] for p in ordered], [p["high"] - p["perplexity"] for p in ordered]]
+        axes.barh(labels, values, xerr=errors, capsize=3, color="tab:blue", alpha=0.8)
+        for index, p in enumerate(ordered):
+            axes.annotate(f"{p['perplexity']:.1f}  ({int(p['parameters']) / 1e3:.0f}k params)", (values[index], index),
+                          xytext=(4, -3), textcoords="offset points", fontsize=8)
+        axes.set_xlabel("held-out perplexity per subword")
+        axes.invert_yaxis()
+        axes.grid(alpha=0.3, axis="x")
+        axes.set_xlim(0, max(values) * 1.35)
+    figure.suptitle(caption, fontsize=9)
+    figure.tight_layout()
+    _save(figure, STUDIES_DIR / f"{study}.png")
+    plt.close(figure)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--study", choices=[*STUDIES, "all"], default="all")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--plot-only", action="store_true")
+    args = parser.parse_args()
+    studies = list(STUDIES) if args.study == "all" else [args.study]
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
+    for study in studies:
+        rows = read_rows(study)
+        if not args.plot_only:
+            done = {(row["label"], int(row["seed"])) for row in rows}
+            for seed in args.seeds:
+                for label in STUDIES[study]:
+                    if (label, seed) in done:
+                        continue
+                    row = run_one(study, label, seed)
+                    rows.append(row)
+                    write_rows(study, rows)
+                    print(f"{study:13s} {label:40s} seed {seed}: perplexity {row['eval_subword_perplexity']:8.2f} "
+                          f"({row['parameters']:,} params, {row['seconds']:.0f} s)", flush=True)
+                    plot(study, rows, f"{study}: shipped corpus, 1500 steps of 16 x 64 tokens; {machine}; {time.strftime('%Y-%m-%d')}")
+        plot(study, rows, f"{study}: shipped corpus, 1500 steps of 16 x 64 tokens; {machine}; {time.strftime('%Y-%m-%d')}")
+
+
+if __name__ == "__main__":
+    main()
