@@ -108,10 +108,12 @@ def hub_preprocessor(tokenizer, seq_length):
     root.tokenize = tf.__internal__.tracking.AutoTrackable()
     root.tokenize.__call__ = tf.function(tokenizer.tokenize, input_signature=[text_spec])
     root.tokenize.get_special_tokens_dict = tf.__internal__.tracking.AutoTrackable()
+    # The keys of tf-models-official's BertTokenizer.get_special_tokens_dict (what BertPackInputs takes).
+    special = {"start_of_sequence_id": "[CLS]", "end_of_segment_id": "[SEP]", "padding_id": "[PAD]", "mask_id": "[MASK]"}
     root.tokenize.get_special_tokens_dict.__call__ = tf.function(
         lambda: {
-            "vocab_size": tokenizer.vocab_table.size(),
-            **{f"{token.strip('[]').lower()}_id": tf.constant(index, tf.int32) for token, index in tokenizer.special_ids.items()},
+            "vocab_size": tf.cast(tokenizer.vocab_table.size(), tf.int32),
+            **{key: tf.constant(tokenizer.special_ids[token], tf.int32) for key, token in special.items()},
         },
         input_signature=[],
     )

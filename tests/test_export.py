@@ -69,6 +69,7 @@ for name in packed:
     results[f"preprocess_{name}"] = packed[name].numpy()
 tokens = preprocess.tokenize(texts)
 results["tokenize_ragged_rank"] = tokens.ragged_rank
+results["special_tokens"] = json.dumps({k: int(v) for k, v in preprocess.tokenize.get_special_tokens_dict().items()})
 results["tokenize_row_lengths"] = tokens.merge_dims(1, -1).row_lengths().numpy()
 pair = preprocess.bert_pack_inputs([preprocess.tokenize(texts[:2]), preprocess.tokenize(texts[2:4])], seq_length=tf.constant(16))
 for name in pair:
@@ -215,6 +216,9 @@ def test_served_tokenisation_equals_keras_hub_on_real_text(exported):
 def test_preprocessor_follows_the_tf_hub_contract(exported):
     reloaded, reference = exported["reloaded"], exported["reference"]
     assert reloaded["tokenize_ragged_rank"] == 2  # [batch, words, pieces]
+    assert json.loads(str(reloaded["special_tokens"])) == {
+        "vocab_size": 30522, "start_of_sequence_id": 101, "end_of_segment_id": 102, "padding_id": 0, "mask_id": 103,
+    }
     np.testing.assert_array_equal(reloaded["preprocess_input_type_ids"], 0 * reference["input_type_ids"])
     # Two segments: [CLS] a [SEP] b [SEP], round-robin truncation to 16, as keras-hub's packer.
     import keras_hub
