@@ -10,6 +10,7 @@ index memory, latency per query batch (p50) and queries per second, and the rati
 """
 
 import argparse
+import json
 import os
 import pathlib
 import platform
@@ -58,10 +59,11 @@ def main():
     if len(rows) >= 2:
         print(f"cost ratio dim {rows[-1]['dim']} / dim {rows[0]['dim']}: time {rows[-1]['p50_ms'] / rows[0]['p50_ms']:.2f}x, "
               f"memory {rows[-1]['index_mb'] / rows[0]['index_mb']:.2f}x")
-    from training.trainer import write_json_atomically
-
-    write_json_atomically(args.out, {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                                     "vectors": args.vectors, "queries_per_batch": args.queries, "rounds": args.rounds, "rows": rows})
+    record = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
+              "vectors": args.vectors, "queries_per_batch": args.queries, "rounds": args.rounds, "rows": rows}
+    temporary = pathlib.Path(args.out).with_suffix(".json.tmp")  # numpy only: no TensorFlow import for one atomic write
+    temporary.write_text(json.dumps(record, indent=1))
+    os.replace(temporary, args.out)
 
 
 if __name__ == "__main__":
