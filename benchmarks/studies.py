@@ -18,6 +18,7 @@ after each run) and <study>*.png; `--plot-only` redraws the plots from the CSVs.
 
     python benchmarks/studies.py                          # all three, seeds 0 and 1
     python benchmarks/studies.py --study heads --seeds 0  # one study, one seed
+    python benchmarks/studies.py --markdown               # the README tables from the CSVs
 """
 
 import argparse
@@ -216,16 +217,34 @@ def plot(study, rows, caption):
     plt.close(figure)
 
 
+def markdown(study, rows):
+    """The README table of a study: one line per configuration, mean (min-max) over seeds."""
+    points = sorted(_mean_by_label(rows).values(), key=lambda p: (p["attention"] != "standard", int(p["width"]), int(p["heads"]), p["label"]))
+    lines = ["| model | attention | width | layers x heads | head size | D~k | parameters (non-embedding) | seeds | held-out perplexity per subword (min-max) | minutes per run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        spread = f" ({p['low']:.1f}-{p['high']:.1f})" if p["seeds"] > 1 else ""
+        minutes = sum(float(r["seconds"]) for r in rows if r["label"] == p["label"]) / p["seeds"] / 60
+        lines.append(f"| {p['label']} | {p['attention']}{' + Admin' if p['admin'] == 'True' else ''} | {p['width']} | "
+                     f"{p['layers']} x {p['heads']} | {p['head_size']} | {p['shared_key_dim'] or '-'} | "
+                     f"{int(p['parameters']):,} ({int(p['non_embedding_parameters']):,}) | {p['seeds']} | {p['perplexity']:.2f}{spread} | {minutes:.1f} |")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", choices=[*STUDIES, "all"], default="all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the plots from the CSVs, train nothing")
+    parser.add_argument("--markdown", action="store_true", help="print the README tables from the CSVs, train nothing")
     args = parser.parse_args()
     studies = list(STUDIES) if args.study == "all" else [args.study]
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
     for study in studies:
         rows = read_rows(study)
+        if args.markdown:
+            print(f"\n{study}:\n{markdown(study, rows)}" if rows else f"\n{study}: no results yet")
+            continue
         if not args.plot_only:
             done = {(row["label"], int(row["seed"])) for row in rows}
             for seed in args.seeds:
