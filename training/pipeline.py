@@ -6,8 +6,6 @@ tensor2tensor-style (`training.data.pack_sentences`): fixed length, int32, segme
 positions per sentence, batched with drop_remainder so that a TPU sees static shapes.
 """
 
-import pathlib
-
 import numpy as np
 import tensorflow as tf
 
