@@ -79,7 +79,7 @@ def hub_encoder(pretrainer, vocabulary, lowercase):
 
     def call_mlm(inputs, training=False):
         outputs = _encoder_outputs(encoder, inputs, training)
-        outputs["mlm_logits"] = pretrainer(inputs, training=training)["mlm_logits"]
+        outputs["mlm_logits"] = pretrainer.masked_lm_logits(outputs["sequence_output"], inputs["masked_lm_positions"])
         return outputs
 
     root = _Reusable(encoder, call, _id_specs())

@@ -164,11 +164,15 @@ class BertPretrainer(keras.Model):
         inputs = dict(encoder.input)
         inputs["masked_lm_positions"] = keras.Input(shape=(None,), dtype="int32", name="masked_lm_positions")
         sequence_BxTxD = encoder({name: inputs[name] for name in encoder.input})["sequence_output"]
-        masked_BxPxD = ops.take_along_axis(sequence_BxTxD, inputs["masked_lm_positions"][:, :, None], axis=1)
-        hidden = self.transform_norm(self.transform(masked_BxPxD))
-        logits = self.output_bias(encoder.word_embeddings(hidden, reverse=True))
+        logits = self.masked_lm_logits(sequence_BxTxD, inputs["masked_lm_positions"])
         super().__init__(inputs=inputs, outputs={"mlm_logits": logits}, **kwargs)
         self.activation = activation
+
+    def masked_lm_logits(self, sequence_BxTxD, positions_BxP):
+        """The MLM head on encoder outputs already computed: logits (B, P, vocab_size)."""
+        masked_BxPxD = ops.take_along_axis(sequence_BxTxD, positions_BxP[:, :, None], axis=1)
+        hidden = self.transform_norm(self.transform(masked_BxPxD))
+        return self.output_bias(self.encoder.word_embeddings(hidden, reverse=True))
 
     def get_config(self):
         return {
