@@ -5,7 +5,7 @@ Runs, each in its own process (so each backend starts clean), then prints one su
   attention  our attention variants vs keras.layers.MultiHeadAttention, forward+backward
              under XLA, TensorFlow and JAX backends (attention_benchmark.py)
   training   tokens/s and model FLOPs utilisation of our LM vs keras-hub's GPT2Backbone of
-             the same size, TensorFlow (train_benchmark.py)
+             the same size, TensorFlow and JAX backends (train_benchmark.py)
   serving    exported serving model: text in vs the bare encoder on ids (serving_benchmark.py)
   retrieval  exact top-10 over 100k embeddings at 512 vs 1024 dimensions (retrieval_benchmark.py)
 
@@ -31,6 +31,7 @@ def _steps(quick):
         ("attention (tensorflow)", "attention_benchmark.py", {"KERAS_BACKEND": "tensorflow"}, ["--rounds", rounds(15, 5)]),
         ("attention (jax)", "attention_benchmark.py", {"KERAS_BACKEND": "jax"}, ["--rounds", rounds(15, 5)]),
         ("training (tensorflow)", "train_benchmark.py", {"KERAS_BACKEND": "tensorflow"}, ["--rounds", rounds(7, 3)]),
+        ("training (jax)", "train_benchmark.py", {"KERAS_BACKEND": "jax"}, ["--rounds", rounds(7, 3)]),
         ("serving (tensorflow)", "serving_benchmark.py", {"KERAS_BACKEND": "tensorflow"}, ["--rounds", rounds(30, 10)]),
         ("retrieval (numpy)", "retrieval_benchmark.py", {}, ["--rounds", rounds(20, 5)]),
     ]
@@ -48,11 +49,12 @@ def summary():
         if record:
             lines.append(f"attention, {backend} ({record.get('date', '?')}; > 1 = ours faster than the reference):")
             lines += [f"  {row['case']:48s} {row['speed_ratio']:.2f}" for row in record["rows"]]
-    record = _load("train_tensorflow.json")
-    if record:
-        lines.append(f"training, tensorflow ({record.get('date', '?')}; vs keras-hub GPT2Backbone of the same size):")
-        lines += [f"  {row['model']:48s} {row['tokens_per_second']:8.0f} tokens/s  speed ratio {row.get('speed_vs_gpt2', 1.0):.2f}"
-                  f"  MFU {100 * row['mfu']:.1f}%" for row in record["rows"]]
+    for backend in ("tensorflow", "jax"):
+        record = _load(f"train_{backend}.json")
+        if record:
+            lines.append(f"training, {backend} ({record.get('date', '?')}; vs keras-hub GPT2Backbone of the same size):")
+            lines += [f"  {row['model']:48s} {row['tokens_per_second']:8.0f} tokens/s  speed ratio {row.get('speed_vs_gpt2', 1.0):.2f}"
+                      f"  MFU {100 * row['mfu']:.1f}%" for row in record["rows"]]
     record = _load("serving_benchmark.json")
     if record:
         lines.append("serving, tensorflow (text in vs ids in, p50; overhead of in-graph tokenisation):")

@@ -86,6 +86,16 @@ STUDIES = {
 }
 
 
+def machine_name():
+    """The CPU model and core count, for the record of where a run was measured."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            model = next(line.split(":", 1)[1].strip() for line in file if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or platform.machine()
+    return f"{model}, {os.cpu_count()} cores"
+
+
 def _slug(label):
     return "".join(c if c.isalnum() else "_" for c in label).strip("_")
 
@@ -104,6 +114,7 @@ def run_one(study, label, seed):
         start = time.perf_counter()
         metrics = train_language_model(config, run_dir, verbose=0)
         metrics["seconds"] = time.perf_counter() - start
+        metrics["date"], metrics["machine"] = time.strftime("%Y-%m-%d"), machine_name()
         metrics_path.write_text(json.dumps(metrics, indent=1))
     model = config.model
     parameters = configs.count_parameters(config)
@@ -116,6 +127,7 @@ def run_one(study, label, seed):
         "steps": metrics["step"], "eval_loss": round(metrics["eval_loss"], 5),
         "eval_subword_perplexity": round(metrics["eval_subword_perplexity"], 3),
         "eval_word_perplexity": round(metrics["eval_word_perplexity"], 3), "seconds": round(metrics.get("seconds", 0.0), 1),
+        "date": metrics.get("date", "unknown"), "machine": metrics.get("machine", "unknown"),
     }
 
 
@@ -158,7 +170,14 @@ def _save(figure, path):
     os.replace(temporary, path)
 
 
-def plot(study, rows, caption):
+def caption(study, rows):
+    """Where and when the plotted runs were made, read from the rows themselves."""
+    dates = sorted({row["date"] for row in rows})
+    return (f"{study}: shipped corpus, 1500 steps of 16 x 64 tokens; {' / '.join(sorted({row['machine'] for row in rows}))}; "
+            f"{dates[0] if len(dates) == 1 else f'{dates[0]} to {dates[-1]}'}")
+
+
+def plot(study, rows):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -211,7 +230,7 @@ def plot(study, rows, caption):
         axes.invert_yaxis()
         axes.grid(alpha=0.3, axis="x")
         axes.set_xlim(0, max(values) * 1.35)
-    figure.suptitle(caption, fontsize=9)
+    figure.suptitle(caption(study, rows), fontsize=9)
     figure.tight_layout()
     _save(figure, STUDIES_DIR / f"{study}.png")
     plt.close(figure)
@@ -239,7 +258,6 @@ def main():
     parser.add_argument("--markdown", action="store_true", help="print the README tables from the CSVs, train nothing")
     args = parser.parse_args()
     studies = list(STUDIES) if args.study == "all" else [args.study]
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
     for study in studies:
         rows = read_rows(study)
         if args.markdown:
@@ -256,8 +274,8 @@ def main():
                     write_rows(study, rows)
                     print(f"{study:13s} {label:40s} seed {seed}: perplexity {row['eval_subword_perplexity']:8.2f} "
                           f"({row['parameters']:,} params, {row['seconds']:.0f} s)", flush=True)
-                    plot(study, rows, f"{study}: shipped corpus, 1500 steps of 16 x 64 tokens; {machine}; {time.strftime('%Y-%m-%d')}")
-        plot(study, rows, f"{study}: shipped corpus, 1500 steps of 16 x 64 tokens; {machine}; {time.strftime('%Y-%m-%d')}")
+                    plot(study, rows)
+        plot(study, rows)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ Measured in one run, interleaved:
   * the tf.data pipeline (tokenise, pack, batch) in tokens/s on the shipped corpus, against
     what the training step consumes.
 
-    python benchmarks/train_benchmark.py
+    python benchmarks/train_benchmark.py                     # TensorFlow backend
+    KERAS_BACKEND=jax python benchmarks/train_benchmark.py   # the same models and steps under JAX
+
+Writes benchmarks/results/train_<backend>.json.
 """
 
 import argparse
@@ -61,15 +64,31 @@ def _train_step_timer(model, inputs, labels, iterations):
 
 
 def _matmul_flops_per_second(size=2048, repeats=20):
-    a = tf.random.normal((size, size))
-    b = tf.random.normal((size, size))
-    matmul = tf.function(lambda x, y: tf.matmul(x, y), jit_compile=True)
-    matmul(a, b).numpy()
+    """FLOP/s of a large XLA-compiled matmul on the running backend: what MFU is measured against."""
+    a = keras.random.normal((size, size))
+    b = keras.random.normal((size, size))
+    if keras.backend.backend() == "jax":
+        import jax
+
+        matmul = jax.jit(lambda x, y: x @ y)
+        wait = jax.block_until_ready
+    else:
+        matmul = tf.function(lambda x, y: tf.matmul(x, y), jit_compile=True)
+        wait = lambda result: result.numpy()  # noqa: E731
+    wait(matmul(a, b))
     start = time.perf_counter()
     for _ in range(repeats):
         result = matmul(a, b)
-    result.numpy()
+    wait(result)
     return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def _backend_version(backend):
+    if backend == "jax":
+        import jax
+
+        return jax.__version__
+    return tf.__version__
 
 
 def _model_flops_per_token(model, layers, width, length, vocabulary):
@@ -138,11 +157,13 @@ def main():
         flops = _model_flops_per_token(model, args.layers, args.width, args.length, args.vocabulary) * tokens_per_step
         rows.append({"model": name, "parameters": model.count_params(), "step_ms": step * 1e3, "tokens_per_second": tokens_per_step / step,
                      "speed_vs_gpt2": reference / step, "mfu": flops / step / peak})
+    backend = keras.backend.backend()
     record = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
-              "cpu_count": os.cpu_count(), "tensorflow": tf.__version__, "keras": keras.__version__, "keras_hub": keras_hub.__version__,
+              "cpu_count": os.cpu_count(), "backend": backend, "backend_version": _backend_version(backend),
+              "tensorflow": tf.__version__, "keras": keras.__version__, "keras_hub": keras_hub.__version__,
               "matmul_peak_gflops": peak / 1e9, "pipeline_tokens_per_second": pipeline_tokens_per_second, "rows": rows,
               "raw_seconds": seconds}
-    print(f"\nbatch {args.batch} x length {args.length}, width {args.width}, {args.layers} layers, {args.heads} heads, vocabulary {args.vocabulary}")
+    print(f"\n{backend} backend, batch {args.batch} x length {args.length}, width {args.width}, {args.layers} layers, {args.heads} heads, vocabulary {args.vocabulary}")
     print(f"{'model':28s} {'params':>10s} {'ms/step':>9s} {'tokens/s':>10s} {'vs GPT-2':>9s} {'MFU':>7s}")
     for row in rows:
         print(f"{row['model']:28s} {row['parameters']:10,d} {row['step_ms']:9.1f} {row['tokens_per_second']:10.0f} "
@@ -151,7 +172,7 @@ def main():
     print(f"large matmul: {peak / 1e9:.1f} GFLOP/s; input pipeline: {pipeline_tokens_per_second:,.0f} tokens/s "
           f"= {pipeline_tokens_per_second / fastest:.1f}x what the fastest training step consumes")
     os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "train_tensorflow.json")
+    path = os.path.join(RESULTS, f"train_{backend}.json")
     write_json_atomically(path, record)
     print(f"wrote {path}")
 

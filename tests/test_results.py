@@ -1,0 +1,53 @@
+"""The README's Results say what the committed data says.
+
+The tables of the studies are regenerated from benchmarks/results/studies/*.csv by
+`python benchmarks/studies.py --markdown`; the speed figures come from the benchmark JSON
+files. A README edited by hand, or data re-run without updating the README, fails here.
+"""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+README = (ROOT / "README.md").read_text()
+
+
+def _studies_module():
+    spec = importlib.util.spec_from_file_location("studies", ROOT / "benchmarks" / "studies.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("study", ["heads", "collaborative", "depth"])
+def test_readme_study_table_is_the_committed_data(study):
+    studies = _studies_module()
+    rows = studies.read_rows(study)
+    assert rows, f"no committed results for the {study} study"
+    assert {row["label"] for row in rows} == set(studies.STUDIES[study]), "a configuration of the study has no result"
+    assert studies.markdown(study, rows) in README, f"README table of the {study} study differs from `studies.py --markdown`"
+    assert (studies.STUDIES_DIR / f"{study}.png").is_file()
+    assert f"benchmarks/results/studies/{study}.png" in README
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_readme_training_throughput_is_the_committed_data(backend):
+    record = json.loads((RESULTS / f"train_{backend}.json").read_text())
+    assert record["backend"] == backend
+    for row in record["rows"]:
+        figures = (f"{row['tokens_per_second']:,.0f}", f"{row['speed_vs_gpt2']:.2f}", f"{100 * row['mfu']:.1f}%")
+        line = next((line for line in README.splitlines() if line.startswith(f"| {backend} |") and figures[0] in line), None)
+        assert line is not None, f"README has no {backend} training row with {figures[0]} tokens/s ({row['model']})"
+        for figure in figures[1:]:
+            assert figure in line, (figure, line)
+
+
+def test_readme_retrieval_table_is_the_committed_data():
+    record = json.loads((RESULTS / "retrieval_benchmark.json").read_text())
+    for row in record["rows"]:
+        expected = f"| {row['dim']} | {row['index_mb']:.1f} | {row['p50_ms']:.1f} | {row['queries_per_s']:.0f} |"
+        assert expected in README, expected
