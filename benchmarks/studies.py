@@ -224,8 +224,8 @@ def plot(study, rows):
         errors = [[p["perplexity"] - p["low"] for p in ordered], [p["high"] - p["perplexity"] for p in ordered]]
         axes.barh(labels, values, xerr=errors, capsize=3, color="tab:blue", alpha=0.8)
         for index, p in enumerate(ordered):
-            axes.annotate(f"{p['perplexity']:.1f}  ({int(p['parameters']) / 1e3:.0f}k params)", (values[index], index),
-                          xytext=(4, -3), textcoords="offset points", fontsize=8)
+            axes.annotate(f"{p['perplexity']:.1f}  ({int(p['parameters']) / 1e3:.0f}k params)", (p["high"], index),
+                          xytext=(6, -3), textcoords="offset points", fontsize=8)
         axes.set_xlabel("held-out perplexity per subword")
         axes.invert_yaxis()
         axes.grid(alpha=0.3, axis="x")
