@@ -16,7 +16,7 @@ flight resumes from its last checkpoint.
 Results go to benchmarks/results/studies/<study>.csv (one row per finished run, rewritten
 after each run) and <study>*.png; `--plot-only` redraws the plots from the CSVs.
 
-    python benchmarks/studies.py                          # all three, seeds 0 and 1
+    python benchmarks/studies.py                          # all three, seeds 0, 1 and 2
     python benchmarks/studies.py --study heads --seeds 0  # one study, one seed
     python benchmarks/studies.py --markdown               # the README tables from the CSVs
 """
@@ -253,7 +253,7 @@ def markdown(study, rows):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", choices=[*STUDIES, "all"], default="all")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots from the CSVs, train nothing")
     parser.add_argument("--markdown", action="store_true", help="print the README tables from the CSVs, train nothing")
     args = parser.parse_args()
