@@ -49,6 +49,10 @@ setuptools.setup(
             "pytest>=8",
             "pytest-timeout",
             "jax[cpu]>=0.4.30",
+            # independent references in tests: Hugging Face's Rust WordPiece, scikit-learn and SciPy metrics
+            "tokenizers>=0.15",
+            "scikit-learn>=1.3",
+            "scipy>=1.10",
         ],
     },
 )
