@@ -25,7 +25,7 @@ from training.data import read_lines  # noqa: E402
 from training.lm import fit_language_model  # noqa: E402
 from training.tokenizer import train_wordpiece  # noqa: E402
 from training.tokenizer import wordpiece_tokenizer  # noqa: E402
-from training.trainer import write_json_atomically  # noqa: E402
+from training.runs import write_json_atomically  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from export.collaborative import convert_model  # noqa: E402
 from models.hf_import import load_hf_bert  # noqa: E402
 from training.data import read_lines  # noqa: E402
-from training.trainer import write_json_atomically  # noqa: E402
+from training.runs import write_json_atomically  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

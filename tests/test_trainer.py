@@ -17,7 +17,7 @@ import pytest
 import configs
 from training.strategy import choose_strategy
 from training.objectives import WarmupDecaySchedule
-from training.trainer import train_language_model
+from training.trainer import train
 
 TINY = ["model.dropout=0", "model.attention_dropout=0"]
 
@@ -63,11 +63,11 @@ def test_one_step_on_mock_lm1b(tmp_path):
 
     config = configs.load_config(
         "tiny_lm",
-        [*TINY, "training.dataset=lm1b", "training.train_steps=1", "training.steps_per_epoch=1", "training.eval_batches=1",
+        [*TINY, "task.dataset=lm1b", "training.train_steps=1", "training.steps_per_epoch=1", "training.eval_batches=1",
          "training.steps_per_execution=1", "training.sequence_length=16", "training.batch_size=2"],
     )
     with tfds.testing.mock_data(num_examples=64):
-        metrics = train_language_model(config, tmp_path / "run", verbose=0)
+        metrics = train(config, tmp_path / "run", verbose=0)
     assert metrics["step"] == 1 and np.isfinite(metrics["eval_loss"])
     assert (tmp_path / "run" / "model.weights.h5").is_file() and (tmp_path / "run" / "vocab.txt").is_file()
 
@@ -89,11 +89,11 @@ def test_two_steps_under_mirrored_strategy_on_two_cpus(tmp_path):
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         import configs
         from training.strategy import choose_strategy
-        from training.trainer import train_language_model
+        from training.trainer import train
         assert choose_strategy("mirrored").num_replicas_in_sync == 2
         config = configs.load_config("tiny_lm", {TINY!r} + ["training.strategy=mirrored", "training.train_steps=2",
             "training.steps_per_epoch=2", "training.steps_per_execution=1", "training.eval_batches=1"])
-        print(train_language_model(config, {str(tmp_path / "run")!r}, verbose=0))
+        print(train(config, {str(tmp_path / "run")!r}, verbose=0))
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
@@ -146,14 +146,15 @@ def test_killed_run_resumes_to_the_same_step_and_weights(tmp_path):
     reference = _run(_cli(tmp_path / "straight", *steps))
 
     interrupted = subprocess.Popen(_cli(tmp_path / "killed", *steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = tmp_path / "killed" / "checkpoint" / "state.json"
+    checkpoint = tmp_path / "killed" / "checkpoint" / "model.weights.h5"
     deadline = time.time() + 300
-    while not state.is_file() and time.time() < deadline and interrupted.poll() is None:
+    while not checkpoint.is_file() and time.time() < deadline and interrupted.poll() is None:
         time.sleep(0.05)
-    assert state.is_file(), "no checkpoint was written"
+    assert checkpoint.is_file(), "no checkpoint was written"
     interrupted.send_signal(signal.SIGKILL)  # mid-run, no chance to clean up
     interrupted.wait()
-    assert json.loads(state.read_text())["step"] < 60
+    with h5py.File(checkpoint, "r") as f:  # the optimizer's step counter is saved with the weights
+        assert int(f["optimizer"]["vars"]["0"][()]) < 60
 
     resumed = _run(_cli(tmp_path / "killed", *steps))
     assert resumed["step"] == reference["step"] == 60
@@ -180,38 +181,39 @@ def test_cli_reports_bad_strategy_input_without_traceback(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["training.dataset=text_files", "training.data_dir=/nonexistent/corpus"], "Corpus folder not found"),
+        (["task.dataset=text_files", "task.data_dir=/nonexistent/corpus"], "Corpus folder not found"),
         (["training.sequence_length=128"], "sequence_length=128 is above the model's max_sequence_length=64"),
-        (["training.vocabulary=/nonexistent/vocab.txt"], "Vocabulary file not found"),
+        (["tokenizer.vocabulary=/nonexistent/vocab.txt"], "Vocabulary file not found"),
     ],
 )
 def test_bad_inputs_fail_before_training(tmp_path, overrides, message):
     config = configs.load_config("tiny_lm", [*TINY, *overrides])
     with pytest.raises(ValueError, match=message):
-        train_language_model(config, tmp_path / "run", verbose=0)
+        train(config, tmp_path / "run", verbose=0)
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
 def test_vocabulary_larger_than_the_model_fails_before_training(tmp_path):
     vocabulary = tmp_path / "vocab.txt"
     vocabulary.write_text("\n".join(["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"] + [f"word{i}" for i in range(95)]) + "\n")
-    config = configs.load_config("tiny_lm", [*TINY, f"training.vocabulary={vocabulary}", "model.vocab_size=50"])
+    config = configs.load_config("tiny_lm", [*TINY, f"tokenizer.vocabulary={vocabulary}", "model.vocab_size=50"])
     with pytest.raises(ValueError, match="has 100 tokens but model.vocab_size=50"):
-        train_language_model(config, tmp_path / "run", verbose=0)
+        train(config, tmp_path / "run", verbose=0)
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
 def test_empty_corpus_fails_before_training(tmp_path):
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "a.txt").write_text("\n \n")
-    config = configs.load_config("tiny_lm", [*TINY, "training.dataset=text_files", f"training.data_dir={tmp_path / 'corpus'}"])
+    config = configs.load_config("tiny_lm", [*TINY, "task.dataset=text_files", f"task.data_dir={tmp_path / 'corpus'}"])
     with pytest.raises(ValueError, match="empty"):
-        train_language_model(config, tmp_path / "run", verbose=0)
+        train(config, tmp_path / "run", verbose=0)
 
 
 def test_trainer_refuses_configs_without_a_task(tmp_path):
     with pytest.raises(ValueError, match="no `training` section"):
-        train_language_model(configs.ExperimentConfig("untrained", "bert", configs.load_config("tiny_bert_fixed").model), tmp_path / "run")
+        tiny = configs.load_config("tiny_bert_fixed")
+        train(configs.ExperimentConfig("untrained", "bert", tiny.model, tiny.task), tmp_path / "run")
 
 
 def test_cli_help_lists_the_options():

@@ -26,9 +26,9 @@ def main(argv=None):
         overrides.append(f"training.tpu={args.tpu}")
     try:
         config = configs.load_config(args.config, overrides)
-        from training.trainer import train_language_model
+        from training.trainer import train
 
-        metrics = train_language_model(config, args.run_dir, verbose=0 if args.quiet else "auto")
+        metrics = train(config, args.run_dir, verbose=0 if args.quiet else "auto")
     except ValueError as error:
         parser.exit(2, f"concise-train-lm: error: {error}\n")
     print(json.dumps(metrics, indent=1))

@@ -26,12 +26,12 @@ def _text_files(data_dir):
         raise ValueError("training.data_dir must name a folder of .txt files for dataset='text_files'.")
     data_dir = str(data_dir)
     if not tf.io.gfile.isdir(data_dir):
-        raise ValueError(f"Corpus folder not found. Received: training.data_dir={data_dir!r}")
+        raise ValueError(f"Corpus folder not found. Received: task.data_dir={data_dir!r}")
     files = sorted(
         tf.io.gfile.join(root, name) for root, _, names in tf.io.gfile.walk(data_dir) for name in names if name.endswith(".txt")
     )
     if not files:
-        raise ValueError(f"No .txt files under training.data_dir={data_dir!r}")
+        raise ValueError(f"No .txt files under task.data_dir={data_dir!r}")
     return files
 
 
@@ -70,7 +70,7 @@ def corpus_lines(dataset, data_dir=None, split="train"):
     elif dataset == "text_files":
         files = _text_files(data_dir)
         if next(_stream_lines(files), None) is None:
-            raise ValueError(f"The corpus under training.data_dir={str(data_dir)!r} is empty.")
+            raise ValueError(f"The corpus under task.data_dir={str(data_dir)!r} is empty.")
         all_lines = lambda: _stream_lines(files)  # noqa: E731
     else:
         raise ValueError(f"`dataset` must be one of sample, lm1b, text_files. Received: dataset={dataset!r}")

@@ -1,44 +1,28 @@
-"""The trainer of both tasks: tf.distribute, model.fit, resumable.
+"""The trainer: any task of the registry on tf.distribute, with `model.fit`, resumable.
 
-The task follows the config's model_type: `causal_lm` trains next-token prediction on
-tensor2tensor-style packed rows; `bert` trains BERT's masked LM (a `BertPretrainer` on the
-encoder) on segment pairs masked by keras-hub's mask generator.
+The trainer knows no task by name: `training.tasks.make_task(config)` gives the head, the
+data, the loss, the metrics and the final evaluation. It owns what every run shares: the
+run directory (`training.runs`), the vocabulary, initialisation from a trained model
+(`task.init`: a run directory, a `concise-collaborative` output or a Hugging Face BERT
+folder), the optimizer and schedule, checkpoints, TensorBoard and the strategy.
 
-A run directory holds everything a run needs to continue and everything downstream
-reads:
-
-    RUN/config.json              the resolved config (the exporter reads only this + weights)
-    RUN/vocab.txt                the WordPiece vocabulary (trained once and cached, or copied)
-    RUN/checkpoint/              weights + optimizer state + step, written atomically
-    RUN/logs/                    TensorBoard
-    RUN/model.weights.h5         final weights (the LM, or the BERT encoder + MLM head)
-    RUN/metrics.json             final evaluation
-
-Checkpoints are written at epoch ends (every `steps_per_epoch` steps) by writing a
-temporary file and renaming it, so a run killed at any moment leaves the previous
-checkpoint intact. A restarted run loads it, skips the batches already consumed (the
-seeded pipeline replays the same order) and continues from the same step: no step is
-counted twice.
+Checkpoints are written at epoch ends (every `steps_per_epoch` steps) under a temporary
+name and renamed, so a run killed at any moment leaves the previous checkpoint intact. A
+restarted run loads it, skips the batches already consumed (the seeded pipeline replays
+the same order) and continues from the same step: no step is counted twice.
 """
 
-import json
+import dataclasses
 import math
-import os
-import pathlib
 import warnings
 
 import keras
 import tensorflow as tf
 
-from models.bert import BertPretrainer
-from models.hf_import import load_hf_weights
-from training.objectives import TokenCrossEntropy
+from training import runs
 from training.objectives import WarmupDecaySchedule
-from training.pipeline import corpus_lines
-from training.pipeline import language_model_dataset
-from training.pipeline import masked_lm_dataset
-from training.pipeline import tokens_per_word
 from training.strategy import choose_strategy
+from training.tasks import make_task
 from training.tokenizer import train_wordpiece
 from training.tokenizer import wordpiece_tokenizer
 
@@ -47,109 +31,97 @@ VOCABULARY_TRAINING_LINES = 200_000
 
 
 class AtomicCheckpoint(keras.callbacks.Callback):
-    """Writes weights + optimizer state (its step included) at each epoch end, atomically."""
+    """Writes weights + optimizer state (its step included) at each epoch end, as one file."""
 
-    def __init__(self, directory, is_chief=True):
+    def __init__(self, run, is_chief=True):
         super().__init__()
-        self.directory = pathlib.Path(directory)
+        self.path = runs.join(run.checkpoint_dir, "model.weights.h5")
         self.is_chief = is_chief
 
-    @property
-    def weights_path(self):
-        return self.directory / "model.weights.h5"
+    def exists(self):
+        return tf.io.gfile.exists(self.path)
 
     def on_epoch_end(self, epoch, logs=None):
-        if not self.is_chief:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        save_weights_atomically(self.model, self.weights_path)
-        write_json_atomically(self.directory / "state.json", {"step": int(self.model.optimizer.iterations.numpy()), "epoch": epoch + 1})
+        if self.is_chief:
+            runs.save_weights(self.model, self.path)
 
 
 class PerplexityLogger(keras.callbacks.Callback):
-    """Adds per-subword and per-word perplexity of the evaluation loss to the epoch logs."""
-
-    def __init__(self, tokens_per_word=None):
-        super().__init__()
-        self.tokens_per_word = tokens_per_word
+    """Adds the per-subword perplexity of the evaluation loss to the epoch logs (LM tasks)."""
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None and "val_loss" in logs:
             logs["val_subword_perplexity"] = math.exp(min(logs["val_loss"], 50.0))
-            if self.tokens_per_word is not None:
-                logs["val_word_perplexity"] = math.exp(min(logs["val_loss"] * self.tokens_per_word, 50.0))
 
 
-def save_weights_atomically(model, path):
-    """`model.save_weights(path)` through a temporary file and a rename: never half-written."""
-    path = pathlib.Path(path)
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp.weights.h5")
-    model.save_weights(temporary)
-    os.replace(temporary, path)
+def resolve_config(config):
+    """The config with what `task.init` supplies filled in: the architecture when the model
+    section is left out (checked against it otherwise) and the tokenizer settings.
 
-
-def write_json_atomically(path, value):
-    path = pathlib.Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(value, indent=1, sort_keys=True))
-    os.replace(temporary, path)
-
-
-def _is_hf_checkpoint(path):
-    return pathlib.Path(path).is_dir() and (pathlib.Path(path) / "model.safetensors").is_file()
-
-
-def _check(config):
-    """Fails fast, before any data is read or model built, on configs that cannot train."""
-    if config.model_type not in ("causal_lm", "bert"):
-        raise ValueError(f"The trainer trains causal_lm and bert models. Received: model_type={config.model_type!r} ({config.name})")
+    Returns:
+        (config, source): `source` is the `runs.Source` of task.init, or None.
+    """
     if config.training is None:
         raise ValueError(f"Config {config.name!r} has no `training` section.")
-    training, model = config.training, config.model
-    if training.init_weights:
-        if _is_hf_checkpoint(training.init_weights) and config.model_type != "bert":
-            raise ValueError(f"A Hugging Face BERT checkpoint initialises bert models only. Received: training.init_weights={training.init_weights!r}")
-        if not (pathlib.Path(training.init_weights).is_file() or _is_hf_checkpoint(training.init_weights)):
-            raise ValueError(
-                "Initial weights not found (a .weights.h5 file or a folder with model.safetensors). "
-                f"Received: training.init_weights={training.init_weights!r}"
-            )
-    if training.sequence_length > model.max_sequence_length:
-        raise ValueError(
-            f"training.sequence_length={training.sequence_length} is above the model's "
-            f"max_sequence_length={model.max_sequence_length}."
-        )
-    if config.model_type == "bert" and training.max_predictions > training.sequence_length:
-        raise ValueError(
-            f"training.max_predictions={training.max_predictions} is above training.sequence_length={training.sequence_length}."
-        )
+    if not config.task.init:
+        if config.model is None:
+            raise ValueError(f"Config {config.name!r} has no model section and no task.init.")
+        return config, None
+    import configs
+
+    source = runs.read_source(config.task.init)
+    if config.model is None:
+        model = configs.MODEL_CONFIGS[source.model_type](**source.model)
+        config = dataclasses.replace(config, model_type=source.model_type, model=model)
+    _check_same_architecture(config, source)
+    inherited = {"lowercase": source.tokenizer.get("lowercase", True), "strip_accents": source.tokenizer.get("strip_accents")}
+    chosen = {"lowercase": config.tokenizer.lowercase, "strip_accents": config.tokenizer.strip_accents}
+    mine = _effective({field: inherited[field] if value is None else value for field, value in chosen.items()})
+    theirs = _effective(inherited)
+    for field, value in chosen.items():
+        if value is not None and mine[field] != theirs[field]:
+            raise ValueError(f"tokenizer.{field}={value!r} disagrees with the model of task.init={config.task.init!r}, "
+                             f"which was trained with {field}={theirs[field]!r}.")
+    tokenizer = dataclasses.replace(config.tokenizer, **inherited)
+    return dataclasses.replace(config, tokenizer=tokenizer), source
 
 
-def build_training_model(config):
-    """The model a run trains and saves: the causal LM itself, or `BertPretrainer(encoder)`."""
-    model = config.build_model()
-    return BertPretrainer(model) if config.model_type == "bert" else model
+def _check_same_architecture(config, source):
+    ours = dataclasses.asdict(config.model)
+    different = {key: (ours.get(key), value) for key, value in source.model.items()
+                 if key not in ("dropout", "attention_dropout") and ours.get(key) != value}
+    if config.model_type != source.model_type or different:
+        details = ", ".join(f"{key}: config {mine!r} vs init {theirs!r}" for key, (mine, theirs) in sorted(different.items()))
+        raise ValueError(f"The model section does not describe the model of task.init={config.task.init!r} "
+                         f"(model_type {config.model_type!r} vs {source.model_type!r}; {details}). Leave the model section out to take the init's.")
 
 
-def prepare_vocabulary(config, run_dir, train_lines):
-    """The run's vocabulary, RUN/vocab.txt: a copy of `training.vocabulary` (or of the
-    vocab.txt beside a Hugging Face checkpoint), else WordPiece trained on the training text."""
-    training = config.training
-    path = pathlib.Path(run_dir) / "vocab.txt"
-    source = training.vocabulary
-    if not source and training.init_weights and _is_hf_checkpoint(training.init_weights):
-        source = pathlib.Path(training.init_weights) / "vocab.txt"
-    if source:
-        source = pathlib.Path(source)
-        if not source.is_file():
-            raise ValueError(f"Vocabulary file not found. Received: training.vocabulary={str(source)!r}")
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_bytes(source.read_bytes())
-        os.replace(temporary, path)
+def _effective(settings):
+    """BERT's reading of the settings: strip_accents None follows lowercase."""
+    lowercase = True if settings.get("lowercase") is None else settings["lowercase"]
+    strip = lowercase if settings.get("strip_accents") is None else settings["strip_accents"]
+    return {"lowercase": lowercase, "strip_accents": strip}
+
+
+def tokenizer_settings(config):
+    """lowercase and strip_accents as they will be saved with the run (BERT-uncased by default)."""
+    return _effective(dataclasses.asdict(config.tokenizer))
+
+
+def prepare_vocabulary(config, run, task, source):
+    """The run's vocab.txt: tokenizer.vocabulary, else task.init's, else WordPiece trained on
+    the task's text (cached in the run directory)."""
+    path = run.file(runs.VOCABULARY)
+    chosen = config.tokenizer.vocabulary or (source.vocabulary if source else None)
+    if chosen:
+        if not tf.io.gfile.exists(chosen):
+            raise ValueError(f"Vocabulary file not found. Received: tokenizer.vocabulary={str(chosen)!r}")
+        run.write_vocabulary(runs.read_vocabulary(chosen))
     else:
-        lines = [line for _, line in zip(range(VOCABULARY_TRAINING_LINES), train_lines())]
-        train_wordpiece(lines, config.model.vocab_size, path, strip_accents=training.strip_accents)
-    size = sum(1 for _ in path.open(encoding="utf-8"))
+        lines = [line for _, line in zip(range(VOCABULARY_TRAINING_LINES), task.vocabulary_text())]
+        settings = tokenizer_settings(config)
+        train_wordpiece(lines, config.model.vocab_size, path, **settings)
+    size = len(runs.read_vocabulary(path))
     if size > config.model.vocab_size:
         raise ValueError(
             f"The vocabulary {path} has {size} tokens but model.vocab_size={config.model.vocab_size}: "
@@ -158,95 +130,120 @@ def prepare_vocabulary(config, run_dir, train_lines):
     return path
 
 
-def _datasets(config, tokenizer, train_lines, eval_lines, skip_batches):
-    training = config.training
-    if config.model_type == "bert":
-        def make(lines, is_training, skip=0):
-            return masked_lm_dataset(
-                lines, tokenizer, training.sequence_length, training.batch_size, training.max_predictions,
-                training.mask_rate, training=is_training, seed=training.seed, skip_batches=skip,
-            )
+def initialize_backbone(backbone, source):
+    """Copies the backbone weights of `source` (a run directory or a Hugging Face folder)."""
+    if source.kind == "hf":
+        from models.hf_import import load_hf_weights
+
+        load_hf_weights(backbone, source.path)
     else:
-        def make(lines, is_training, skip=0):
-            return language_model_dataset(
-                lines, tokenizer, training.sequence_length, training.batch_size, training=is_training,
-                seed=training.seed, skip_batches=skip,
-            )
-    return make(train_lines, True, skip_batches), make(eval_lines, False)
+        runs.load_weights(backbone, source.weights)
 
 
-def train_language_model(config, run_dir, verbose="auto"):
-    """Trains (or resumes training of) the model of `config` in `run_dir`.
+def _optimizer(training):
+    return keras.optimizers.AdamW(
+        learning_rate=WarmupDecaySchedule(training.learning_rate, training.warmup_steps, training.decay, training.train_steps),
+        weight_decay=training.weight_decay,
+        beta_1=training.adam_beta_1,
+        beta_2=training.adam_beta_2,
+        epsilon=training.adam_epsilon,
+    )
+
+
+def resolve_steps(training, num_examples):
+    """train_steps and warmup_steps from train_epochs and warmup_fraction, when set."""
+    steps = training.train_steps
+    if training.train_epochs is not None:
+        if not num_examples:
+            raise ValueError("training.train_epochs needs a task with a known number of training examples; set training.train_steps.")
+        steps = max(1, math.ceil(training.train_epochs * num_examples / training.batch_size))
+    warmup = training.warmup_steps if training.warmup_fraction is None else int(training.warmup_fraction * steps)
+    if training.decay == "linear" and steps <= warmup:
+        raise ValueError(f"Linear decay needs more training steps ({steps}) than warm-up steps ({warmup}).")
+    return dataclasses.replace(training, train_steps=steps, warmup_steps=warmup)
+
+
+def _check_sequence_length(config):
+    if config.training.sequence_length > config.model.max_sequence_length:
+        raise ValueError(
+            f"training.sequence_length={config.training.sequence_length} is above the model's "
+            f"max_sequence_length={config.model.max_sequence_length}."
+        )
+
+
+def _build(config, task, strategy, run, source, checkpoint):
+    """The compiled task model under the strategy, restored from the checkpoint or task.init;
+    returns (model, backbone, step)."""
+    training = config.training
+    keras.utils.set_random_seed(training.seed)
+    with strategy.scope():
+        backbone = config.build_model()
+        model = task.build_model(backbone)
+        model.compile(optimizer=_optimizer(training), steps_per_execution=training.steps_per_execution,
+                      jit_compile=training.jit_compile, **task.compile_arguments())
+        # LayerNorm scales/offsets, biases and Admin's omegas are not decayed.
+        model.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
+        if checkpoint.exists():
+            model.optimizer.build(model.trainable_variables)
+            runs.load_weights(model, checkpoint.path)
+        elif source is not None:
+            initialize_backbone(backbone, source)
+    return model, backbone, int(model.optimizer.iterations.numpy())
+
+
+def train(config, run_dir, verbose="auto"):
+    """Trains (or resumes training of) the task of `config` in `run_dir`.
 
     Args:
-        config: an `ExperimentConfig` with model_type "causal_lm" (next-token task) or
-            "bert" (masked LM) and a training section.
-        run_dir: the run directory (created; an existing one is resumed).
+        config: an `ExperimentConfig` with a training section (the task's model_type).
+        run_dir: the run directory, local or gs:// (created; an existing one is resumed).
         verbose: keras progress display ("auto", 0, 1, 2).
 
     Returns:
-        dict of final metrics: step, eval loss and accuracy, per-subword perplexity (and
-        per-word perplexity for causal LMs).
+        dict of final metrics: the step and the task's evaluation.
     """
-    _check(config)
+    config, source = resolve_config(config)
+    task = make_task(config)
+    task.check()
+    _check_sequence_length(config)
+    run = runs.RunDirectory(run_dir)
+    run.check_writable()
+    task.load_data()
+    config = dataclasses.replace(config, training=resolve_steps(config.training, task.num_train_examples()))
     training = config.training
-    run_dir = pathlib.Path(run_dir)
-    train_lines = corpus_lines(training.dataset, training.data_dir, "train")
-    eval_lines = corpus_lines(training.dataset, training.data_dir, "eval")
     strategy = choose_strategy(training.strategy, training.tpu)
     is_chief = _is_chief(strategy)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    saved_config = run_dir / "config.json"
-    if saved_config.is_file() and json.loads(saved_config.read_text())["model"] != config.to_dict()["model"]:
-        raise ValueError(f"{run_dir} holds a run of a different model; use a new run directory.")
     if is_chief:
-        write_json_atomically(saved_config, config.to_dict() | {"name": config.name})
-    vocabulary = prepare_vocabulary(config, run_dir, train_lines)
-    tokenizer = wordpiece_tokenizer(vocabulary, strip_accents=training.strip_accents)
-    ratio = None
-    if config.model_type == "causal_lm":
-        ratio = tokens_per_word([line for _, line in zip(range(20_000), eval_lines())], tokenizer)
-
-    keras.utils.set_random_seed(training.seed)
-    checkpoint = AtomicCheckpoint(run_dir / "checkpoint", is_chief=is_chief)
-    with strategy.scope():
-        model = build_training_model(config)
-        model.compile(
-            optimizer=keras.optimizers.AdamW(
-                learning_rate=WarmupDecaySchedule(training.learning_rate, training.warmup_steps, training.decay, training.train_steps),
-                weight_decay=training.weight_decay,
-                beta_1=training.adam_beta_1,
-                beta_2=training.adam_beta_2,
-                epsilon=training.adam_epsilon,
-            ),
-            loss=TokenCrossEntropy(training.label_smoothing),
-            weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            steps_per_execution=training.steps_per_execution,
-            jit_compile=training.jit_compile,
-        )
-        # LayerNorm scales/offsets, biases and Admin's omegas are not decayed.
-        model.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
-        step = 0
-        if training.init_weights and not checkpoint.weights_path.is_file():
-            if _is_hf_checkpoint(training.init_weights):
-                load_hf_weights(model.encoder, training.init_weights)
-            else:
-                model.load_weights(training.init_weights)
-        if checkpoint.weights_path.is_file():
-            model.optimizer.build(model.trainable_variables)
-            model.load_weights(checkpoint.weights_path)
-            step = int(model.optimizer.iterations.numpy())
-
-    epochs = math.ceil(training.train_steps / training.steps_per_epoch)
-    train_data, eval_data = _datasets(config, tokenizer, train_lines, eval_lines, skip_batches=step)
-    if step == 0 and config.model.residual_scaling == "admin" and not training.init_weights:
+        run.start(config.to_dict() | {"name": config.name, "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)}})
+    vocabulary = prepare_vocabulary(config, run, task, source)
+    tokenizer = wordpiece_tokenizer(vocabulary, **tokenizer_settings(config))
+    checkpoint = AtomicCheckpoint(run, is_chief=is_chief)
+    model, backbone, step = _build(config, task, strategy, run, source, checkpoint)
+    train_data, eval_data = task.datasets(tokenizer, skip_batches=step)
+    if step == 0 and config.model.residual_scaling == "admin" and source is None:
         # Admin's profiling pass on the first training batch sets the residual scalings.
         profiling_inputs, _, _ = next(iter(train_data))
         with strategy.scope():
-            if config.model_type == "bert":
-                model.encoder.initialize_admin({name: profiling_inputs[name] for name in model.encoder.input})
-            else:
-                model.initialize_admin(profiling_inputs)
+            backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
+    eval_data, eval_steps = _cached_eval(eval_data, training)
+    callbacks = [checkpoint, PerplexityLogger(), keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch")]
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    loop = _MultiWorkerLoop(model, strategy, train_data, eval_data) if multi_worker else None
+    if step < training.train_steps:
+        with warnings.catch_warnings():
+            # Heads a task does not train (the pooler under the masked LM) get no gradients.
+            warnings.filterwarnings("ignore", message=r"Gradients do not exist for variables")
+            _fit(model, loop, train_data, eval_data, eval_steps, callbacks, training, step, verbose)
+    evaluation = {"eval_loss": loop.evaluate()} if loop else task.evaluate(model, eval_data, eval_steps)
+    metrics = {"task": config.task.name, "step": int(model.optimizer.iterations.numpy()), **evaluation}
+    # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
+    output = run if is_chief else runs.RunDirectory(runs.join(run.path, f"worker_{strategy.cluster_resolver.task_id}"))
+    output.save_models(backbone, model)
+    output.write_metrics(metrics)
+    return metrics
+
+
+def _cached_eval(eval_data, training):
     # Cached: the evaluation rows (and their masks) are the same at every evaluation.
     eval_data = eval_data.take(training.eval_batches).cache()
     eval_steps = sum(1 for _ in eval_data)
@@ -254,46 +251,25 @@ def train_language_model(config, run_dir, verbose="auto"):
         raise ValueError(
             f"The evaluation split holds less than one batch of {training.batch_size} rows of {training.sequence_length} tokens."
         )
-    if config.model_type == "bert":
-        # The masked LM does not train the pooler (no next-sentence task); fine-tuning does.
-        warnings.filterwarnings("ignore", message=r"Gradients do not exist for variables \['pooler/kernel', 'pooler/bias'\]")
-    callbacks = [checkpoint, PerplexityLogger(ratio), keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch")]
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        loop = _MultiWorkerLoop(model, strategy, train_data, eval_data)
-        if step < training.train_steps:
-            loop.fit(epochs, step // training.steps_per_epoch, training.steps_per_epoch, callbacks, verbose)
-        eval_loss, eval_accuracy = loop.evaluate(), None
-    else:
-        if step < training.train_steps:
-            model.fit(
-                train_data,
-                epochs=epochs,
-                initial_epoch=step // training.steps_per_epoch,
-                steps_per_epoch=training.steps_per_epoch,
-                validation_data=eval_data,
-                validation_steps=eval_steps,
-                callbacks=callbacks,
-                shuffle=False,
-                verbose=verbose,
-            )
-        evaluation = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)
-        eval_loss, eval_accuracy = evaluation["loss"], evaluation["accuracy"]
-    metrics = {
-        "task": "mlm" if config.model_type == "bert" else "lm",
-        "step": int(model.optimizer.iterations.numpy()),
-        "eval_loss": float(eval_loss),
-        "eval_subword_perplexity": math.exp(min(eval_loss, 50.0)),
-    }
-    if eval_accuracy is not None:
-        metrics["eval_accuracy"] = float(eval_accuracy)
-    if ratio is not None:
-        metrics |= {"eval_word_perplexity": math.exp(min(eval_loss * ratio, 50.0)), "tokens_per_word": ratio}
-    # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
-    output_dir = run_dir if is_chief else run_dir / f"worker_{strategy.cluster_resolver.task_id}"
-    output_dir.mkdir(parents=True, exist_ok=True)
-    save_weights_atomically(model, output_dir / "model.weights.h5")
-    write_json_atomically(output_dir / "metrics.json", metrics)
-    return metrics
+    return eval_data, eval_steps
+
+
+def _fit(model, loop, train_data, eval_data, eval_steps, callbacks, training, step, verbose):
+    epochs = math.ceil(training.train_steps / training.steps_per_epoch)
+    if loop is not None:
+        loop.fit(epochs, step // training.steps_per_epoch, training.steps_per_epoch, callbacks, verbose)
+        return
+    model.fit(
+        train_data,
+        epochs=epochs,
+        initial_epoch=step // training.steps_per_epoch,
+        steps_per_epoch=training.steps_per_epoch,
+        validation_data=eval_data,
+        validation_steps=eval_steps,
+        callbacks=callbacks,
+        shuffle=False,
+        verbose=verbose,
+    )
 
 
 class _MultiWorkerLoop:

@@ -1,0 +1,88 @@
+"""Fine-tuning heads on a `BertEncoder`: sentence(-pair) prediction and answer spans.
+
+As tf-models-official's BertClassifier and BertSpanLabeler: the classifier reads the
+pooled [CLS] output through dropout and a dense layer (N classes, or 1 output for a
+regression score); the span labeler maps every token to a start and an end logit.
+"""
+
+import keras
+from keras import ops
+
+from models.bert import BertEncoder
+
+
+def _check_encoder(encoder):
+    if not isinstance(encoder, BertEncoder):
+        raise ValueError(f"`encoder` must be a BertEncoder. Received: encoder={encoder!r}")
+
+
+class _EncoderHead(keras.Model):
+    """A functional model around `encoder` whose config nests the encoder's."""
+
+    def get_config(self):
+        return {"name": self.name, "trainable": self.trainable, "encoder": keras.layers.serialize(self.encoder),
+                **{name: getattr(self, name) for name in self.head_arguments}}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["encoder"] = keras.layers.deserialize(config["encoder"])
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class BertClassifier(_EncoderHead):
+    """Logits of `num_outputs` classes (or one regression score) from the pooled output.
+
+    Args:
+        encoder: a `BertEncoder`.
+        num_outputs: classes (a regression head has 1).
+        dropout: dropout rate on the pooled output (default: the encoder's).
+
+    Output: `logits` (B, num_outputs), float32.
+    """
+
+    head_arguments = ("num_outputs", "dropout")
+
+    def __init__(self, encoder, num_outputs, dropout=None, **kwargs):
+        _check_encoder(encoder)
+        if isinstance(num_outputs, bool) or not isinstance(num_outputs, int) or num_outputs < 1:
+            raise ValueError(f"`num_outputs` must be a positive integer. Received: num_outputs={num_outputs!r}")
+        self.encoder = encoder
+        rate = encoder.dropout if dropout is None else dropout
+        self.head_dropout = keras.layers.Dropout(rate, name="head_dropout")
+        self.classifier = keras.layers.Dense(
+            num_outputs, kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
+            dtype=encoder.dtype_policy, name="classifier",
+        )
+        inputs = dict(encoder.input)
+        pooled = encoder(inputs)["pooled_output"]
+        logits = ops.cast(self.classifier(self.head_dropout(pooled)), "float32")
+        super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
+        self.num_outputs, self.dropout = num_outputs, dropout
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class BertSpanLabeler(_EncoderHead):
+    """Start and end logits of an answer span over the tokens (SQuAD).
+
+    Output: `start_logits`, `end_logits` (B, T), float32; padding positions get -1e9.
+    """
+
+    head_arguments = ()
+
+    def __init__(self, encoder, **kwargs):
+        _check_encoder(encoder)
+        self.encoder = encoder
+        self.span = keras.layers.Dense(
+            2, kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
+            dtype=encoder.dtype_policy, name="span_logits",
+        )
+        inputs = dict(encoder.input)
+        logits_BxTx2 = ops.cast(self.span(encoder(inputs)["sequence_output"]), "float32")
+        padding = (1.0 - ops.cast(inputs["input_mask"], "float32")) * -1e9
+        super().__init__(
+            inputs=inputs,
+            outputs={"start_logits": logits_BxTx2[..., 0] + padding, "end_logits": logits_BxTx2[..., 1] + padding},
+            **kwargs,
+        )

@@ -1,0 +1,224 @@
+"""The run directory: the one module that writes and reads it.
+
+    RUN/config.json              the resolved config: model, task, training, tokenizer settings
+    RUN/vocab.txt                the WordPiece vocabulary
+    RUN/backbone.weights.h5      the backbone alone (BertEncoder or CausalLM): what a later run,
+                                 the exporters and the converter start from
+    RUN/model.weights.h5         the whole task model (backbone + head)
+    RUN/metrics.json             the final evaluation
+    RUN/checkpoint/              the trainer's checkpoints
+    RUN/logs/                    TensorBoard
+
+A run directory may be local or any `tf.io.gfile` path (gs://...): every file goes through
+`tf.io.gfile`, and Keras' HDF5 weights are written to a local temporary file first and
+copied. Every file is written whole under a temporary name and renamed, so a reader never
+sees half of one. A `concise-collaborative` output and a Hugging Face BERT folder are read
+through the same functions (`read_source`), so anything that starts from a trained model
+(fine-tuning, export, conversion) accepts all three.
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+import uuid
+
+import tensorflow as tf
+
+CONFIG = "config.json"
+VOCABULARY = "vocab.txt"
+BACKBONE_WEIGHTS = "backbone.weights.h5"
+MODEL_WEIGHTS = "model.weights.h5"
+METRICS = "metrics.json"
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def join(directory, name):
+    return tf.io.gfile.join(str(directory), name)
+
+
+def write_bytes_atomically(path, data):
+    """Writes `data` (bytes or str) to `path` under a temporary name, then renames it."""
+    path = str(path)
+    tf.io.gfile.makedirs(os.path.dirname(path) or ".")
+    temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with tf.io.gfile.GFile(temporary, "wb") as file:
+        file.write(data.encode("utf-8") if isinstance(data, str) else data)
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+
+
+def write_json_atomically(path, value):
+    write_bytes_atomically(path, json.dumps(value, indent=1, sort_keys=True))
+
+
+def read_json(path):
+    """A JSON file as a dict; a missing, truncated or non-JSON file is an error naming it."""
+    path = str(path)
+    if not tf.io.gfile.exists(path):
+        raise ValueError(f"File not found: {path}")
+    try:
+        with tf.io.gfile.GFile(path, "r") as file:
+            value = json.loads(file.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}).") from error
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object. Received: {type(value).__name__}")
+    return value
+
+
+def save_weights(model, path):
+    """`model.save_weights` to any gfile path, through a local temporary file and a rename."""
+    with tempfile.TemporaryDirectory() as local:
+        local_path = os.path.join(local, "w.weights.h5")
+        model.save_weights(local_path)
+        with open(local_path, "rb") as file:
+            write_bytes_atomically(path, file.read())
+
+
+def load_weights(model, path):
+    """`model.load_weights` from any gfile path; an unreadable or mismatched file names itself."""
+    path = str(path)
+    if not tf.io.gfile.exists(path):
+        raise ValueError(f"Weights file not found: {path}")
+    with tempfile.TemporaryDirectory() as local:
+        local_path = os.path.join(local, "w.weights.h5")
+        tf.io.gfile.copy(path, local_path, overwrite=True)
+        try:
+            model.load_weights(local_path)
+        except (ValueError, OSError, KeyError) as error:
+            raise ValueError(f"The weights in {path} cannot be loaded into this model: {str(error).splitlines()[0]}") from error
+
+
+def read_vocabulary(path):
+    """The tokens of a vocab.txt, checked for BERT's special tokens."""
+    path = str(path)
+    if not tf.io.gfile.exists(path):
+        raise ValueError(f"Vocabulary file not found: {path}")
+    with tf.io.gfile.GFile(path, "r") as file:
+        tokens = [line.rstrip("\n") for line in file]
+    missing = [token for token in SPECIAL_TOKENS if token not in tokens]
+    if missing:
+        raise ValueError(f"The vocabulary {path} lacks the special token(s) {', '.join(missing)}.")
+    return tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A trained model to start from: its architecture, weights and tokenizer.
+
+    kind: "run" (a run directory or a `concise-collaborative` output) or "hf" (a Hugging
+        Face BERT folder); model_type and model: the builder and its arguments;
+    weights: the backbone weights file; vocabulary: vocab.txt; tokenizer: dict(lowercase,
+        strip_accents); task: the task section of the run that wrote it (None for HF).
+    """
+
+    path: str
+    kind: str
+    model_type: str
+    model: dict
+    weights: str
+    vocabulary: str
+    tokenizer: dict
+    task: dict = None
+
+
+def is_hf_folder(path):
+    return tf.io.gfile.exists(join(path, "model.safetensors"))
+
+
+def read_source(path):
+    """Reads what a run directory, a converter output or a Hugging Face folder holds."""
+    path = str(path)
+    if not tf.io.gfile.isdir(path):
+        raise ValueError(f"Not a directory: {path!r} (expected a run directory or a Hugging Face BERT folder).")
+    if is_hf_folder(path):
+        from models.hf_import import hf_bert_config
+        from models.hf_import import hf_tokenizer_settings
+
+        return Source(path, "hf", "bert", hf_bert_config(path), join(path, "model.safetensors"), join(path, VOCABULARY),
+                      hf_tokenizer_settings(path))
+    config = read_json(join(path, CONFIG))
+    for key in ("model_type", "model"):
+        if key not in config:
+            raise ValueError(f"{join(path, CONFIG)} has no `{key}`: not a run directory.")
+    weights = join(path, BACKBONE_WEIGHTS)
+    if not tf.io.gfile.exists(weights):
+        raise ValueError(f"{path} has no {BACKBONE_WEIGHTS}: the run has not finished (or is not a run directory).")
+    return Source(path, "run", config["model_type"], config["model"], weights, join(path, VOCABULARY),
+                  config.get("tokenizer") or {"lowercase": True, "strip_accents": None}, config.get("task"))
+
+
+class RunDirectory:
+    """Paths and the read/write operations of one run directory (local or gs://)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def file(self, name):
+        return join(self.path, name)
+
+    @property
+    def checkpoint_dir(self):
+        return self.file("checkpoint")
+
+    @property
+    def logs_dir(self):
+        return self.file("logs")
+
+    def check_writable(self):
+        if tf.io.gfile.exists(self.path) and not tf.io.gfile.isdir(self.path):
+            raise ValueError(f"The run directory {self.path!r} is an existing file.")
+
+    def start(self, config_dict):
+        """Creates the directory and writes config.json; an existing run of another model is refused."""
+        self.check_writable()
+        if tf.io.gfile.exists(self.file(CONFIG)):
+            saved = read_json(self.file(CONFIG))
+            for section in ("model_type", "model", "task"):
+                if saved.get(section) != config_dict.get(section):
+                    raise ValueError(f"{self.path} holds a run with a different `{section}`; use a new run directory.")
+        tf.io.gfile.makedirs(self.path)
+        write_json_atomically(self.file(CONFIG), config_dict)
+
+    def read_config(self):
+        return read_json(self.file(CONFIG))
+
+    def write_vocabulary(self, tokens):
+        write_bytes_atomically(self.file(VOCABULARY), "\n".join(tokens) + "\n")
+
+    def save_models(self, backbone, model):
+        """The final weights: the backbone alone, then the whole task model."""
+        save_weights(backbone, self.file(BACKBONE_WEIGHTS))
+        save_weights(model, self.file(MODEL_WEIGHTS))
+
+    def write_metrics(self, metrics):
+        write_json_atomically(self.file(METRICS), metrics)
+
+    def read_metrics(self):
+        return read_json(self.file(METRICS))
+
+
+def load_model(path):
+    """The config, task model and backbone of a finished run directory, weights loaded.
+
+    Returns:
+        (config, model, backbone, vocabulary path): an `ExperimentConfig`, the task's
+        model (e.g. `BertPretrainer`, `BertClassifier`; the `CausalLM` itself), its
+        backbone and RUN/vocab.txt.
+    """
+    import configs
+    from training.tasks import make_task
+
+    run = RunDirectory(path)
+    raw = run.read_config()
+    try:
+        config = configs.config_from_dict({key: value for key, value in raw.items() if key != "name"}, raw.get("name", "run"))
+    except ValueError as error:
+        raise ValueError(f"{run.file(CONFIG)}: {error}") from error
+    backbone = config.build_model()
+    model = make_task(config).build_model(backbone)
+    weights = run.file(MODEL_WEIGHTS)
+    if not tf.io.gfile.exists(weights):
+        raise ValueError(f"A finished run directory has {CONFIG} and {MODEL_WEIGHTS}; {run.path!r} lacks {MODEL_WEIGHTS}.")
+    load_weights(model, weights)
+    return config, model, backbone, run.file(VOCABULARY)

@@ -1,0 +1,53 @@
+"""Tasks: what an objective needs, in one object each, listed in one explicit registry.
+
+A task owns its settings (the config's `task:` section: a frozen dataclass of its own), the
+head it puts around the backbone, its datasets, loss, metrics and final evaluation. The
+trainer knows no task by name: it calls `make_task(config)` and the methods of `Task`.
+A new task is one class plus one call (see tests/test_extension_points.py):
+
+    @dataclasses.dataclass(frozen=True)
+    class MySettings(TaskSettings):
+        my_field: int = 3
+
+    class MyTask(Task):
+        name, Config, backbone_type = "my_task", MySettings, "bert"
+        ...
+
+    register_task(MyTask)      # then `task: {name: my_task, my_field: 4}` in a config
+
+Built-in: `causal_lm` (next-token prediction on packed rows), `masked_lm` (BERT's masked
+LM), `classification` (a sentence or a pair -> N classes: GLUE), `regression` (a pair ->
+a score: STS-B) and `span_qa` (SQuAD v1.1).
+"""
+
+import dataclasses
+
+from training.tasks.base import Task
+from training.tasks.base import TaskSettings
+from training.tasks.language_model import CausalLMTask
+from training.tasks.language_model import MaskedLMTask
+
+TASKS = {task.name: task for task in (CausalLMTask, MaskedLMTask)}
+
+
+def register_task(task_class):
+    """Adds a task class to the registry under `task_class.name`."""
+    if not (isinstance(task_class, type) and issubclass(task_class, Task)) or not task_class.name:
+        raise ValueError(f"A task must be a Task subclass with a `name`. Received: {task_class!r}")
+    if not (dataclasses.is_dataclass(task_class.Config) and issubclass(task_class.Config, TaskSettings)):
+        raise ValueError(f"{task_class.__name__}.Config must be a dataclass deriving from TaskSettings.")
+    TASKS[task_class.name] = task_class
+    return task_class
+
+
+def make_task(config):
+    """The task object of a resolved `ExperimentConfig`."""
+    return TASKS[config.task.name](config)
+
+
+def default_task_name(model_type):
+    """The task of a config without a `task:` section: the backbone's pretraining objective."""
+    return {"causal_lm": "causal_lm", "bert": "masked_lm"}[model_type]
+
+
+__all__ = ["TASKS", "Task", "TaskSettings", "default_task_name", "make_task", "register_task"]

@@ -1,0 +1,65 @@
+"""The task interface: settings every task has and the methods the trainer calls."""
+
+import dataclasses
+import typing
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSettings:
+    """Fields every task has: its registry name and the trained model it starts from.
+
+    init: a run directory of this project (pretraining, fine-tuning or a
+        `concise-collaborative` output) or a Hugging Face BERT folder; its backbone weights,
+        vocabulary and tokenizer settings start the run (and its architecture fills the
+        config's model section when that is left out). Ignored once the run has a checkpoint.
+    """
+
+    name: str
+    init: typing.Optional[str] = None
+
+
+class Task:
+    """The interface the trainer calls. Subclasses set `name`, `Config`, `backbone_type`."""
+
+    name = None
+    Config = TaskSettings
+    backbone_type = "bert"  # the config's model_type this task trains
+
+    def __init__(self, config):
+        self.config, self.settings, self.training = config, config.task, config.training
+
+    def check(self):
+        """Fails fast (before data is read or a model built) on settings that cannot work."""
+        if self.config.model_type != self.backbone_type:
+            raise ValueError(
+                f"Task {self.name!r} trains {self.backbone_type} models. Received: model_type={self.config.model_type!r} ({self.config.name})"
+            )
+
+    def vocabulary_text(self):
+        """Lines to learn a vocabulary from when neither the config nor `init` gives one."""
+        raise ValueError(f"Task {self.name!r} needs a vocabulary: set task.init or tokenizer.vocabulary.")
+
+    def load_data(self):
+        """Reads the task's examples (checked at once); called once before `datasets`."""
+
+    def num_train_examples(self):
+        return None
+
+    def build_model(self, backbone):
+        raise NotImplementedError
+
+    def compile_arguments(self):
+        """loss, metrics (and weighted_metrics) for `model.compile`."""
+        raise NotImplementedError
+
+    def datasets(self, tokenizer, skip_batches):
+        """(train, eval) tf.data datasets of (inputs, labels, weights), static shapes."""
+        raise NotImplementedError
+
+    def evaluate(self, model, eval_data, eval_steps):
+        """The final metrics of the run (a dict of floats)."""
+        raise NotImplementedError
+
+    def profiling_inputs(self, batch_inputs):
+        """The backbone inputs of a training batch (Admin's profiling pass)."""
+        return {name: batch_inputs[name] for name in ("input_word_ids", "input_mask", "input_type_ids")}

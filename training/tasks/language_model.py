@@ -1,0 +1,119 @@
+"""Language-modelling tasks: `causal_lm` (next-token) and `masked_lm` (BERT's masked LM)."""
+
+import dataclasses
+import math
+import typing
+
+import keras
+
+from training.objectives import TokenCrossEntropy
+from training.pipeline import corpus_lines
+from training.pipeline import language_model_dataset
+from training.pipeline import masked_lm_dataset
+from training.pipeline import tokens_per_word
+from training.tasks.base import Task
+from training.tasks.base import TaskSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageModelSettings(TaskSettings):
+    """dataset: "sample" (the shipped corpus), "lm1b" (tensorflow-datasets; data_dir may be
+    gs://...) or "text_files" (every *.txt under data_dir)."""
+
+    dataset: str = "sample"
+    data_dir: typing.Optional[str] = None
+
+    def __post_init__(self):
+        if self.dataset not in ("sample", "lm1b", "text_files"):
+            raise ValueError(f"`task.dataset` must be one of sample, lm1b, text_files. Received: task.dataset={self.dataset!r}")
+        if self.dataset == "text_files" and not self.data_dir:
+            raise ValueError("`task.data_dir` must name the folder of .txt files when task.dataset='text_files'.")
+
+
+class _TextCorpusTask(Task):
+    def load_data(self):
+        self.train_lines = corpus_lines(self.settings.dataset, self.settings.data_dir, "train")
+        self.eval_lines = corpus_lines(self.settings.dataset, self.settings.data_dir, "eval")
+
+    def vocabulary_text(self):
+        return self.train_lines()
+
+
+class CausalLMTask(_TextCorpusTask):
+    """Next-token prediction on tensor2tensor-packed rows; per-subword and per-word perplexity."""
+
+    name, Config, backbone_type = "causal_lm", LanguageModelSettings, "causal_lm"
+
+    def build_model(self, backbone):
+        return backbone
+
+    def compile_arguments(self):
+        return {"loss": TokenCrossEntropy(self.training.label_smoothing),
+                "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]}
+
+    def datasets(self, tokenizer, skip_batches):
+        training = self.training
+        self.tokens_per_word = tokens_per_word([line for _, line in zip(range(20_000), self.eval_lines())], tokenizer)
+
+        def make(lines, is_training, skip=0):
+            return language_model_dataset(lines, tokenizer, training.sequence_length, training.batch_size,
+                                          training=is_training, seed=training.seed, skip_batches=skip)
+
+        return make(self.train_lines, True, skip_batches), make(self.eval_lines, False)
+
+    def profiling_inputs(self, batch_inputs):
+        return batch_inputs
+
+    def evaluate(self, model, eval_data, eval_steps):
+        results = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)
+        loss = results["loss"]
+        return {"eval_loss": loss, "eval_accuracy": results["accuracy"], "eval_subword_perplexity": math.exp(min(loss, 50.0)),
+                "eval_word_perplexity": math.exp(min(loss * self.tokens_per_word, 50.0)), "tokens_per_word": self.tokens_per_word}
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedLMSettings(LanguageModelSettings):
+    """`mask_rate` of the tokens (at most `max_predictions` per row) are masked 80/10/10."""
+
+    mask_rate: float = 0.15
+    max_predictions: int = 20
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 < self.mask_rate < 1.0:
+            raise ValueError(f"`task.mask_rate` must be in (0, 1). Received: task.mask_rate={self.mask_rate!r}")
+        if self.max_predictions < 1:
+            raise ValueError(f"`task.max_predictions` must be positive. Received: task.max_predictions={self.max_predictions!r}")
+
+
+class MaskedLMTask(_TextCorpusTask):
+    """BERT's masked LM (tied output embedding) on segment pairs; no next-sentence task."""
+
+    name, Config = "masked_lm", MaskedLMSettings
+
+    def check(self):
+        super().check()
+        if self.settings.max_predictions > self.training.sequence_length:
+            raise ValueError(f"task.max_predictions={self.settings.max_predictions} is above "
+                             f"training.sequence_length={self.training.sequence_length}.")
+
+    def build_model(self, backbone):
+        from models.bert import BertPretrainer
+
+        return BertPretrainer(backbone)
+
+    compile_arguments = CausalLMTask.compile_arguments
+
+    def datasets(self, tokenizer, skip_batches):
+        training, settings = self.training, self.settings
+
+        def make(lines, is_training, skip=0):
+            return masked_lm_dataset(lines, tokenizer, training.sequence_length, training.batch_size, settings.max_predictions,
+                                     settings.mask_rate, training=is_training, seed=training.seed, skip_batches=skip)
+
+        return make(self.train_lines, True, skip_batches), make(self.eval_lines, False)
+
+    def evaluate(self, model, eval_data, eval_steps):
+        results = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)
+        return {"eval_loss": results["loss"], "eval_accuracy": results["accuracy"],
+                "eval_subword_perplexity": math.exp(min(results["loss"], 50.0))}
