@@ -180,3 +180,19 @@ def test_squad_scores_are_percentages_over_all_questions():
     # q1: exact; q2: P = 1, R = 2/3, F1 = 0.8; q3: 0.
     assert scores["exact_match"] == pytest.approx(100 / 3, abs=TOLERANCE)
     assert scores["f1"] == pytest.approx(100 * (1 + 0.8) / 3, abs=TOLERANCE)
+
+
+def test_squad_scores_equal_tf_models_port_of_the_official_script():
+    """tf-models-official's squad_evaluate_v1_1 (fractions, where the official script prints percent)."""
+    from official.nlp.tools import squad_evaluate_v1_1
+
+    qas = [
+        {"id": f"q{index}", "answers": [{"text": truth, "answer_start": 0} for truth in truths]}
+        for index, (_, truths) in enumerate(_SQUAD_CASES)
+    ]
+    predictions = {f"q{index}": prediction for index, (prediction, _) in enumerate(_SQUAD_CASES) if index != 3}
+    reference = squad_evaluate_v1_1.evaluate([{"paragraphs": [{"qas": qas}]}], predictions)
+    examples = [types.SimpleNamespace(id=qa["id"], answers=[(a["text"], 0) for a in qa["answers"]]) for qa in qas]
+    scores = metrics.squad_scores(predictions, examples)
+    assert scores["exact_match"] == pytest.approx(100 * reference["exact_match"], abs=TOLERANCE)
+    assert scores["f1"] == pytest.approx(100 * reference["final_f1"], abs=TOLERANCE)
