@@ -158,7 +158,7 @@ def squad_examples(split, data_dir, source):
     return read_squad_json(os.path.join(str(data_dir), f"{split}-v1.1.json"))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # arrays have no single truth value to compare by
 class SquadFeatures:
     """The windows of one example: model inputs, training targets and decoding metadata.
 
