@@ -186,6 +186,11 @@ def stage_commands(options):
     ]
 
 
+def staged_package_command(options):
+    """Lists the staged package: fails when it is absent."""
+    return _gcloud(options, "storage", "ls", f"{options.launcher_dir}/{STAGED_PACKAGE}")
+
+
 def install_command(options):
     """pip-installs the package on every worker, then swaps `tensorflow` for the TPU build.
 
@@ -377,12 +382,14 @@ def _recover(options, runner, action):
 def supervise(options, runner, sleep=time.sleep):
     """Keeps the run alive until it ends: returns 0 when it finished, 1 when it failed or retries ran out.
 
-    Stages the package once, then every `poll_interval` seconds reads the VM state and the run
+    Stages the package unless the run already has one (a resumed run keeps the code it started
+    with, whatever the checkout holds now), then every `poll_interval` seconds reads the VM state and the run
     status. A lost VM (preempted, terminated, gone) is deleted and recreated, at most `max_retries`
     times; a VM that is up but not training gets the package installed and training launched,
     retried at each poll, at most `max_retries` failures in a row.
     """
-    run_all(runner, stage_commands(options))
+    if options.package == "checkout" and runner.run(staged_package_command(options), capture=True).returncode:
+        run_all(runner, stage_commands(options))
     recreations = launch_failures = 0
     launched = True  # a VM found up with a status of "running" is left alone
     while True:
@@ -431,6 +438,8 @@ def up(options, runner, sleep=time.sleep):
 def print_supervision_plan(options, runner):
     if options.package == "checkout":
         print("# once:")
+        run_all(runner, [staged_package_command(options)])
+        print("# if that found no staged package:")
         run_all(runner, stage_commands(options))
     print(f"# every {options.poll_interval} s:")
     run_all(runner, [state_command(options), status_command(options)])

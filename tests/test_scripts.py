@@ -161,6 +161,8 @@ def test_supervise_plan(capsys):
     lines = _dry_run(capsys, "supervise", *TARGET, *RUN, "--poll-interval", "60", "--max-retries", "3")
     assert lines == [
         "# once:",
+        "gcloud storage ls gs://my-bucket/runs/lm/launcher/concise-attention.tar.gz",
+        "# if that found no staged package:",
         *STAGE,
         "# every 60 s:",
         "gcloud compute tpus tpu-vm describe lm-tpu --zone=us-central2-b '--format=value(state)'",
@@ -339,6 +341,14 @@ def test_a_missing_vm_is_created_and_launched(capsys):
     cloud = FakeCloud(["NOT_FOUND", "READY"], [None, None, "running", "0"])
     assert _supervise(cloud)[0] == 0
     assert cloud.count("tpu-vm create") == 1 and cloud.count("setsid nohup") == 1
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_the_checkout_is_staged_only_when_the_run_has_none(capsys, staged):
+    cloud = FakeCloud(["READY"], ["0"], failing=() if staged else ("storage ls",))
+    assert cloud_tpu.main(["supervise", *TARGET, *RUN], runner=cloud, sleep=lambda seconds: None) == 0
+    assert cloud.commands[0] == "gcloud storage ls gs://my-bucket/runs/lm/launcher/concise-attention.tar.gz"
+    assert (cloud.commands[1:4] == STAGE) is not staged
 
 
 def test_a_queued_resource_is_polled_until_active(capsys):
