@@ -1,0 +1,450 @@
+"""scripts/cloud_tpu.py: --help, exact --dry-run commands, the supervisor's decisions, bad options.
+
+Nothing here reaches the network: commands are printed (dry run) or answered by a fake runner, and
+the remote bash (the restart loop, the detached launch) runs locally with fake `gcloud` and
+`concise-train` executables on PATH.
+"""
+
+import importlib.util
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load_cloud_tpu():
+    spec = importlib.util.spec_from_file_location("cloud_tpu", ROOT / "scripts" / "cloud_tpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cloud_tpu"] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+cloud_tpu = _load_cloud_tpu()
+
+TARGET = ["--zone", "us-central2-b", "--name", "lm-tpu"]
+RUN = ["--run-dir", "gs://my-bucket/runs/lm", "--config", "tiny_lm", "--set", "training.train_steps=200"]
+SSH = "gcloud compute tpus tpu-vm ssh lm-tpu --zone=us-central2-b --worker=all"
+INSTALL = (
+    f"{SSH} '--command=gcloud storage cp gs://my-bucket/runs/lm/launcher/concise-attention.tar.gz "
+    '"$HOME/concise-attention.tar.gz" && python3 -m pip install --upgrade pip && '
+    'python3 -m pip install "$HOME/concise-attention.tar.gz" && python3 -m pip uninstall -y tensorflow && '
+    "python3 -m pip install tensorflow-tpu==2.20.0 && python3 -m pip install --force-reinstall --no-deps tensorflow-tpu==2.20.0'"
+)
+LOOP = (
+    'export PATH="$HOME/.local/bin:$PATH"; log="$HOME/concise-train.log"; '
+    '(while sleep 300; do gcloud storage cp "$log" gs://my-bucket/runs/lm/launcher/"$(hostname).log"; done) & copier=$!; '
+    'restarts=0; while true; do echo "$(date -u +%FT%TZ) concise-train start (restart $restarts)" >> "$log"; '
+    "concise-train --config tiny_lm --run-dir gs://my-bucket/runs/lm --strategy tpu --tpu local "
+    '--set training.train_steps=200 >> "$log" 2>&1; code=$?; '
+    'echo "$(date -u +%FT%TZ) concise-train exit code $code" >> "$log"; '
+    'if [ "$code" -ne 75 ] || [ "$restarts" -ge 100 ]; then break; fi; restarts=$((restarts + 1)); sleep 10; done; '
+    'kill "$copier"; gcloud storage cp "$log" gs://my-bucket/runs/lm/launcher/"$(hostname).log"; '
+    'echo "$code" | gcloud storage cp - gs://my-bucket/runs/lm/launcher/status'
+)
+TRAIN_REMOTE = (
+    'if ! flock -n "$HOME/.concise-train.lock" true; then echo "concise-train is already running on $(hostname)" >&2; '
+    "exit 1; fi; echo running | gcloud storage cp - gs://my-bucket/runs/lm/launcher/status || exit 1; "
+    f'setsid nohup flock -n "$HOME/.concise-train.lock" bash -c {shlex.quote(LOOP)} > /dev/null 2>&1 < /dev/null &'
+)
+TRAIN = f"{SSH} {shlex.quote('--command=' + TRAIN_REMOTE)}"
+TARBALL = ROOT / "dist" / "concise-attention.tar.gz"
+STAGE = [
+    f"mkdir -p {ROOT / 'dist'}",
+    f"git -C {ROOT} archive --format=tar.gz --prefix=concise-attention/ -o {TARBALL} HEAD",
+    f"gcloud storage cp {TARBALL} gs://my-bucket/runs/lm/launcher/concise-attention.tar.gz",
+]
+
+
+def _dry_run(capsys, *argv):
+    assert cloud_tpu.main([*argv, "--dry-run"]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+# --help -------------------------------------------------------------------------------------
+
+SUBCOMMANDS = ("create", "install", "train", "up", "supervise", "status", "logs", "tensorboard", "upload-data", "delete")
+
+
+def test_help_lists_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cloud_tpu.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for name in SUBCOMMANDS:
+        assert name in out
+
+
+@pytest.mark.parametrize("subcommand", SUBCOMMANDS)
+def test_help_of_each_subcommand(capsys, subcommand):
+    with pytest.raises(SystemExit) as exit_info:
+        cloud_tpu.main([subcommand, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: cloud_tpu.py {subcommand} ")
+    assert "--dry-run" in out
+
+
+# --dry-run: the exact commands --------------------------------------------------------------
+
+
+def test_create_spot_tpu_vm_in_a_project(capsys):
+    assert _dry_run(capsys, "create", *TARGET, "--spot", "--project", "my-project") == [
+        "gcloud compute tpus tpu-vm create lm-tpu --zone=us-central2-b --accelerator-type=v4-8 "
+        "--version=tpu-ubuntu2204-base --spot --project=my-project"
+    ]
+
+
+def test_create_queued_resource_picks_the_runtime_of_the_generation(capsys):
+    assert _dry_run(capsys, "create", *TARGET, "--queued", "--accelerator-type", "v6e-8", "--spot") == [
+        "gcloud compute tpus queued-resources create lm-tpu-qr --node-id=lm-tpu --zone=us-central2-b "
+        "--accelerator-type=v6e-8 --runtime-version=v2-alpha-tpuv6e --spot"
+    ]
+    assert _dry_run(capsys, "create", *TARGET, "--preemptible", "--runtime-version", "tpu-vm-tf-2.16.1-pjrt") == [
+        "gcloud compute tpus tpu-vm create lm-tpu --zone=us-central2-b --accelerator-type=v4-8 "
+        "--version=tpu-vm-tf-2.16.1-pjrt --preemptible"
+    ]
+
+
+def test_up_stages_creates_installs_and_trains(capsys):
+    assert _dry_run(capsys, "up", *TARGET, "--spot", *RUN) == [
+        *STAGE,
+        "gcloud compute tpus tpu-vm create lm-tpu --zone=us-central2-b --accelerator-type=v4-8 "
+        "--version=tpu-ubuntu2204-base --spot",
+        INSTALL,
+        TRAIN,
+    ]
+
+
+def test_up_with_a_queued_resource_waits_for_it_before_installing(capsys):
+    lines = _dry_run(capsys, "up", *TARGET, "--queued", *RUN)
+    assert lines[3:5] == [
+        "gcloud compute tpus queued-resources create lm-tpu-qr --node-id=lm-tpu --zone=us-central2-b "
+        "--accelerator-type=v4-8 --runtime-version=tpu-ubuntu2204-base",
+        "gcloud compute tpus queued-resources describe lm-tpu-qr --zone=us-central2-b '--format=value(state.state)'",
+    ]
+    assert lines[:3] == STAGE and lines[5:] == [INSTALL, TRAIN]
+
+
+def test_install_from_a_pip_requirement_without_the_tpu_swap(capsys):
+    assert _dry_run(capsys, "install", *TARGET, "--package", "git+https://example.com/concise-attention@v1",
+                    "--tf-package", "none") == [
+        f"{SSH} '--command=python3 -m pip install --upgrade pip && "
+        "python3 -m pip install git+https://example.com/concise-attention@v1'"
+    ]
+
+
+def test_train_command_and_data_dir(capsys):
+    assert _dry_run(capsys, "train", *TARGET, *RUN) == [TRAIN]
+    line = _dry_run(capsys, "train", *TARGET, *RUN, "--data-dir", "gs://my-bucket/data/txt")[0]
+    assert "--set training.train_steps=200 --set training.data_dir=gs://my-bucket/data/txt >>" in line
+
+
+def test_remote_command_quoting_survives_awkward_overrides(capsys):
+    """Values with spaces and quotes reach concise-train as single, intact arguments."""
+    awkward = "training.vocabulary=my vocab's file.txt"
+    line = _dry_run(capsys, "train", *TARGET, "--run-dir", "gs://my-bucket/runs/lm", "--config", "tiny_lm",
+                    "--set", awkward)[0]
+    remote = shlex.split(line)[-1].removeprefix("--command=")
+    loop = shlex.split(remote.split("bash -c ", 1)[1])[0]  # what the worker's bash -c receives
+    train = next(part for part in loop.split("; ") if part.startswith("concise-train"))
+    assert shlex.split(train.split(" >>")[0])[-2:] == ["--set", awkward]
+
+
+def test_supervise_plan(capsys):
+    lines = _dry_run(capsys, "supervise", *TARGET, *RUN, "--poll-interval", "60", "--max-retries", "3")
+    assert lines == [
+        "# once:",
+        "gcloud storage ls gs://my-bucket/runs/lm/launcher/concise-attention.tar.gz",
+        "# if that found no staged package:",
+        *STAGE,
+        "# every 60 s:",
+        "gcloud compute tpus tpu-vm describe lm-tpu --zone=us-central2-b '--format=value(state)'",
+        "gcloud storage cat gs://my-bucket/runs/lm/launcher/status",
+        "# when FAILED or NOT_FOUND or PREEMPTED or SUSPENDED or TERMINATED (at most 3 times):",
+        "gcloud compute tpus tpu-vm delete lm-tpu --zone=us-central2-b --quiet",
+        "gcloud compute tpus tpu-vm create lm-tpu --zone=us-central2-b --accelerator-type=v4-8 --version=tpu-ubuntu2204-base",
+        "# when the VM is up and not training:",
+        INSTALL,
+        TRAIN,
+    ]
+
+
+def test_logs_tensorboard_upload_status_delete(capsys, tmp_path):
+    assert _dry_run(capsys, "logs", *TARGET) == [
+        "gcloud compute tpus tpu-vm ssh lm-tpu --zone=us-central2-b --worker=0 "
+        "'--command=tail -n 100 -F \"$HOME/concise-train.log\"'"
+    ]
+    assert _dry_run(capsys, "logs", *TARGET, "--worker", "all", "--lines", "20", "--no-follow") == [
+        "gcloud compute tpus tpu-vm ssh lm-tpu --zone=us-central2-b --worker=all "
+        "'--command=tail -n 20 \"$HOME/concise-train.log\"'"
+    ]
+    assert _dry_run(capsys, "logs", *TARGET, "--saved", "--run-dir", "gs://my-bucket/runs/lm") == [
+        "gcloud storage cat 'gs://my-bucket/runs/lm/launcher/*.log'"
+    ]
+    assert _dry_run(capsys, "tensorboard", "--run-dir", "gs://my-bucket/runs/lm/") == [
+        "tensorboard --logdir=gs://my-bucket/runs/lm/logs --port=6006"
+    ]
+    assert _dry_run(capsys, "upload-data", "--source", str(tmp_path), "--data-dir", "gs://my-bucket/data/txt") == [
+        f"gcloud storage rsync --recursive {tmp_path} gs://my-bucket/data/txt"
+    ]
+    assert _dry_run(capsys, "status", *TARGET, "--queued", "--run-dir", "gs://my-bucket/runs/lm") == [
+        "gcloud compute tpus queued-resources describe lm-tpu-qr --zone=us-central2-b '--format=value(state.state)'",
+        "gcloud storage cat gs://my-bucket/runs/lm/launcher/status",
+    ]
+    assert _dry_run(capsys, "delete", *TARGET) == ["gcloud compute tpus tpu-vm delete lm-tpu --zone=us-central2-b --quiet"]
+    assert _dry_run(capsys, "delete", *TARGET, "--queued") == [
+        "gcloud compute tpus queued-resources delete lm-tpu-qr --zone=us-central2-b --force --quiet"
+    ]
+
+
+# Bad options: exit 2, one line naming the option and the value, no traceback ---------------
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["create", "--zone", "uscentral", "--name", "lm-tpu"], "--zone='uscentral'"),
+    (["create", "--zone", "us-central2-b", "--name", "LM_TPU"], "--name='LM_TPU'"),
+    (["create", *TARGET, "--accelerator-type", "tpu8"], "--accelerator-type='tpu8'"),
+    (["create", *TARGET, "--spot", "--preemptible"], "--spot --preemptible"),
+    (["create", *TARGET, "--queued", "--preemptible"], "--queued --preemptible"),
+    (["create", *TARGET, "--project", "X"], "--project='X'"),
+    (["train", *TARGET, "--run-dir", "/tmp/runs/lm", "--config", "tiny_lm"], "--run-dir='/tmp/runs/lm'"),
+    (["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "no_such_preset"], "--config='no_such_preset'"),
+    (["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "configs/tiny_lm.yaml"], "--config='configs/tiny_lm.yaml'"),
+    (["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "tiny_lm", "--set", "steps"], "--set='steps'"),
+    (["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "tiny_lm", "--data-dir", "data/"], "--data-dir='data/'"),
+    (["supervise", *TARGET, *RUN, "--poll-interval", "0"], "--poll-interval=0"),
+    (["supervise", *TARGET, *RUN, "--max-retries", "-1"], "--max-retries=-1"),
+    (["install", *TARGET], "--run-dir"),
+    (["logs", *TARGET, "--saved"], "--run-dir"),
+    (["logs", *TARGET, "--worker", "first"], "--worker='first'"),
+    (["tensorboard", "--run-dir", "gs://my-bucket/r", "--port", "70000"], "--port=70000"),
+    (["upload-data", "--source", "/no/such/folder", "--data-dir", "gs://my-bucket/d"], "--source='/no/such/folder'"),
+    (["create", "--name", "lm-tpu"], "--zone"),
+    (["train", *TARGET, "--config", "tiny_lm"], "--run-dir"),
+])
+def test_bad_options_exit_2_naming_the_option(capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        cloud_tpu.main([*argv, "--dry-run"])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert expected in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+# The supervisor ------------------------------------------------------------------------------
+
+
+class FakeCloud:
+    """Answers `describe` and `storage cat status` from scripted sequences; records everything else."""
+
+    def __init__(self, states, statuses, failing=()):
+        self.states, self.statuses, self.failing = list(states), list(statuses), failing
+        self.commands = []
+        self.dry = False
+
+    def run(self, argv, capture=False):
+        line = shlex.join(argv)
+        self.commands.append(line)
+        if "describe" in argv:
+            state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+            if state in ("NOT_FOUND", "FLAKY"):
+                message = "ERROR: (gcloud) NOT_FOUND: node does not exist" if state == "NOT_FOUND" else "ERROR: connection reset"
+                return subprocess.CompletedProcess(argv, 1, "", message)
+            return subprocess.CompletedProcess(argv, 0, state + "\n", "")
+        if argv[1:3] == ["storage", "cat"]:
+            status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+            if status is None:
+                return subprocess.CompletedProcess(argv, 1, "", "ERROR: The following URLs matched no objects or files")
+            return subprocess.CompletedProcess(argv, 0, status + "\n", "")
+        failed = any(word in line for word in self.failing)
+        return subprocess.CompletedProcess(argv, 1 if failed else 0, "", "")
+
+    def count(self, fragment):
+        return sum(fragment in line for line in self.commands)
+
+
+def _supervise(cloud, *extra):
+    sleeps = []
+    code = cloud_tpu.main(["supervise", *TARGET, *RUN, "--package", "pkg==1", "--poll-interval", "7", *extra],
+                          runner=cloud, sleep=sleeps.append)
+    return code, sleeps
+
+
+@pytest.mark.parametrize("state, status, launched, action", [
+    ("READY", "running", True, "wait"),
+    ("READY", None, True, "launch"),
+    ("READY", "running", False, "launch"),
+    ("CREATING", "running", False, "wait"),
+    ("PREEMPTED", "running", True, "recreate"),
+    ("TERMINATED", "running", True, "recreate"),
+    ("NOT_FOUND", None, True, "recreate"),
+    ("SUSPENDED", "running", True, "recreate"),
+    ("WAITING_FOR_RESOURCES", "running", False, "wait"),
+    ("UNKNOWN", "running", True, "wait"),
+    ("READY", "unknown", True, "wait"),
+    ("READY", "0", True, "done"),
+    ("PREEMPTED", "0", True, "done"),
+    ("READY", "1", True, "failed"),
+    ("READY", "75", True, "failed"),
+])
+def test_decide(state, status, launched, action):
+    assert cloud_tpu.decide(state, status, launched) == action
+
+
+def test_one_preemption_means_one_recreation(capsys):
+    cloud = FakeCloud(["READY", "PREEMPTED", "READY", "READY"], ["running", "running", "running", "0"])
+    code, sleeps = _supervise(cloud)
+    assert code == 0
+    assert cloud.count("tpu-vm delete") == 1 and cloud.count("tpu-vm create") == 1
+    assert cloud.count("pip install") == 1 and cloud.count("setsid nohup") == 1
+    assert cloud.commands.index(next(c for c in cloud.commands if "tpu-vm create" in c)) < cloud.commands.index(
+        next(c for c in cloud.commands if "setsid nohup" in c))
+    assert sleeps == [7, 7]  # no wait between creating the VM and launching on it
+    assert "PREEMPTED" in capsys.readouterr().out
+
+
+def test_recreations_are_bounded(capsys):
+    cloud = FakeCloud(["PREEMPTED"], ["running"])
+    code, _ = _supervise(cloud, "--max-retries", "2")
+    assert code == 1
+    assert cloud.count("tpu-vm create") == 2 and cloud.count("pip install") == 0  # never up long enough to launch
+    assert "giving up" in capsys.readouterr().out
+
+
+def test_failed_launches_are_bounded(capsys):
+    cloud = FakeCloud(["READY"], [None], failing=("pip install",))
+    code, sleeps = _supervise(cloud, "--max-retries", "2")
+    assert code == 1 and cloud.count("pip install") == 3 and cloud.count("tpu-vm create") == 0
+    assert sleeps == [7, 7]
+
+
+def test_a_failed_run_is_not_recreated(capsys):
+    cloud = FakeCloud(["READY"], ["1"])
+    assert _supervise(cloud)[0] == 1
+    assert cloud.count("create") == 0 and cloud.count("ssh") == 0
+
+
+def test_an_unreadable_state_is_not_a_preemption(capsys):
+    cloud = FakeCloud(["FLAKY", "READY"], ["running", "0"])
+    assert _supervise(cloud)[0] == 0
+    assert cloud.count("delete") == 0 and cloud.count("create") == 0
+
+
+def test_a_missing_vm_is_created_and_launched(capsys):
+    cloud = FakeCloud(["NOT_FOUND", "READY"], [None, None, "running", "0"])
+    assert _supervise(cloud)[0] == 0
+    assert cloud.count("tpu-vm create") == 1 and cloud.count("setsid nohup") == 1
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_the_checkout_is_staged_only_when_the_run_has_none(capsys, staged):
+    cloud = FakeCloud(["READY"], ["0"], failing=() if staged else ("storage ls",))
+    assert cloud_tpu.main(["supervise", *TARGET, *RUN], runner=cloud, sleep=lambda seconds: None) == 0
+    assert cloud.commands[0] == "gcloud storage ls gs://my-bucket/runs/lm/launcher/concise-attention.tar.gz"
+    assert (cloud.commands[1:4] == STAGE) is not staged
+
+
+def test_a_queued_resource_is_polled_until_active(capsys):
+    cloud = FakeCloud(["SUSPENDED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "ACTIVE"],
+                      ["running", "running", "running", "running", "0"])
+    assert _supervise(cloud, "--queued")[0] == 0
+    assert cloud.count("queued-resources delete lm-tpu-qr") == 1 and cloud.count("queued-resources create lm-tpu-qr") == 1
+    assert cloud.count("setsid nohup") == 1
+
+
+def test_status_prints_the_vm_state_and_the_run_status(capsys):
+    cloud = FakeCloud(["READY"], [None])
+    assert cloud_tpu.main(["status", *TARGET, "--run-dir", "gs://my-bucket/runs/lm"], runner=cloud) == 0
+    assert capsys.readouterr().out.splitlines() == ["lm-tpu: READY", "gs://my-bucket/runs/lm: not started"]
+
+
+def test_a_failing_command_reports_its_exit_code(capsys):
+    cloud = FakeCloud(["READY"], ["running"], failing=("tpu-vm create",))
+    assert cloud_tpu.main(["create", *TARGET], runner=cloud) == 1
+    assert "exit code 1: gcloud compute tpus tpu-vm create lm-tpu" in capsys.readouterr().err
+
+
+# The remote bash, run here with fake gcloud and concise-train ------------------------------
+
+FAKE_GCLOUD = """#!/bin/bash
+# gcloud storage cp SRC DST, with gs://X stored under $FAKE_GCS/X and '-' meaning stdin
+[ "$1 $2" = "storage cp" ] || exit 3
+local_path() { case "$1" in gs://*) echo "$FAKE_GCS/${1#gs://}";; *) echo "$1";; esac; }
+destination=$(local_path "$4")
+mkdir -p "$(dirname "$destination")"
+if [ "$3" = - ]; then cat > "$destination"; else cp "$(local_path "$3")" "$destination"; fi
+"""
+FAKE_TRAIN = """#!/bin/bash
+# exits with the next code listed in $HOME/codes (0 when they run out), after $HOME/delay seconds
+echo "$*" >> "$HOME/calls"
+call=$(wc -l < "$HOME/calls")
+/usr/bin/sleep "$(cat "$HOME/delay" 2>/dev/null || echo 0)"
+code=$(sed -n "${call}p" "$HOME/codes")
+echo "training, call $call"
+exit "${code:-0}"
+"""
+FAKE_SLEEP = """#!/bin/bash
+# the loop's 10 s pause between restarts is skipped; the log copier naps briefly
+[ "$1" = 10 ] || exec /usr/bin/sleep 0.2
+"""
+
+
+@pytest.fixture
+def fake_vm(tmp_path):
+    home, tools, bucket = tmp_path / "home", tmp_path / "bin", tmp_path / "gcs"
+    for folder in (home, tools, bucket):
+        folder.mkdir()
+    for name, text in (("gcloud", FAKE_GCLOUD), ("concise-train", FAKE_TRAIN), ("sleep", FAKE_SLEEP)):
+        (tools / name).write_text(text)
+        (tools / name).chmod(0o755)
+    env = {"HOME": str(home), "PATH": f"{tools}:/usr/bin:/bin", "FAKE_GCS": str(bucket)}
+    launcher = bucket / "my-bucket" / "runs" / "lm" / "launcher"
+    return home, env, launcher
+
+
+def _options(max_restarts=100):
+    return cloud_tpu.Options(zone="us-central2-b", name="lm-tpu", run_dir="gs://my-bucket/runs/lm", config="tiny_lm",
+                             overrides=("training.train_steps=200",), max_restarts=max_restarts)
+
+
+@pytest.mark.parametrize("codes, max_restarts, calls, status", [
+    ([75, 75, 0], 100, 3, "0"),  # restarted after each 75, finished
+    ([1, 0], 100, 1, "1"),  # a crash is not restarted on the VM
+    ([75, 75, 75, 75], 2, 3, "75"),  # restarts are bounded
+])
+def test_restart_loop(fake_vm, codes, max_restarts, calls, status):
+    home, env, launcher = fake_vm
+    (home / "codes").write_text("".join(f"{code}\n" for code in codes))
+    subprocess.run(["bash", "-c", cloud_tpu.training_loop(_options(max_restarts))], env=env, check=True, timeout=60,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lines = (home / "calls").read_text().splitlines()
+    assert lines == ["--config tiny_lm --run-dir gs://my-bucket/runs/lm --strategy tpu --tpu local "
+                     "--set training.train_steps=200"] * calls
+    assert (launcher / "status").read_text().strip() == status
+    saved_log = (launcher / f"{os.uname().nodename}.log").read_text()
+    assert saved_log.count("training, call") == calls and f"exit code {codes[calls - 1]}" in saved_log
+
+
+def test_train_detaches_and_refuses_a_second_launch(fake_vm):
+    home, env, launcher = fake_vm
+    (home / "codes").write_text("0\n")
+    (home / "delay").write_text("2\n")
+    remote = cloud_tpu.train_command(_options())[-1].removeprefix("--command=")
+    started = time.monotonic()
+    subprocess.run(["bash", "-c", remote], env=env, check=True, timeout=30)
+    assert time.monotonic() - started < 1.5  # returned while concise-train still runs
+    assert (launcher / "status").read_text().strip() == "running"
+    second = subprocess.run(["bash", "-c", remote], env=env, capture_output=True, text=True, timeout=30)
+    assert second.returncode == 1 and "already running" in second.stderr
+    deadline = time.monotonic() + 20
+    while (launcher / "status").read_text().strip() == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (launcher / "status").read_text().strip() == "0"
+    assert (home / "calls").read_text().count("--tpu local") == 1
