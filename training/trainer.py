@@ -209,7 +209,8 @@ def train(config, run_dir, verbose="auto"):
     run = runs.RunDirectory(run_dir)
     run.check_writable()
     task.load_data()
-    config = dataclasses.replace(config, training=resolve_steps(config.training, task.num_train_examples()))
+    # The task may resolve settings from its data (e.g. the label names): the run keeps them.
+    config = dataclasses.replace(config, task=task.settings, training=resolve_steps(config.training, task.num_train_examples()))
     training = config.training
     strategy = choose_strategy(training.strategy, training.tpu)
     is_chief = _is_chief(strategy)
@@ -226,7 +227,9 @@ def train(config, run_dir, verbose="auto"):
         with strategy.scope():
             backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
     eval_data, eval_steps = _cached_eval(eval_data, training)
-    callbacks = [checkpoint, PerplexityLogger(), keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch")]
+    callbacks = [checkpoint, keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch")]
+    if task.reports_perplexity:
+        callbacks.insert(1, PerplexityLogger())
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     loop = _MultiWorkerLoop(model, strategy, train_data, eval_data) if multi_worker else None
     if step < training.train_steps:

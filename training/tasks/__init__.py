@@ -26,8 +26,10 @@ from training.tasks.base import Task
 from training.tasks.base import TaskSettings
 from training.tasks.language_model import CausalLMTask
 from training.tasks.language_model import MaskedLMTask
+from training.tasks.sentence import ClassificationTask
+from training.tasks.sentence import RegressionTask
 
-TASKS = {task.name: task for task in (CausalLMTask, MaskedLMTask)}
+TASKS = {task.name: task for task in (CausalLMTask, MaskedLMTask, ClassificationTask, RegressionTask)}
 
 
 def register_task(task_class):

@@ -24,6 +24,7 @@ class Task:
     name = None
     Config = TaskSettings
     backbone_type = "bert"  # the config's model_type this task trains
+    reports_perplexity = False  # the epoch logs add the perplexity of val_loss
 
     def __init__(self, config):
         self.config, self.settings, self.training = config, config.task, config.training

@@ -31,6 +31,8 @@ class LanguageModelSettings(TaskSettings):
 
 
 class _TextCorpusTask(Task):
+    reports_perplexity = True
+
     def load_data(self):
         self.train_lines = corpus_lines(self.settings.dataset, self.settings.data_dir, "train")
         self.eval_lines = corpus_lines(self.settings.dataset, self.settings.data_dir, "eval")
