@@ -2,36 +2,56 @@
 
     concise-export --run runs/bert --out exported            # next free version
     concise-export --run runs/bert --out exported --version 1 --overwrite
+    concise-export --out exported --recover                  # only finish/clean up killed exports
 
-Writes OUT/hub/<version>/{encoder,preprocess,hub.tar.gz} and OUT/serving/<version>/ (+
-OUT/serving/models.config) through a staging folder: a failed export leaves nothing, and
-an existing version is only replaced with --overwrite.
+Writes OUT/hub/<version>/{encoder,preprocess,hub.tar.gz,export.json} and OUT/serving/<version>/
+(+ OUT/serving/models.config) through a staging folder and a commit journal
+(export/commit.py): a failed or killed export never leaves a version half-written, the
+next export finishes or removes what a killed one left, and an existing version is only
+replaced with --overwrite. OUT may be a gs:// path.
 """
 
 import argparse
 import json
 import sys
 
+from export import commit
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="concise-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", required=True, help="run directory of a BERT run (config.json, model.weights.h5, vocab.txt)")
+    parser.add_argument("--run", help="run directory of a BERT run (config.json, model.weights.h5, vocab.txt); required unless --recover")
     parser.add_argument("--out", required=True, help="export directory (versions already in it are kept)")
     parser.add_argument("--version", type=int, help="integer version (default: one above the highest present)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
     parser.add_argument("--seq-length", type=int, help="sequence length of the preprocessor and serving model (default min(128, max))")
     parser.add_argument("--model-name", help="TF Serving model name (default: the run's config name)")
     parser.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="serving embedding: mean of tokens or pooled [CLS]")
+    parser.add_argument("--recover", action="store_true", help="only finish the commits of killed exports into OUT and remove their leftovers")
     args = parser.parse_args(argv)
-    from export.savedmodels import export_run
-
+    if not args.recover and not args.run:
+        parser.error("--run is required (unless --recover)")
     try:
+        if args.recover:
+            print(json.dumps(commit.recover(args.out, _store(args.out)), indent=1))
+            return 0
+        commit.check_out_dir(args.out, _store(args.out))  # before TensorFlow is imported
+        from export.savedmodels import export_run
+
         written = export_run(args.run, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
                              model_name=args.model_name, pooling=args.pooling)
     except ValueError as error:
         parser.exit(2, f"concise-export: error: {error}\n")
     print(json.dumps(written, indent=1))
     return 0
+
+
+def _store(out):
+    if "://" not in str(out):
+        return commit.LocalStore()
+    from export.savedmodels import GFileStore
+
+    return GFileStore()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
     OUT/hub/<version>/encoder/           TF-Hub BERT encoder (reusable SavedModel, `.mlm`)
     OUT/hub/<version>/preprocess/        TF-Hub BERT preprocessor (`.tokenize`, `.bert_pack_inputs`)
     OUT/hub/<version>/hub.tar.gz         encoder/ + preprocess/, for upload to a model hub
-    OUT/serving/<version>/               TF Serving SavedModel (+ assets.extra/tf_serving_warmup_requests)
+    OUT/hub/<version>/export.json        the export's settings, run config and export id
+    OUT/serving/<version>/               TF Serving SavedModel (+ assets.extra/tf_serving_warmup_requests,
+                                         assets.extra/export.json: the same export id)
     OUT/serving/models.config            TF Serving model config (base_path /models/<name>)
 
 The contracts are those of tf-models-official's `export_tfhub` (the TF-Hub BERT family):
@@ -11,24 +13,30 @@ the encoder maps `input_word_ids`, `input_mask`, `input_type_ids` (int32 [batch,
 `pooled_output`, `default` (= pooled_output), `sequence_output` and `encoder_outputs`, is
 callable with `training=` and exposes `variables`, `trainable_variables` and
 `regularization_losses`, so `hub.KerasLayer(path, trainable=True)` fine-tunes it; `serve`
-is a Keras-3 endpoint for `keras.layers.TFSMLayer`. Every graph uses core TensorFlow ops
-only (the tokenizer is `export.text.WordPieceModule`), so stock TF Serving runs the
-serving model and none of the artifacts needs tensorflow-text to load.
+is a Keras-3 endpoint for `keras.layers.TFSMLayer`. The preprocessor's `.tokenize` and
+`.bert_pack_inputs` each carry the tokenizer (its tables), so a tf_keras model built from
+`hub.KerasLayer(preprocess.tokenize)` saves. Every graph uses core TensorFlow ops only (the
+tokenizer is `export.text.WordPieceModule`), so stock TF Serving runs the serving model and
+none of the artifacts needs tensorflow-text to load.
 
-Everything is written into a staging folder inside OUT and renamed into place at the end:
-an export that fails leaves nothing behind, and an existing version is replaced only
-with `overwrite=True` (the old one is moved aside first and restored on failure).
+A version is written into a staging folder and committed by `export.commit` (a journal,
+then renames; see there what readers and TF Serving see meanwhile): at every instant each
+half of a version is absent, complete-old or complete-new; a failed export leaves OUT as it
+was; an export killed after its commit point is finished by the next one; an existing
+version is replaced only with `overwrite=True`. OUT may be on an object store (gs://):
+the version is then staged locally and committed through `GFileStore`.
 """
 
+import contextlib
 import json
 import os
-import pathlib
-import shutil
+import posixpath
 import tarfile
 import tempfile
 
 import tensorflow as tf
 
+from export import commit
 from export.run import load_run
 from export.text import WordPieceModule
 from export.text import read_vocabulary
@@ -57,8 +65,13 @@ def _variables(model):
     return [variable.value for variable in model.variables]
 
 
-class _Reusable(tf.__internal__.tracking.AutoTrackable):
+class _Reusable(tf.Module):
     """A reusable SavedModel object: `__call__(inputs, training)` + its variable lists."""
+
+    # tf.Module computes these two as properties, which a SavedModel does not keep; the
+    # reusable-SavedModel contract (hub.KerasLayer) needs them as saved attributes.
+    variables = None
+    trainable_variables = None
 
     def __init__(self, model, call, input_specs):
         super().__init__()
@@ -98,16 +111,23 @@ def hub_encoder(pretrainer, vocabulary, lowercase):
     return root, signatures
 
 
+def _holding(tokenizer):
+    """A sub-object that carries the tokenizer: whoever keeps only this object (a tf_keras
+    model around `hub.KerasLayer(preprocess.tokenize)`) keeps the tables its graphs use."""
+    module = tf.Module()
+    module.tokenizer = tokenizer
+    return module
+
+
 def hub_preprocessor(tokenizer, seq_length):
     """The TF-Hub preprocessor: string [batch] -> encoder inputs at `seq_length`."""
-    root = tf.__internal__.tracking.AutoTrackable()
-    root.tokenizer = tokenizer
+    root = _holding(tokenizer)
     text_spec = tf.TensorSpec([None], tf.string, name="text")
 
     root.__call__ = tf.function(lambda text: tokenizer.pack([tokenizer.tokenize(text)], seq_length), input_signature=[text_spec])
-    root.tokenize = tf.__internal__.tracking.AutoTrackable()
+    root.tokenize = _holding(tokenizer)
     root.tokenize.__call__ = tf.function(tokenizer.tokenize, input_signature=[text_spec])
-    root.tokenize.get_special_tokens_dict = tf.__internal__.tracking.AutoTrackable()
+    root.tokenize.get_special_tokens_dict = _holding(tokenizer)
     # The keys of tf-models-official's BertTokenizer.get_special_tokens_dict (what BertPackInputs takes).
     special = {"start_of_sequence_id": "[CLS]", "end_of_segment_id": "[SEP]", "padding_id": "[PAD]", "mask_id": "[MASK]"}
     root.tokenize.get_special_tokens_dict.__call__ = tf.function(
@@ -126,7 +146,7 @@ def hub_preprocessor(tokenizer, seq_length):
         for ragged_rank in (1, 2):
             specs = [tf.RaggedTensorSpec([None] * (ragged_rank + 1), tf.int32, ragged_rank=ragged_rank) for _ in range(segments)]
             bert_pack_inputs.get_concrete_function(specs, seq_length=tf.TensorSpec([], tf.int32))
-    root.bert_pack_inputs = tf.__internal__.tracking.AutoTrackable()
+    root.bert_pack_inputs = _holding(tokenizer)
     root.bert_pack_inputs.__call__ = bert_pack_inputs
     signatures = {"serving_default": root.__call__.get_concrete_function()}
     return root, signatures
@@ -136,9 +156,8 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
     """The TF Serving model: `serving_default` (text) and `serve_token_ids` (ids) signatures,
     both returning `embedding` [batch, hidden] and `sequence_output` [batch, seq, hidden],
     and `tokenize` (text -> the encoder inputs the first one computes)."""
-    root = tf.__internal__.tracking.AutoTrackable()
-    root.tokenizer = tokenizer
-    root.variables = _variables(encoder)
+    root = _holding(tokenizer)
+    root.encoder_variables = _variables(encoder)  # what the graphs capture must be tracked
 
     def embed(inputs):
         outputs = encoder({name: inputs[name] for name in ENCODER_INPUTS}, training=False)
@@ -172,7 +191,7 @@ def write_warmup_requests(path, model_name, texts=WARMUP_TEXTS):
     from tensorflow_serving.apis import predict_pb2
     from tensorflow_serving.apis import prediction_log_pb2
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    tf.io.gfile.makedirs(os.path.dirname(str(path)))
     with tf.io.TFRecordWriter(str(path)) as writer:
         for batch in ([texts[0]], list(texts)):
             request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name, signature_name="serving_default"))
@@ -194,9 +213,103 @@ def models_config(model_name):
     )
 
 
-def _versions(out):
-    serving = out / "serving"
-    return sorted(int(path.name) for path in serving.iterdir() if path.name.isdigit()) if serving.is_dir() else []
+class GFileStore:
+    """`export.commit`'s file operations through tf.io.gfile, for OUT on an object store
+    (gs://...), where a rename is not atomic: a move copies every file, saved_model.pb files
+    after the others and the export.json markers last, then deletes the source; a removal
+    deletes in the reverse order. The version is staged in a local folder, moved into OUT's
+    staging folder before the journal is written. No lock: one export into an OUT at a time."""
+
+    join = staticmethod(posixpath.join)
+    exists = staticmethod(tf.io.gfile.exists)
+    isdir = staticmethod(tf.io.gfile.isdir)
+    listdir = staticmethod(tf.io.gfile.listdir)
+    makedirs = staticmethod(tf.io.gfile.makedirs)
+    lock = staticmethod(lambda folder: contextlib.nullcontext())
+
+    @staticmethod
+    def _files(folder):
+        """The files under `folder` (relative paths) in the order they are written."""
+        files = [posixpath.join(directory, name)[len(folder.rstrip("/")) + 1 :] for directory, _, names in tf.io.gfile.walk(folder) for name in names]
+        return sorted(files, key=lambda path: (posixpath.basename(path) == "export.json", posixpath.basename(path) == "saved_model.pb", path))
+
+    def move(self, source, target):
+        if not tf.io.gfile.isdir(source):
+            self._copy(source, target)
+        else:
+            for path in self._files(source):
+                tf.io.gfile.makedirs(posixpath.dirname(posixpath.join(target, path)))
+                self._copy(posixpath.join(source, path), posixpath.join(target, path))
+        self.remove(source)
+
+    @staticmethod
+    def _copy(source, target):
+        # A replayed move finds some targets written already: they are deleted first, as
+        # some filesystems (TF's ram://) append instead of replacing.
+        if tf.io.gfile.exists(target):
+            tf.io.gfile.remove(target)
+        tf.io.gfile.copy(source, target)
+
+    def remove(self, path):
+        if not tf.io.gfile.exists(path):
+            return
+        if tf.io.gfile.isdir(path):
+            for name in reversed(self._files(path)):
+                tf.io.gfile.remove(posixpath.join(path, name))
+            tf.io.gfile.rmtree(path)
+        else:
+            tf.io.gfile.remove(path)
+
+    @staticmethod
+    def read_text(path):
+        with tf.io.gfile.GFile(path, "r") as file:
+            return file.read()
+
+    @staticmethod
+    def write_text(path, text):
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+        with tf.io.gfile.GFile(path, "w") as file:
+            file.write(text)
+
+    @staticmethod
+    def working_folder(staging):
+        return tempfile.mkdtemp(prefix=commit.STAGING_PREFIX)
+
+
+def _store(out_dir):
+    return GFileStore() if "://" in str(out_dir) else commit.LocalStore()
+
+
+def _tokenizer_settings(config, config_path):
+    """(lowercase, strip_accents) of the run's tokenizer: its config's "tokenizer" section,
+    else the trainer's settings (uncased; training.strip_accents)."""
+    tokenizer, training = config.get("tokenizer") or {}, config.get("training") or {}
+    lowercase = tokenizer.get("lowercase", True)
+    strip_accents = tokenizer.get("strip_accents", training.get("strip_accents"))
+    if not isinstance(lowercase, bool):
+        raise ValueError(f"{config_path}: `tokenizer.lowercase` must be true or false. Received: {lowercase!r}")
+    if strip_accents is not None and not isinstance(strip_accents, bool):
+        raise ValueError(f"{config_path}: `tokenizer.strip_accents` must be true, false or null. Received: {strip_accents!r}")
+    return lowercase, strip_accents
+
+
+def _export_settings(run_dir, config, vocabulary, seq_length, model_name, pooling):
+    """The export's settings (recorded in export.json), checked before anything is written."""
+    if config["model_type"] != "bert":
+        raise ValueError(f"Only BERT runs export as TF-Hub encoders. Received: model_type={config['model_type']!r} ({run_dir})")
+    if not tf.io.gfile.exists(str(vocabulary)):
+        raise ValueError(f"The run {str(run_dir)!r} has no vocab.txt.")
+    read_vocabulary(vocabulary)  # fails now, before anything is written, if unusable
+    if pooling not in ("mean", "cls"):
+        raise ValueError(f"`pooling` must be 'mean' or 'cls'. Received: pooling={pooling!r}")
+    max_length = config["model"]["max_sequence_length"]
+    seq_length = seq_length or min(DEFAULT_SEQ_LENGTH, max_length)
+    if not 3 <= seq_length <= max_length:
+        raise ValueError(f"`seq_length` must be in [3, max_sequence_length={max_length}]. Received: seq_length={seq_length}")
+    lowercase, strip_accents = _tokenizer_settings(config, posixpath.join(str(run_dir), "config.json"))
+    return {"model_name": model_name or config.get("name") or "bert", "seq_length": seq_length, "pooling": pooling,
+            "lowercase": lowercase, "strip_accents": strip_accents}
 
 
 def export_run(run_dir, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling="mean"):
@@ -204,7 +317,7 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, seq_length=None,
 
     Args:
         run_dir: the trainer's run directory (reads config.json, model.weights.h5, vocab.txt).
-        out_dir: the export directory (created; other versions in it are kept).
+        out_dir: the export directory, local or gs:// (created; other versions in it are kept).
         version: integer version; default: one above the highest present (1 if none).
         overwrite: replace an existing version instead of failing.
         seq_length: sequence length of the preprocessor and of the serving model
@@ -214,88 +327,50 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, seq_length=None,
             (the pooled output).
 
     Returns:
-        dict of the written paths and the version.
+        dict of the written paths, the version, the sequence length, the export id and what
+        was recovered from killed exports (`export.commit.recover`).
     """
+    store = _store(out_dir)
+    commit.check_out_dir(out_dir, store)
     config, pretrainer, vocabulary = load_run(run_dir)
-    if config["model_type"] != "bert":
-        raise ValueError(f"Only BERT runs export as TF-Hub encoders. Received: model_type={config['model_type']!r} ({run_dir})")
-    if not tf.io.gfile.exists(vocabulary):
-        raise ValueError(f"The run {str(run_dir)!r} has no vocab.txt.")
-    read_vocabulary(vocabulary)  # fails now, before anything is written, if unusable
-    if pooling not in ("mean", "cls"):
-        raise ValueError(f"`pooling` must be 'mean' or 'cls'. Received: pooling={pooling!r}")
-    max_length = config["model"]["max_sequence_length"]
-    seq_length = seq_length or min(DEFAULT_SEQ_LENGTH, max_length)
-    if not 3 <= seq_length <= max_length:
-        raise ValueError(f"`seq_length` must be in [3, max_sequence_length={max_length}]. Received: seq_length={seq_length}")
-    model_name = model_name or config.get("name") or "bert"
-    out = pathlib.Path(out_dir)
-    if version is None:
-        version = (_versions(out) or [0])[-1] + 1
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"`version` must be a positive integer. Received: version={version!r}")
-    targets = {"hub": out / "hub" / str(version), "serving": out / "serving" / str(version)}
-    existing = [str(path) for path in targets.values() if path.exists()]
-    if existing and not overwrite:
-        raise ValueError(f"Version {version} already exists ({', '.join(existing)}); pass overwrite=True (--overwrite) to replace it.")
-
-    training = config.get("training") or {}
-    lowercase, strip_accents = True, bool(training.get("strip_accents", False))
-    out.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=".export-", dir=out))
-    try:
-        # The vocabulary is copied into the staging folder first so that the assets
-        # point at a file that is still there after the run directory is deleted.
-        vocab_copy = staging / "vocab.txt"
-        shutil.copyfile(vocabulary, vocab_copy)
-        tokenizer = WordPieceModule(vocab_copy, lowercase=lowercase, strip_accents=strip_accents)
-        hub_dir, serving_dir = staging / "hub", staging / "serving"
-        encoder, signatures = hub_encoder(pretrainer, vocab_copy, lowercase)
-        tf.saved_model.save(encoder, str(hub_dir / "encoder"), signatures=signatures)
-        preprocess, signatures = hub_preprocessor(tokenizer, seq_length)
-        tf.saved_model.save(preprocess, str(hub_dir / "preprocess"), signatures=signatures)
-        with tarfile.open(hub_dir / "hub.tar.gz", "w:gz") as archive:
-            for name in ("encoder", "preprocess"):
-                archive.add(hub_dir / name, arcname=name)
-        served, signatures = serving_model(pretrainer.encoder, tokenizer, seq_length, pooling)
-        tf.saved_model.save(served, str(serving_dir), signatures=signatures)
-        write_warmup_requests(serving_dir / "assets.extra" / "tf_serving_warmup_requests", model_name)
-        (staging / "models.config").write_text(models_config(model_name))
-        (staging / "export.json").write_text(
-            json.dumps({"version": version, "model_name": model_name, "seq_length": seq_length, "pooling": pooling,
-                        "lowercase": lowercase, "strip_accents": strip_accents, "config": config}, indent=1)
-        )
-        _commit(staging, {"hub": hub_dir, "serving": serving_dir}, targets)
-        os.replace(staging / "models.config", out / "serving" / "models.config")
-        os.replace(staging / "export.json", targets["hub"] / "export.json")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    settings = _export_settings(run_dir, config, vocabulary, seq_length, model_name, pooling)
+    with commit.export_version(out_dir, version, overwrite, store) as staged:
+        _write_version(staged, pretrainer, vocabulary, {"version": staged.version, "export_id": staged.export_id, **settings, "config": config})
+    hub, serving = posixpath.join(staged.out, "hub", str(staged.version)), posixpath.join(staged.out, "serving", str(staged.version))
     return {
-        "version": version,
-        "encoder": str(targets["hub"] / "encoder"),
-        "preprocess": str(targets["hub"] / "preprocess"),
-        "tarball": str(targets["hub"] / "hub.tar.gz"),
-        "serving": str(targets["serving"]),
-        "models_config": str(out / "serving" / "models.config"),
-        "seq_length": seq_length,
+        "version": staged.version,
+        "encoder": posixpath.join(hub, "encoder"),
+        "preprocess": posixpath.join(hub, "preprocess"),
+        "tarball": posixpath.join(hub, "hub.tar.gz"),
+        "serving": serving,
+        "models_config": posixpath.join(staged.out, "serving", commit.MODELS_CONFIG),
+        "seq_length": settings["seq_length"],
+        "export_id": staged.export_id,
+        "recovered": staged.recovered,
     }
 
 
-def _commit(staging, staged, targets):
-    """Renames the staged folders into place; replaced ones are moved aside first and put
-    back if any rename fails."""
-    aside, placed = {}, []
-    try:
-        for key, target in targets.items():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if target.exists():
-                aside[key] = staging / f"replaced-{key}"
-                os.replace(target, aside[key])
-            os.replace(staged[key], target)
-            placed.append(key)
-    except BaseException:
-        for key in placed:
-            shutil.rmtree(targets[key], ignore_errors=True)
-        for key, path in aside.items():
-            os.replace(path, targets[key])
-        raise
+def _write_version(staged, pretrainer, vocabulary, export):
+    """Writes hub/, serving/ and models.config of a version into `staged.folder` (local)."""
+    folder = staged.folder
+    # The vocabulary is copied into the staging folder first so that the assets
+    # point at a file that is still there after the run directory is deleted.
+    vocab_copy = os.path.join(folder, "vocab.txt")
+    tf.io.gfile.copy(str(vocabulary), vocab_copy, overwrite=True)
+    tokenizer = WordPieceModule(vocab_copy, lowercase=export["lowercase"], strip_accents=export["strip_accents"])
+    hub_dir, serving_dir = os.path.join(folder, "hub"), os.path.join(folder, "serving")
+    encoder, signatures = hub_encoder(pretrainer, vocab_copy, export["lowercase"])
+    tf.saved_model.save(encoder, os.path.join(hub_dir, "encoder"), signatures=signatures)
+    preprocess, signatures = hub_preprocessor(tokenizer, export["seq_length"])
+    tf.saved_model.save(preprocess, os.path.join(hub_dir, "preprocess"), signatures=signatures)
+    with tarfile.open(os.path.join(hub_dir, "hub.tar.gz"), "w:gz") as archive:
+        for name in ("encoder", "preprocess"):
+            archive.add(os.path.join(hub_dir, name), arcname=name)
+    served, signatures = serving_model(pretrainer.encoder, tokenizer, export["seq_length"], export["pooling"])
+    tf.saved_model.save(served, serving_dir, signatures=signatures)
+    write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"])
+    with open(os.path.join(folder, commit.MODELS_CONFIG), "w") as file:
+        file.write(models_config(export["model_name"]))
+    for part, marker in commit.MARKERS.items():  # the export id in both halves
+        with open(os.path.join(folder, part, marker), "w") as file:
+            json.dump(export, file, indent=1)

@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -94,15 +95,19 @@ results["tensorflow_text_imported"] = sys.modules.get("tensorflow_text") is not 
 np.savez(out_path, **results)
 """
 
-FINE_TUNE_SCRIPT = r"""
-import json, sys
+TF_KERAS_SCRIPT = r"""
+import json, shutil, sys
 sys.modules["tensorflow_text"] = None
 import numpy as np
 import tensorflow as tf
 import tensorflow_hub as hub
 import tf_keras
 
-layer = hub.KerasLayer(sys.argv[1] + "/hub/1/encoder", trainable=True)
+export, workdir = sys.argv[1], sys.argv[2]
+results = {}
+
+# Fine-tuning the encoder in a tf_keras model.
+layer = hub.KerasLayer(export + "/hub/1/encoder", trainable=True)
 names = ("input_word_ids", "input_mask", "input_type_ids")
 inputs = {name: tf_keras.Input((None,), dtype=tf.int32, name=name) for name in names}
 model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(layer(inputs)["pooled_output"]))
@@ -113,8 +118,32 @@ labels = rng.integers(0, 2, size=(8,))
 before = [variable.numpy().copy() for variable in layer.trainable_variables]
 model.compile(tf_keras.optimizers.SGD(0.5), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 model.fit(features, labels, batch_size=8, epochs=1, verbose=0)
-unchanged = [v.name for b, v in zip(before, layer.trainable_variables) if np.array_equal(b, v.numpy())]
-print(json.dumps({"trainable": len(before), "unchanged": unchanged}))
+results["trainable"] = len(before)
+results["unchanged"] = [v.name for b, v in zip(before, layer.trainable_variables) if np.array_equal(b, v.numpy())]
+
+# TF-Hub's sentence-pair recipe: tokenize each segment, bert_pack_inputs them, encode; train,
+# save (SavedModel), reload once the exported folder is gone, compare.
+shutil.copytree(export + "/hub/1", workdir + "/hub")
+preprocess = hub.load(workdir + "/hub/preprocess")
+segments = [tf_keras.Input((), dtype=tf.string, name=name) for name in ("premise", "hypothesis")]
+tokenize = hub.KerasLayer(preprocess.tokenize)
+pack = hub.KerasLayer(preprocess.bert_pack_inputs, arguments=dict(seq_length=24))
+encoder = hub.KerasLayer(workdir + "/hub/encoder", trainable=True)
+encoder_inputs = pack([tokenize(segment) for segment in segments])
+model = tf_keras.Model(segments, tf_keras.layers.Dense(2)(encoder(encoder_inputs)["pooled_output"]))
+pairs = [np.array(["The cat sat on the mat.", "A man is playing a guitar.", "Nobody came."]),
+         np.array(["A cat is sitting.", "Someone plays music on a stage tonight, loudly.", ""])]
+model.compile(tf_keras.optimizers.SGD(0.1), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+history = model.fit(pairs, np.array([1, 1, 0]), epochs=2, verbose=0)
+results["pair_losses"] = [float(loss) for loss in history.history["loss"]]
+results["pair_logits"] = model.predict(pairs, verbose=0).tolist()
+results["pair_word_ids"] = pack([tokenize(tf.constant(segment)) for segment in pairs])["input_word_ids"].numpy().tolist()
+model.save(workdir + "/pair_model")
+del model, preprocess, tokenize, pack, encoder
+shutil.rmtree(workdir + "/hub")
+reloaded = tf_keras.models.load_model(workdir + "/pair_model", custom_objects={"KerasLayer": hub.KerasLayer})
+results["reloaded_pair_logits"] = reloaded.predict(pairs, verbose=0).tolist()
+print(json.dumps(results))
 """
 
 
@@ -247,10 +276,39 @@ def test_bad_serving_input_gives_fixed_shapes(exported):
     assert (lengths[3:] > 2).all()  # emoji, scripts and invalid UTF-8 still give tokens
 
 
-def test_hub_keras_layer_fine_tunes_every_encoder_variable(exported):
-    result = json.loads(_fresh_python(FINE_TUNE_SCRIPT, exported["root"] / "out", cwd=exported["root"]).strip().splitlines()[-1])
-    assert result["trainable"] == len(configs.load_config("tiny_bert_fixed").build_model().trainable_variables)
-    assert result["unchanged"] == []
+@pytest.fixture(scope="module")
+def tf_keras_results(exported):
+    """What TF_KERAS_SCRIPT measured, in one fresh process (tf_keras + tensorflow_hub)."""
+    workdir = exported["root"] / "tf_keras"
+    workdir.mkdir()
+    return json.loads(_fresh_python(TF_KERAS_SCRIPT, exported["root"] / "out", workdir, cwd=workdir).strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_hub_keras_layer_fine_tunes_every_encoder_variable(tf_keras_results):
+    assert tf_keras_results["trainable"] == len(configs.load_config("tiny_bert_fixed").build_model().trainable_variables)
+    assert tf_keras_results["unchanged"] == []
+
+
+@pytest.mark.slow
+def test_sentence_pair_recipe_model_trains_saves_and_reloads(exported, tf_keras_results):
+    """hub.KerasLayer(preprocess.tokenize) + hub.KerasLayer(preprocess.bert_pack_inputs) in a
+    tf_keras model: .tokenize and .bert_pack_inputs carry the vocabulary tables, so the model
+    saves as a SavedModel and reloads without the exported folder, with equal outputs."""
+    results = tf_keras_results
+    assert all(np.isfinite(results["pair_losses"]))
+    np.testing.assert_allclose(results["reloaded_pair_logits"], results["pair_logits"], atol=1e-6)
+    # The packed pairs are keras-hub's: [CLS] premise [SEP] hypothesis [SEP], round robin to 24.
+    import keras_hub
+
+    from training.tokenizer import wordpiece_tokenizer
+
+    tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
+    packer = keras_hub.layers.MultiSegmentPacker(24, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
+    premises = ["The cat sat on the mat.", "A man is playing a guitar.", "Nobody came."]
+    hypotheses = ["A cat is sitting.", "Someone plays music on a stage tonight, loudly.", ""]
+    token_ids, _ = packer((tokenizer(tf.constant(premises)), tokenizer(tf.constant(hypotheses))))
+    np.testing.assert_array_equal(np.asarray(results["pair_word_ids"]), np.asarray(token_ids))
 
 
 def test_no_path_of_the_exporting_machine_in_any_saved_model(exported):
@@ -333,13 +391,14 @@ def test_readme_loading_examples_run(exported):
 # --- Versions, atomicity, errors (a small untrained run, exported in-process) ---
 
 
-@pytest.fixture()
-def small_run(tmp_path):
+@pytest.fixture(scope="module")
+def small_run_template(tmp_path_factory):
+    """An untrained tiny BERT run (config.json, weights, a 1000-token WordPiece vocabulary)."""
     from models.bert import BertPretrainer
     from training.tokenizer import train_wordpiece
 
     config = configs.load_config("tiny_bert_fixed")
-    run = tmp_path / "run"
+    run = tmp_path_factory.mktemp("small") / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps(config.to_dict() | {"name": config.name}))
     BertPretrainer(config.build_model()).save_weights(run / "model.weights.h5")
@@ -347,43 +406,127 @@ def small_run(tmp_path):
     return run
 
 
+@pytest.fixture()
+def small_run(small_run_template, tmp_path):
+    """A copy of the small run that a test may change."""
+    return pathlib.Path(shutil.copytree(small_run_template, tmp_path / "run"))
+
+
+@pytest.fixture()
+def exported_copy(exported, tmp_path):
+    """A copy of the trained export (version 1) that a test may change."""
+    return pathlib.Path(shutil.copytree(exported["root"] / "out", tmp_path / "out", symlinks=True))
+
+
 def _tree(path):
     return sorted((str(p.relative_to(path)), p.stat().st_mtime_ns) for p in path.rglob("*"))
 
 
-def test_versions_are_kept_and_never_overwritten_silently(small_run, tmp_path):
+def _export_ids(out):
+    """{version: export id} of OUT, after checking that both halves of every version carry the same one."""
+    found = {}
+    for serving in sorted((out / "serving").glob("[0-9]*")):
+        hub = json.loads((out / "hub" / serving.name / "export.json").read_text())["export_id"]
+        assert json.loads((serving / "assets.extra" / "export.json").read_text())["export_id"] == hub, serving
+        found[int(serving.name)] = hub
+    assert sorted(found) == sorted(int(path.name) for path in (out / "hub").glob("[0-9]*"))
+    return found
+
+
+@pytest.mark.slow
+def test_versions_are_kept_and_a_killed_overwrite_is_finished_by_the_next_export(exported_copy, small_run):
+    """Version 1 is never replaced silently; `--overwrite` of it killed (SIGKILL) with both old
+    halves moved aside and neither new one in place; the next export finishes that commit,
+    removes its leftovers and writes version 2 beside it."""
+    from export import commit
+    from export.cli import main
+
+    out = exported_copy
+    (first,) = _export_ids(out).values()
+    before = _tree(out)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--run", str(small_run), "--out", str(out), "--version", "1"])
+    assert exit_info.value.code == 2 and _tree(out) == before
+    # Commit point 5 of an overwrite: serving/1 and hub/1 moved aside (export/commit.py, step 6).
+    env = {**os.environ, commit.KILL_AT_VARIABLE: "5"}
+    command = [sys.executable, "-m", "export.cli", "--run", str(small_run), "--out", str(out), "--version", "1", "--overwrite"]
+    killed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert not (out / "hub" / "1").exists() and not (out / "serving" / "1").exists()
+    (staging,) = [path.name for path in out.iterdir() if path.name.startswith(commit.STAGING_PREFIX)]
+
     from export.savedmodels import export_run
 
-    out = tmp_path / "out"
-    assert export_run(small_run, out)["version"] == 1
-    before = _tree(out)
-    with pytest.raises(ValueError, match="Version 1 already exists.*overwrite"):
-        export_run(small_run, out, version=1)
-    assert _tree(out) == before
-    assert export_run(small_run, out)["version"] == 2  # the next version, beside the first
-    assert (out / "serving" / "1" / "saved_model.pb").is_file() and (out / "serving" / "2" / "saved_model.pb").is_file()
-    export_run(small_run, out, version=1, overwrite=True)
-    assert (out / "serving" / "1" / "saved_model.pb").stat().st_mtime_ns > dict(before)["serving/1/saved_model.pb"]
-    assert not [p for p in out.iterdir() if p.name.startswith(".export-")]
+    written = export_run(small_run, out)
+    assert written["version"] == 2 and written["recovered"] == {"completed": [staging], "removed": []}
+    assert _export_ids(out) == {1: staging[len(commit.STAGING_PREFIX) :], 2: written["export_id"]}
+    assert first not in _export_ids(out).values()
+    assert not [path for path in out.iterdir() if path.name.startswith(".")]
+    # Version 1 is whole: the same run exported twice serves the same embeddings.
+    texts = tf.constant(["Version one was rolled forward.", "Ünïcode too."])
+    embeddings = [tf.saved_model.load(str(out / "serving" / str(version))).signatures["serving_default"](text=texts)["embedding"] for version in (1, 2)]
+    np.testing.assert_allclose(embeddings[0].numpy(), embeddings[1].numpy(), atol=1e-6)
 
 
-def test_a_failed_export_leaves_nothing_behind(small_run, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_a_failed_export_leaves_nothing_behind(exported_copy, small_run, tmp_path, monkeypatch):
     import export.savedmodels as savedmodels
 
-    out = tmp_path / "out"
-    savedmodels.export_run(small_run, out)
+    out = exported_copy
     before = _tree(out)
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(savedmodels, "write_warmup_requests", broken)
+    monkeypatch.setattr(savedmodels, "hub_preprocessor", broken)  # after the encoder is saved
     with pytest.raises(OSError, match="disk full"):
         savedmodels.export_run(small_run, out, version=1, overwrite=True)
     assert _tree(out) == before  # version 1 intact, no version 2, no staging folder
     with pytest.raises(OSError, match="disk full"):
         savedmodels.export_run(small_run, tmp_path / "fresh")
     assert [p.name for p in (tmp_path / "fresh").iterdir()] == []
+
+
+@pytest.mark.parametrize(
+    "section, expected",
+    [
+        ({"tokenizer": {"lowercase": False, "strip_accents": True}, "training": {"strip_accents": False}}, (False, True)),
+        ({"tokenizer": {"lowercase": True}, "training": {"strip_accents": True}}, (True, True)),
+        ({"training": {"strip_accents": False}}, (True, False)),
+        ({}, (True, None)),
+    ],
+)
+def test_tokenizer_settings_come_from_the_run_config(section, expected):
+    from export.savedmodels import _tokenizer_settings
+
+    assert _tokenizer_settings(section, "run/config.json") == expected
+
+
+@pytest.mark.parametrize("section, field", [({"tokenizer": {"lowercase": "yes"}}, "tokenizer.lowercase"), ({"tokenizer": {"strip_accents": 1}}, "tokenizer.strip_accents")])
+def test_bad_tokenizer_settings_are_named(section, field):
+    from export.savedmodels import _tokenizer_settings
+
+    with pytest.raises(ValueError, match=f"run/config.json: `{field}` must be .* Received: "):
+        _tokenizer_settings(section, "run/config.json")
+
+
+def test_the_exporter_tokenizes_with_the_run_configs_settings(small_run, tmp_path, monkeypatch):
+    """A cased run (tokenizer.lowercase: false) exports a tokenizer that keeps case."""
+    import export.savedmodels as savedmodels
+
+    config = json.loads((small_run / "config.json").read_text())
+    (small_run / "config.json").write_text(json.dumps(config | {"tokenizer": {"lowercase": False, "strip_accents": True}}))
+    made = []
+
+    def stop_after_the_tokenizer(*args, **kwargs):
+        made.append(kwargs)
+        raise InterruptedError("enough")
+
+    monkeypatch.setattr(savedmodels, "WordPieceModule", stop_after_the_tokenizer)
+    with pytest.raises(InterruptedError):
+        savedmodels.export_run(small_run, tmp_path / "out")
+    assert made == [{"lowercase": False, "strip_accents": True}]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []
 
 
 @pytest.mark.parametrize(
@@ -394,16 +537,73 @@ def test_a_failed_export_leaves_nothing_behind(small_run, tmp_path, monkeypatch)
         (lambda run: (run / "vocab.txt").write_text("a\nb\n"), r"lacks the special token\(s\) \[PAD\]"),
     ],
 )
-def test_export_command_rejects_bad_runs_clearly(small_run, tmp_path, change, message):
+def test_export_command_rejects_bad_runs_clearly(small_run, tmp_path, capsys, change, message):
     import re
 
+    from export.cli import main
+
     change(small_run)
-    result = subprocess.run(
-        [sys.executable, "-m", "export.cli", "--run", str(small_run), "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 2 and re.search(message, result.stderr), result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--run", str(small_run), "--out", str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and re.search(message, error), error
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_gfile_store_writes_markers_last_and_recovers_on_a_non_local_filesystem(monkeypatch, tmp_path):
+    """The commit through tf.io.gfile on ram:// (a non-local filesystem; no rename is used):
+    within a half, saved_model.pb files are copied after the rest and export.json last; an
+    overwrite failing mid-copy after its commit point is finished by `recover`, one failing
+    while uploading its staging folder (before its commit point) leaves the old version."""
+    from export import commit
+    from export.savedmodels import GFileStore
+
+    out, store = f"ram://{tmp_path.name}/out", GFileStore()
+    files = {"hub": ("encoder/saved_model.pb", "encoder/variables/variables.index", "hub.tar.gz", "export.json"),
+             "serving": ("saved_model.pb", "variables/variables.index", "assets.extra/tf_serving_warmup_requests", "assets.extra/export.json")}
+    copy, copies, fail_on = tf.io.gfile.copy, [], []
+
+    def recorded_copy(source, target, overwrite=False):
+        if fail_on and fail_on[0] in target:
+            fail_on.clear()
+            raise OSError("connection reset")
+        copies.append(target)
+        copy(source, target, overwrite=overwrite)
+
+    def export(version=None):
+        with commit.export_version(out, version=version, overwrite=version is not None, store=store) as staged:
+            for part, names in files.items():
+                for name in names:
+                    os.makedirs(os.path.dirname(os.path.join(staged.folder, part, name)), exist_ok=True)
+                    pathlib.Path(staged.folder, part, name).write_text(staged.export_id)
+            pathlib.Path(staged.folder, "models.config").write_text(staged.export_id)
+        return staged.export_id
+
+    def version_1_ids():
+        return {part: {store.read_text(f"{out}/{part}/1/{name}") for name in names} for part, names in files.items()}
+
+    monkeypatch.setattr(tf.io.gfile, "copy", recorded_copy)
+    first = export()
+    serving = [target.split("/serving/1/")[1] for target in copies if "/serving/1/" in target]
+    assert len(serving) == 4 and serving[-2:] == ["saved_model.pb", "assets.extra/export.json"]
+    assert [target for target in copies if "/hub/1/" in target][-1].endswith("/hub/1/export.json")
+    assert version_1_ids() == {"hub": {first}, "serving": {first}}
+
+    fail_on.append(f"/{commit.STAGING_PREFIX}")  # the upload of the staged version into OUT
+    with pytest.raises(OSError, match="connection reset"):
+        export(version=1)
+    assert commit.recover(out, store) == {"completed": [], "removed": []}
+    assert version_1_ids() == {"hub": {first}, "serving": {first}}
+
+    fail_on.append("/serving/1/saved_model.pb")  # the new serving half, after the journal
+    with pytest.raises(OSError, match="connection reset"):
+        export(version=1)
+    (staging,) = [name.rstrip("/") for name in store.listdir(out) if name.startswith(commit.STAGING_PREFIX)]
+    assert commit.recover(out, store) == {"completed": [staging], "removed": []}
+    new = staging[len(commit.STAGING_PREFIX) :]
+    assert version_1_ids() == {"hub": {new}, "serving": {new}}
+    assert not [name for name in store.listdir(out) if name.startswith(commit.STAGING_PREFIX)]
 
 
 def test_export_refuses_language_models_and_bad_lengths(small_run, tmp_path):
