@@ -123,7 +123,10 @@ def normalise_character(character, lowercase, strip_accents):
 def _resolve_strip_accents(lowercase, strip_accents):
     """Hugging Face's convention: strip_accents=None follows lowercase."""
     if strip_accents not in (None, True, False) or lowercase not in (True, False):
-        raise ValueError(f"`lowercase` must be a bool and `strip_accents` None or a bool. Received: lowercase={lowercase!r}, strip_accents={strip_accents!r}")
+        raise ValueError(
+            "`lowercase` must be a bool and `strip_accents` None or a bool. "
+            f"Received: lowercase={lowercase!r}, strip_accents={strip_accents!r}"
+        )
     return lowercase if strip_accents is None else strip_accents
 
 
@@ -224,8 +227,7 @@ class WordPieceModule(tf.Module):
 
     def __init__(self, vocabulary_path, lowercase=True, strip_accents=None, max_length=DEFAULT_MAX_LENGTH):
         super().__init__()
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
-            raise ValueError(f"`max_length` must be a positive integer or None. Received: max_length={max_length!r}")
+        _check_max_length(max_length)
         tokens = read_vocabulary(vocabulary_path)
         self.vocab_file = tf.saved_model.Asset(str(vocabulary_path))
         self.lowercase = lowercase
@@ -244,7 +246,9 @@ class WordPieceModule(tf.Module):
         self.replacement_offsets = tf.constant(offsets)
         self.replacement_values = tf.constant(values)
         keys, children, token_ids = vocabulary_trie(tokens)
-        self.trie = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(tf.constant(keys), tf.constant(children)), default_value=-1)
+        self.trie = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(tf.constant(keys), tf.constant(children)), default_value=-1
+        )
         self.trie_token_ids = tf.constant(token_ids)
         self.trie_depth = max(len(token) for token in tokens)
 
@@ -313,7 +317,7 @@ class WordPieceModule(tf.Module):
             lambda depth, index_A, *_: (tf.size(index_A) > 0) & (depth < self.trie_depth),
             step,
             (tf.constant(0), index_A, node_A, best_length_P, best_id_P),
-            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([None])),
+            shape_invariants=(tf.TensorShape([]),) + (tf.TensorShape([None]),) * 4,
         )
         return best_length_P, best_id_P
 
@@ -358,7 +362,8 @@ class WordPieceModule(tf.Module):
             word) are tokenised; None: the module's `max_length` (a module made with
             max_length=None tokenises everything).
         """
-        max_length = max_length or self.max_length
+        _check_max_length(max_length)
+        max_length = self.max_length if max_length is None else max_length
         text_B = tf.reshape(text_B, [-1])
         code_N, word_N, words_B = self.normalise(text_B, max_length)
         pieces = self.word_pieces(code_N, word_N, tf.cast(tf.reduce_sum(words_B), tf.int32))
@@ -371,6 +376,7 @@ class WordPieceModule(tf.Module):
     def encode(self, text_B, seq_length):
         """string [B] -> the encoder inputs at `seq_length` (see `pack`), tokenising at most
         `seq_length` words of each input: the bounded-cost path for serving."""
+        _check_max_length(seq_length, "seq_length")
         return self.pack([self.tokenize(text_B, max_length=seq_length)], seq_length)
 
     def pack(self, segments, seq_length):
@@ -411,6 +417,11 @@ class WordPieceModule(tf.Module):
             "input_mask": tf.sequence_mask(word_ids.row_lengths(), seq_length, dtype=tf.int32),
             "input_type_ids": tf.reshape(type_ids.to_tensor(0, shape=shape), shape),
         }
+
+
+def _check_max_length(value, name="max_length"):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"`{name}` must be a positive integer or None. Received: {name}={value!r}")
 
 
 def _kept_indices(row_splits, keep):
