@@ -237,6 +237,9 @@ def test_bad_settings_and_vocabulary_are_named(minilm_dir, tmp_path):
     (tmp_path / "vocab.txt").write_text("a\nb\n")
     with pytest.raises(ValueError, match=r"lacks the special token\(s\) \[PAD\]"):
         wordpiece_tokenizer(tmp_path / "vocab.txt")
+    (tmp_path / "vocab.txt").write_text("\n".join(SPECIAL_TOKENS + ("hello", "##s", "hello")) + "\n")
+    with pytest.raises(ValueError, match="lists a token twice .* token='hello'"):
+        wordpiece_tokenizer(tmp_path / "vocab.txt")
 
 
 BOUNDED_COST_SCRIPT = r"""

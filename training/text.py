@@ -194,8 +194,7 @@ def vocabulary_trie(tokens):
                 children[key] = len(token_ids)
                 token_ids.append(-1)
             node = children[key]
-        if token_ids[node] < 0:  # a duplicated line keeps its first id, as a vocab dict built in order would not
-            token_ids[node] = token_id
+        token_ids[node] = token_id
     return np.array(list(children), np.int64), np.array(list(children.values()), np.int32), np.array(token_ids, np.int32)
 
 
@@ -206,6 +205,11 @@ def read_vocabulary(path):
     missing = [token for token in SPECIAL_TOKENS if token not in tokens]
     if missing:
         raise ValueError(f"The vocabulary {path} lacks the special token(s) {', '.join(missing)}.")
+    seen = set()
+    for token in tokens:
+        if token in seen:
+            raise ValueError(f"The vocabulary {path} lists a token twice (its id would be ambiguous). Received: token={token!r}")
+        seen.add(token)
     return tokens
 
 
@@ -245,11 +249,11 @@ class WordPieceModule(tf.Module):
         self.range_starts = tf.constant(starts)
         self.replacement_offsets = tf.constant(offsets)
         self.replacement_values = tf.constant(values)
-        keys, children, token_ids = vocabulary_trie(tokens)
+        keys, children, node_token_ids = vocabulary_trie(tokens)
         self.trie = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(tf.constant(keys), tf.constant(children)), default_value=-1
         )
-        self.trie_token_ids = tf.constant(token_ids)
+        self.trie_token_ids = tf.constant(node_token_ids)
         self.trie_depth = max(len(token) for token in tokens)
 
     def normalise(self, text_B, max_length):

@@ -63,9 +63,7 @@ class WordPieceTokenizer:
     def __init__(self, module):
         self.module = module
         self._tokens = read_vocabulary(module.vocab_file.asset_path.numpy().decode("utf-8"))
-        self._ids = {}
-        for token_id, token in enumerate(self._tokens):
-            self._ids.setdefault(token, token_id)
+        self._ids = {token: token_id for token_id, token in enumerate(self._tokens)}
         self._token_ids = tf.function(module.token_ids, input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
 
     def __call__(self, text):
