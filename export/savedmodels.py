@@ -38,8 +38,8 @@ import tensorflow as tf
 
 from export import commit
 from export.run import load_run
-from export.text import WordPieceModule
-from export.text import read_vocabulary
+from training.text import WordPieceModule
+from training.text import read_vocabulary
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 DEFAULT_SEQ_LENGTH = 128

@@ -1,4 +1,5 @@
-"""WordPiece vocabularies trained on a corpus with keras-hub, cached beside the run."""
+"""WordPiece vocabularies trained on a corpus with keras-hub, cached beside the run, and
+the training side of the one WordPiece tokenizer (`training.text`)."""
 
 import hashlib
 import os
@@ -7,10 +8,13 @@ import pathlib
 import keras_hub
 import tensorflow as tf
 
+from training.text import WordPieceModule
+from training.text import read_vocabulary
+
 RESERVED_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 
 
-def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=False):
+def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=None):
     """Trains a WordPiece vocabulary on `lines` and writes it to `path` atomically.
 
     A vocabulary already at `path` whose sidecar fingerprint matches the corpus and
@@ -21,7 +25,8 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
         vocabulary_size: target size (reserved tokens included).
         path: the vocab.txt to write.
         lowercase: lowercase before learning (uncased, as BERT-uncased).
-        strip_accents: remove accent marks (NFD, then drop \p{Mn}) before learning.
+        strip_accents: remove accent marks (NFD, then drop \p{Mn}) before learning;
+            None follows `lowercase` (as the tokenizer).
 
     Returns:
         The path of the vocabulary file.
@@ -29,6 +34,7 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
     if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size <= len(RESERVED_TOKENS):
         raise ValueError(f"`vocabulary_size` must be an integer > {len(RESERVED_TOKENS)}. Received: vocabulary_size={vocabulary_size!r}")
     path = pathlib.Path(path)
+    strip_accents = lowercase if strip_accents is None else strip_accents
     fingerprint = hashlib.sha256(f"{vocabulary_size}|{lowercase}|{strip_accents}|".encode() + "\n".join(lines).encode()).hexdigest()
     stamp = path.with_name(path.name + ".sha256")
     if path.is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
@@ -45,9 +51,50 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
     return path
 
 
-def wordpiece_tokenizer(path, lowercase=True, strip_accents=False):
-    """keras-hub's WordPiece tokenizer on a vocab.txt file (the reference the exported
-    serving tokenizer is tested against)."""
-    return keras_hub.tokenizers.WordPieceTokenizer(
-        vocabulary=str(path), lowercase=lowercase, strip_accents=strip_accents, oov_token="[UNK]"
-    )
+class WordPieceTokenizer:
+    """The training side of `training.text.WordPieceModule`: the same graph, called on a
+    batch of lines, with keras-hub's tokenizer interface (what the pipelines use).
+
+    Example:
+    >>> tokenizer = wordpiece_tokenizer("vocab.txt")
+    >>> tokenizer(tf.constant(["Hello world!"]))   # int32 ragged [batch, (pieces)]
+    """
+
+    def __init__(self, module):
+        self.module = module
+        self._tokens = read_vocabulary(module.vocab_file.asset_path.numpy().decode("utf-8"))
+        self._ids = {token: token_id for token_id, token in enumerate(self._tokens)}
+        self._token_ids = tf.function(module.token_ids, input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
+
+    def __call__(self, text):
+        """string [B] (or a scalar) -> int32 ragged [B, (pieces)] ([(pieces)] for a scalar)."""
+        text = tf.convert_to_tensor(text, tf.string)
+        ids = self._token_ids(tf.reshape(text, [-1]))
+        return ids[0] if text.shape.rank == 0 else ids
+
+    def token_to_id(self, token):
+        if token not in self._ids:
+            raise ValueError(f"Token not in the vocabulary. Received: token={token!r}")
+        return self._ids[token]
+
+    def id_to_token(self, token_id):
+        return self._tokens[token_id]
+
+    def vocabulary_size(self):
+        return len(self._tokens)
+
+    def get_vocabulary(self):
+        return list(self._tokens)
+
+
+def wordpiece_tokenizer(path, lowercase=True, strip_accents=None):
+    """BERT's WordPiece tokenisation of `path` (vocab.txt) for training: the implementation
+    the exported preprocessor and serving model run (`training.text.WordPieceModule`),
+    without a length bound.
+
+    Args:
+        path: vocab.txt, one token per line.
+        lowercase: lower-case the text (do_lower_case).
+        strip_accents: remove accent marks; None follows `lowercase`.
+    """
+    return WordPieceTokenizer(WordPieceModule(str(path), lowercase=lowercase, strip_accents=strip_accents, max_length=None))
