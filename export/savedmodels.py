@@ -124,7 +124,7 @@ def hub_preprocessor(tokenizer, seq_length):
     root = _holding(tokenizer)
     text_spec = tf.TensorSpec([None], tf.string, name="text")
 
-    root.__call__ = tf.function(lambda text: tokenizer.pack([tokenizer.tokenize(text)], seq_length), input_signature=[text_spec])
+    root.__call__ = tf.function(lambda text: tokenizer.encode(text, seq_length), input_signature=[text_spec])
     root.tokenize = _holding(tokenizer)
     root.tokenize.__call__ = tf.function(tokenizer.tokenize, input_signature=[text_spec])
     root.tokenize.get_special_tokens_dict = _holding(tokenizer)
@@ -170,12 +170,12 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
         return {"embedding": embedding, "sequence_output": sequence}
 
     root.serve_text = tf.function(
-        lambda text: embed(tokenizer.pack([tokenizer.tokenize(text)], seq_length)),
+        lambda text: embed(tokenizer.encode(text, seq_length)),
         input_signature=[tf.TensorSpec([None], tf.string, name="text")],
     )
     root.serve_token_ids = tf.function(lambda **inputs: embed(inputs), input_signature=None)
     root.tokenize = tf.function(
-        lambda text: tokenizer.pack([tokenizer.tokenize(text)], seq_length), input_signature=[tf.TensorSpec([None], tf.string, name="text")]
+        lambda text: tokenizer.encode(text, seq_length), input_signature=[tf.TensorSpec([None], tf.string, name="text")]
     )
     signatures = {
         "serving_default": root.serve_text.get_concrete_function(),

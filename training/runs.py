@@ -25,12 +25,13 @@ import uuid
 
 import tensorflow as tf
 
+from training.text import read_vocabulary
+
 CONFIG = "config.json"
 VOCABULARY = "vocab.txt"
 BACKBONE_WEIGHTS = "backbone.weights.h5"
 MODEL_WEIGHTS = "model.weights.h5"
 METRICS = "metrics.json"
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def join(directory, name):
@@ -87,19 +88,6 @@ def load_weights(model, path):
             model.load_weights(local_path)
         except (ValueError, OSError, KeyError) as error:
             raise ValueError(f"The weights in {path} cannot be loaded into this model: {str(error).splitlines()[0]}") from error
-
-
-def read_vocabulary(path):
-    """The tokens of a vocab.txt, checked for BERT's special tokens."""
-    path = str(path)
-    if not tf.io.gfile.exists(path):
-        raise ValueError(f"Vocabulary file not found: {path}")
-    with tf.io.gfile.GFile(path, "r") as file:
-        tokens = [line.rstrip("\n") for line in file]
-    missing = [token for token in SPECIAL_TOKENS if token not in tokens]
-    if missing:
-        raise ValueError(f"The vocabulary {path} lacks the special token(s) {', '.join(missing)}.")
-    return tokens
 
 
 @dataclasses.dataclass(frozen=True)

@@ -199,8 +199,11 @@ def vocabulary_trie(tokens):
 
 
 def read_vocabulary(path):
-    """The tokens of a vocab.txt (one per line), checked for the special tokens BERT needs."""
-    with open(path, encoding="utf-8") as file:
+    """The tokens of a vocab.txt (one per line, any tf.io.gfile path), checked for the special
+    tokens BERT needs and for repeated tokens."""
+    if not tf.io.gfile.exists(str(path)):
+        raise ValueError(f"Vocabulary file not found: {path}")
+    with tf.io.gfile.GFile(str(path), "r") as file:
         tokens = [line.rstrip("\n") for line in file]
     missing = [token for token in SPECIAL_TOKENS if token not in tokens]
     if missing:
