@@ -40,8 +40,8 @@ setuptools.setup(
             "concise-train = training.cli:main",
             "concise-train-lm = training.cli:main",
             "concise-export = export.cli:main",
-            "concise-quickstart = export.quickstart:main",
-            "concise-collaborative = export.collaborative_cli:main",
+            "concise-quickstart = training.quickstart:main",
+            "concise-collaborative = training.collaborative_cli:main",
         ]
     },
     extras_require={

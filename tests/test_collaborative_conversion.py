@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from export.collaborative import convert_attention
-from export.collaborative import query_key_tensor
+from models.collaborative import convert_attention
+from models.collaborative import query_key_tensor
 from models import CollaborativeAttention
 from models import FixedHeadSizeAttention
 from models import StandardAttention
@@ -133,7 +133,7 @@ def test_minilm_layer_converts_exactly(minilm_dir):
 
 def test_encoder_conversion_at_full_rank_is_exact():
     import configs
-    from export.collaborative import convert_model
+    from models.collaborative import convert_model
 
     encoder = configs.load_config("tiny_bert_standard").build_model()
     for variable in encoder.weights:  # "trained": no zero biases hiding a mistake
@@ -148,29 +148,28 @@ def test_encoder_conversion_at_full_rank_is_exact():
 
 
 def _run_dir(tmp_path):
-    """A run directory in the trainer's format holding a 'trained' tiny BERT."""
-    import json
-
+    """A run directory holding a 'trained' tiny BERT, written through the run-directory module."""
     import configs
 
     from models.bert import BertPretrainer
+    from training import runs
 
     config = configs.load_config("tiny_bert_standard")
     model = BertPretrainer(config.build_model())  # a BERT run saves the encoder with its MLM head
     for variable in model.weights:
         variable.assign(np.random.default_rng(len(variable.path)).normal(scale=0.2, size=variable.shape))
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps(config.to_dict()))
-    model.save_weights(run / "model.weights.h5")
-    return run, model.encoder
+    run = runs.RunDirectory(tmp_path / "run")
+    run.start(config.to_dict())
+    run.write_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(20)])
+    run.save_models(model.encoder, model)
+    return tmp_path / "run", model.encoder
 
 
 def _cli(*arguments):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "export.collaborative_cli", *map(str, arguments)], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "training.collaborative_cli", *map(str, arguments)], capture_output=True, text=True, timeout=300)
 
 
 def test_command_converts_a_run_and_the_result_reloads(tmp_path):
@@ -184,7 +183,7 @@ def test_command_converts_a_run_and_the_result_reloads(tmp_path):
     assert "transformer_layer_1: D~k=32" in result.stdout
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     converted = BUILDERS[saved["model_type"]](**saved["model"])
-    converted.load_weights(tmp_path / "out" / "model.weights.h5")
+    converted.load_weights(tmp_path / "out" / "backbone.weights.h5")
     ids = np.array([[5, 6, 7, 0], [8, 9, 10, 11]], "int32")
     inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
     np.testing.assert_allclose(np.asarray(converted(inputs)["sequence_output"]), np.asarray(model(inputs)["sequence_output"]), atol=1e-4)
@@ -216,7 +215,7 @@ def test_wrong_checkpoint_and_existing_output_are_refused(tmp_path):
     config["model"]["intermediate_size"] = 64
     (run / "config.json").write_text(json.dumps(config))
     result = _cli("--run", run, "--ratio", 0.5, "--out", tmp_path / "out")
-    assert result.returncode == 2 and "do not fit" in result.stderr and not (tmp_path / "out").exists()
+    assert result.returncode == 2 and "cannot be loaded" in result.stderr and not (tmp_path / "out").exists()
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
     result = _cli("--run", run, "--ratio", 0.5, "--out", tmp_path / "out")
@@ -233,7 +232,7 @@ def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path):
 
     def train(run, config, *overrides):
         command = [sys.executable, "-m", "training.cli", "--config", str(config), "--run-dir", str(run), "--quiet"]
-        for override in ("model.dropout=0", "model.attention_dropout=0", *overrides):
+        for override in (*(("model.dropout=0", "model.attention_dropout=0") if config == "tiny_lm" else ()), *overrides):
             command += ["--set", override]
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -242,13 +241,15 @@ def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path):
     trained = train(tmp_path / "base", "tiny_lm", "training.train_steps=40")
     result = _cli("--run", tmp_path / "base", "--ratio", 0.5, "--out", tmp_path / "converted", "--iterations", 50)
     assert result.returncode == 0, result.stderr[-3000:]
-    vocabulary = tmp_path / "base" / "vocab.txt"
-    start = train(tmp_path / "zero", tmp_path / "converted" / "config.json", "training.train_steps=1", "training.steps_per_epoch=1",
-                  "training.learning_rate=1e-9", "training.sequence_length=64", "training.batch_size=8", "training.eval_batches=4",
-                  f"tokenizer.vocabulary={vocabulary}", f"task.init={tmp_path / 'converted' / 'model.weights.h5'}")
-    tuned = train(tmp_path / "tuned", tmp_path / "converted" / "config.json", "training.train_steps=40", "training.steps_per_epoch=20",
-                  "training.learning_rate=0.002", "training.warmup_steps=5", "training.sequence_length=64", "training.batch_size=8",
-                  "training.eval_batches=4", f"tokenizer.vocabulary={vocabulary}",
-                  f"task.init={tmp_path / 'converted' / 'model.weights.h5'}")
+    # The converted run directory is task.init; its architecture, vocabulary and tokenizer come with it.
+    recipe = tmp_path / "fine_tune.yaml"
+    recipe.write_text(f"task:\n  name: causal_lm\n  init: {tmp_path / 'converted'}\ntraining:\n  sequence_length: 64\n  batch_size: 8\n"
+                      "  eval_batches: 4\n  steps_per_execution: 5\n  jit_compile: false\n")
+    start = train(tmp_path / "zero", recipe, "training.train_steps=1", "training.steps_per_epoch=1", "training.learning_rate=1e-9")
+    tuned = train(tmp_path / "tuned", recipe, "training.train_steps=40", "training.steps_per_epoch=20",
+                  "training.learning_rate=0.002", "training.warmup_steps=5")
+    saved = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert saved["model"]["attention_type"] == "collaborative" and saved["tokenizer"]["lowercase"] is True
+    assert (tmp_path / "tuned" / "vocab.txt").read_bytes() == (tmp_path / "base" / "vocab.txt").read_bytes()
     assert start["eval_loss"] < trained["eval_loss"] + 1.0  # the conversion kept most of what was learned
     assert tuned["eval_loss"] < start["eval_loss"]  # and fine-tuning recovers

@@ -19,7 +19,7 @@ def test_readme_first_command_is_the_quickstart():
 def test_quickstart_pretrains_exports_and_reads_embeddings_back(tmp_path):
     """The quickstart job as the README runs it (its default config and steps), in a fresh process."""
     result = subprocess.run(
-        [sys.executable, "-m", "export.quickstart", "--out", str(tmp_path / "my_export")],
+        [sys.executable, "-m", "training.quickstart", "--out", str(tmp_path / "my_export")],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-4000:]

@@ -3,13 +3,14 @@
     concise-collaborative --hf-dir path/to/bert --shared-key-dim 192 --out converted/
     concise-collaborative --run runs/tiny --ratio 0.5 --out converted/
 
-Writes OUT/config.json (the builder and its arguments), OUT/model.weights.h5 and
-OUT/conversion_report.json, all into a temporary folder renamed at the end: a failed or
-refused conversion leaves nothing behind, and an existing OUT is kept unless --overwrite.
+Writes OUT as a run directory (`training.runs`): config.json (the converted architecture,
+the source's task and tokenizer settings), vocab.txt, backbone.weights.h5, plus
+conversion_report.json, all into a temporary folder renamed at the end: a failed or refused
+conversion leaves nothing behind, and an existing OUT is kept unless --overwrite. OUT then
+starts a fine-tuning run (`--set task.init=OUT`) like any run directory.
 """
 
 import argparse
-import json
 import os
 import pathlib
 import shutil
@@ -19,23 +20,37 @@ import tempfile
 from models.transformer import head_size_of
 
 
-def _load_source(args):
-    if args.hf_dir:
-        from models.hf_import import load_hf_bert
+def _load_source(path):
+    """The source's `runs.Source` and its backbone (the BERT encoder or the causal LM), weights loaded."""
+    import configs
+    from training import runs
+    from training.trainer import initialize_backbone
 
-        return load_hf_bert(args.hf_dir), "bert"
-    from export.run import load_run
+    source = runs.read_source(path)
+    backbone = configs.BUILDERS[source.model_type](**source.model)
+    initialize_backbone(backbone, source)
+    return source, backbone
 
-    config, model, _ = load_run(args.run)
-    # A BERT run holds the encoder and its MLM head; the encoder is converted.
-    return (model.encoder if config["model_type"] == "bert" else model), config["model_type"]
+
+def _write_run(directory, source, converted, reports):
+    from training import runs
+
+    run = runs.RunDirectory(directory)
+    arguments = {k: v for k, v in converted.get_config().items() if k not in ("name", "trainable", "dtype")}
+    runs.write_json_atomically(run.file(runs.CONFIG), {
+        "name": f"{pathlib.Path(source.path).name}_collaborative_k{arguments['shared_key_dim']}", "model_type": source.model_type,
+        "model": arguments, "task": source.task, "tokenizer": source.tokenizer,
+        "description": f"{source.path} converted to collaborative attention (D~k={arguments['shared_key_dim']})"})
+    run.write_vocabulary(runs.read_vocabulary(source.vocabulary))
+    runs.save_weights(converted, run.file(runs.BACKBONE_WEIGHTS))
+    runs.write_json_atomically(run.file("conversion_report.json"), reports)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="concise-collaborative", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf-dir", help="Hugging Face BERT directory (config.json + model.safetensors)")
-    source.add_argument("--run", help="our run directory (config.json + model.weights.h5)")
+    source.add_argument("--run", help="a run directory of this project (config.json + backbone.weights.h5)")
     rank = parser.add_mutually_exclusive_group(required=True)
     rank.add_argument("--shared-key-dim", type=int, help="D~k, the shared query/key width")
     rank.add_argument("--ratio", type=float, help="D~k as a fraction of num_heads * head_size")
@@ -48,11 +63,13 @@ def main(argv=None):
     try:
         if out.exists() and not args.overwrite:
             raise ValueError(f"{out} exists; pass --overwrite to replace it.")
-        model, model_type = _load_source(args)
+        if args.iterations < 1:
+            raise ValueError(f"--iterations must be a positive integer. Received: --iterations={args.iterations}")
+        source, model = _load_source(args.hf_dir or args.run)
         head_size = head_size_of(model)
         full = model.num_heads * head_size
         shared_key_dim = args.shared_key_dim if args.shared_key_dim is not None else round(args.ratio * full)
-        from export.collaborative import convert_model
+        from models.collaborative import convert_model
 
         converted, reports = convert_model(model, shared_key_dim, seed=args.seed, n_iter_max=args.iterations)
     except ValueError as error:
@@ -60,10 +77,7 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        arguments = {k: v for k, v in converted.get_config().items() if k not in ("name", "trainable", "dtype")}
-        (staging / "config.json").write_text(json.dumps({"model_type": model_type, "model": arguments}, indent=1))
-        converted.save_weights(staging / "model.weights.h5")
-        (staging / "conversion_report.json").write_text(json.dumps(reports, indent=1))
+        _write_run(staging, source, converted, reports)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
