@@ -1,0 +1,118 @@
+"""Fine-tuning tasks through the CLI's code path: GLUE classification (tfds mock data and the
+original TSV files), STS-B regression; the final metrics checked against scikit-learn and SciPy
+on the reloaded model's own predictions."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.stats
+import sklearn.metrics
+
+from training import cli
+from training import runs
+
+TINY_BERT = [
+    "model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
+    "model.intermediate_size=64", "model.max_sequence_length=64", "model.attention_type=fixed", "model.head_size=16",
+]
+SHORT = ["training.sequence_length=32", "training.batch_size=8", "training.train_steps=6", "training.train_epochs=null",
+         "training.steps_per_epoch=3", "training.steps_per_execution=3", "training.jit_compile=false",
+         "training.learning_rate=1e-3", "training.warmup_fraction=null", "training.warmup_steps=1"]
+
+
+@pytest.fixture()
+def vocabulary(minilm_dir):
+    return str(minilm_dir / "vocab.txt")
+
+
+def _train(capsys, run_dir, preset, vocabulary, *overrides):
+    argv = ["--config", preset, "--run-dir", str(run_dir), "--quiet"]
+    for override in (*TINY_BERT, *SHORT, f"tokenizer.vocabulary={vocabulary}", *overrides):
+        argv += ["--set", override]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    return json.loads(out[out.index("{"):])
+
+
+def _dev_predictions(run_dir, dev_texts):
+    """The reloaded run's outputs on the dev texts, tokenised as BERT by HF `tokenizers`."""
+    import tokenizers
+
+    config, model, _, vocabulary = runs.load_model(run_dir)
+    tokenizer = tokenizers.BertWordPieceTokenizer(vocabulary, lowercase=True)
+    tokenizer.enable_truncation(config.training.sequence_length)
+    tokenizer.enable_padding(length=config.training.sequence_length)
+    encodings = [tokenizer.encode(*texts) for texts in dev_texts]
+    inputs = {
+        "input_word_ids": np.array([e.ids for e in encodings], "int32"),
+        "input_mask": np.array([e.attention_mask for e in encodings], "int32"),
+        "input_type_ids": np.array([e.type_ids for e in encodings], "int32"),
+    }
+    return config, np.asarray(model.predict(inputs, verbose=0)["logits"])
+
+
+@pytest.mark.slow
+def test_sst2_on_mock_data_trains_evaluates_and_reloads(tmp_path, capsys, vocabulary):
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=20):
+        metrics = _train(capsys, tmp_path / "run", "glue_sst2", vocabulary)
+        dev = sorted(tfds.as_numpy(tfds.load("glue/sst2", split="validation")), key=lambda example: example["idx"])
+    assert metrics["task"] == "classification" and metrics["step"] == 6
+    config, logits = _dev_predictions(tmp_path / "run", [(example["sentence"].decode(),) for example in dev])
+    assert config.task.labels == ["negative", "positive"]  # read from the data's ClassLabel names
+    labels = [example["label"] for example in dev]
+    assert metrics["eval_accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(labels, logits.argmax(-1)), abs=1e-9)
+
+
+def _write_mrpc(directory):
+    """MRPC's original layout: header, Quality, #1 ID, #2 ID, #1 String, #2 String."""
+    rng = np.random.default_rng(0)
+    words = "the cat sat on a mat while dogs ran far away from home".split()
+    directory.mkdir()
+    for split, rows in (("train", 41), ("dev", 13)):  # 21 of 41 training pairs are paraphrases
+        lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+        for index in range(rows):
+            first = " ".join(rng.choice(words, 6))
+            same = index % 2 == 0
+            second = first if same else " ".join(rng.choice(words, 6))
+            lines.append(f"{int(same)}\t{index}\t{index + 1000}\t{first}\t\"{second}\"")
+        (directory / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return [line.split("\t") for line in (directory / "dev.tsv").read_text().splitlines()[1:]]
+
+
+@pytest.mark.slow
+def test_mrpc_from_the_original_tsv_files_reports_accuracy_and_f1(tmp_path, capsys, vocabulary):
+    rows = _write_mrpc(tmp_path / "MRPC")
+    metrics = _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc",
+                     f"task.data_dir={tmp_path / 'MRPC'}")
+    _, logits = _dev_predictions(tmp_path / "run", [(row[3], row[4]) for row in rows])
+    labels, predicted = [int(row[0]) for row in rows], logits.argmax(-1)
+    assert metrics["eval_accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(labels, predicted), abs=1e-9)
+    assert metrics["eval_f1"] == pytest.approx(sklearn.metrics.f1_score(labels, predicted), abs=1e-9)
+    assert metrics["majority_class_accuracy"] == pytest.approx(7 / 13, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_stsb_regression_reports_pearson_and_spearman(tmp_path, capsys, vocabulary):
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=20):
+        metrics = _train(capsys, tmp_path / "run", "glue_stsb", vocabulary)
+        dev = sorted(tfds.as_numpy(tfds.load("glue/stsb", split="validation")), key=lambda example: example["idx"])
+    _, scores = _dev_predictions(tmp_path / "run", [(e["sentence1"].decode(), e["sentence2"].decode()) for e in dev])
+    labels = [example["label"] for example in dev]
+    assert metrics["eval_pearson"] == pytest.approx(scipy.stats.pearsonr(labels, scores[:, 0])[0], abs=1e-5)
+    assert metrics["eval_spearman"] == pytest.approx(scipy.stats.spearmanr(labels, scores[:, 0])[0], abs=1e-5)
+
+
+def test_a_label_the_task_does_not_know_names_the_file_and_line(tmp_path, capsys, vocabulary):
+    _write_mrpc(tmp_path / "MRPC")
+    dev = tmp_path / "MRPC" / "dev.tsv"
+    dev.write_text(dev.read_text() + "maybe\t1\t2\tone\ttwo\n")
+    with pytest.raises(SystemExit) as exit_info:
+        _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc", f"task.data_dir={tmp_path / 'MRPC'}")
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "dev.tsv line 15" in error and "'maybe'" in error and "Traceback" not in error
+    assert not (tmp_path / "run").exists()
