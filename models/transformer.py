@@ -26,6 +26,21 @@ ATTENTION_TYPES = {
     "collaborative": CollaborativeAttention,
 }
 NORM_POSITIONS = ("post", "pre")
+
+
+def register_attention(name, layer_class):
+    """Adds an attention variant under `name` (then `model.attention_type: name` in a config).
+
+    A variant is a `FixedHeadSizeAttention` subclass that overrides its query/key hooks
+    (`_build_query_key`, `_attention_logits`); the builders pass it num_heads and whichever of
+    head_size, shared_key_dim and mixing_initializer its constructor accepts.
+    """
+    if not (isinstance(layer_class, type) and issubclass(layer_class, FixedHeadSizeAttention)):
+        raise ValueError(f"An attention variant must subclass FixedHeadSizeAttention. Received: {layer_class!r}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"An attention variant needs a non-empty name. Received: name={name!r}")
+    ATTENTION_TYPES[name] = layer_class
+    return layer_class
 RESIDUAL_SCALINGS = ("none", "admin")
 
 
