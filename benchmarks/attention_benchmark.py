@@ -12,6 +12,7 @@ against XLA's own cost analysis) for collaborative attention against standard.
 
     python benchmarks/attention_benchmark.py                 # TensorFlow backend, CPU
     KERAS_BACKEND=jax python benchmarks/attention_benchmark.py
+    python benchmarks/attention_benchmark.py --only "fused vs explicit" --out /tmp/fused.json
 
 Writes a JSON record (hardware, versions, every timing) next to the printed table.
 """
@@ -104,13 +105,17 @@ def main():
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
     parser.add_argument("--iterations", type=int, default=5, help="steps per round")
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
     parser.add_argument("--out", default=None, help="JSON output (default benchmarks/results/attention_<backend>.json)")
     args = parser.parse_args()
     keras.utils.set_random_seed(0)
     backend = keras.backend.backend()
 
     steps = []
-    for name, width, ours, reference, call_kwargs in _cases(args.batch, args.length):
+    cases = [case for case in _cases(args.batch, args.length) if args.only in case[0]]
+    if not cases:
+        raise SystemExit(f"no case name contains --only={args.only!r}")
+    for name, width, ours, reference, call_kwargs in cases:
         x = np.random.default_rng(0).normal(size=(args.batch, args.length, width)).astype("float32")
         ours(x), reference(x)
         ours_step, reference_step = _compiled_step(ours, x, call_kwargs), _compiled_step(reference, x, call_kwargs)
