@@ -12,6 +12,13 @@ Shapes in names: B batch, T query length, S key/value length, N heads, H head si
 K shared key dimension, I input width, O output width.
 
 Masks follow the Keras convention everywhere: True / 1 means "may attend".
+
+Where no attention probabilities are needed (no scores returned, no attention dropout
+active), the core hands the per-head queries, keys and values to
+`keras.ops.dot_product_attention` (cuDNN flash attention on GPU under JAX, one XLA
+computation elsewhere) instead of spelling the softmax out; `use_fused=False` keeps the
+explicit path. Both give the same outputs: float32 masking and softmax, masked logits
+replaced (not added to), and a query whose keys are all masked attends uniformly to all.
 """
 
 import math
@@ -61,6 +68,10 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         kernel_initializer: initializer of the projection kernels.
         bias_initializer: initializer of the projection biases.
         seed: seed of the attention dropout.
+        use_fused: compute attention with `keras.ops.dot_product_attention` (flash
+            attention where the backend and dtype allow) when no probabilities are
+            needed: scores not returned, dropout inactive, value heads as large as
+            query/key heads. Same outputs as the explicit path, which runs otherwise.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -85,6 +96,10 @@ class FixedHeadSizeAttention(keras.layers.Layer):
 
     # Whether `head_size` is derived from the query width in `build` (standard attention).
     _head_size_from_width = False
+    # Whether the logits are the scaled per-head dot products of `_project_query_key`, so
+    # that `keras.ops.dot_product_attention` can compute them. A variant overriding
+    # `_attention_logits` with another formula sets this to False.
+    _logits_are_head_dot_products = True
 
     def __init__(
         self,
@@ -97,6 +112,7 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
+        use_fused=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -108,6 +124,8 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         if output_size is not None:
             _check_positive_int("output_size", output_size)
         _check_rate("dropout", dropout)
+        if not isinstance(use_fused, bool):
+            raise ValueError(f"`use_fused` must be True or False. Received: use_fused={use_fused!r}")
         self.num_heads = num_heads
         self.head_size = head_size
         self.value_head_size = value_head_size
@@ -117,6 +135,7 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.seed = seed
+        self.use_fused = use_fused
         # Outputs keep the query's Keras mask (each output row is a query position).
         self.supports_masking = True
 
@@ -150,10 +169,13 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         self._key_dense = self._dense("key", "BSI,INH->BSNH", (None, self.num_heads, self._head_size), "NH")
         self._key_dense.build(key_shape)
 
+    def _project_query_key(self, query, key):
+        """Returns the per-head queries (B, T, N, H) and keys (B, S, N, H) of raw inputs."""
+        return self._query_dense(query), self._key_dense(key)
+
     def _attention_logits(self, query, key):
         """Returns the scaled attention logits (B, N, T, S) of raw query/key inputs."""
-        query_BxTxNxH = self._query_dense(query)
-        key_BxSxNxH = self._key_dense(key)
+        query_BxTxNxH, key_BxSxNxH = self._project_query_key(query, key)
         # Scaling the query costs T*N*H multiplications instead of N*T*S on the logits.
         query_BxTxNxH = ops.multiply(query_BxTxNxH, ops.cast(self._scale, query_BxTxNxH.dtype))
         return ops.einsum("BTNH,BSNH->BNTS", query_BxTxNxH, key_BxSxNxH)
@@ -238,15 +260,19 @@ class FixedHeadSizeAttention(keras.layers.Layer):
     ):
         value = query if value is None else value
         key = value if key is None else key
+        fused = self._uses_fused_path(return_attention_scores, training)
         mask_Bx1xTxS = compute_attention_mask(
             query,
             value,
             attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
+            # The fused kernel applies causality itself (cuDNN then skips the masked half).
+            use_causal_mask=use_causal_mask and not fused,
             query_mask=query_mask,
             value_mask=value_mask,
             key_mask=key_mask,
         )
+        if fused:
+            return self._fused_attention(query, key, value, mask_Bx1xTxS, use_causal_mask)
         logits_BxNxTxS = self._attention_logits(query, key)
         probs_BxNxTxS = _masked_softmax(logits_BxNxTxS, mask_Bx1xTxS, self.compute_dtype)
         value_BxSxNxH = self._value_dense(value)
@@ -257,6 +283,35 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         if return_attention_scores:
             return output_BxTxO, probs_BxNxTxS
         return output_BxTxO
+
+    def _uses_fused_path(self, return_attention_scores, training):
+        """Whether `keras.ops.dot_product_attention` can compute this call.
+
+        It returns no probabilities and applies no dropout to them, and it needs value
+        heads of the query/key head size (`jax.nn.dot_product_attention` checks it).
+        """
+        return (
+            self.use_fused
+            and self._logits_are_head_dot_products
+            and not return_attention_scores
+            and not (training and self.dropout > 0)
+            and self._value_head_size == self._head_size
+        )
+
+    def _fused_attention(self, query, key, value, mask_Bx1xTxS, use_causal_mask):
+        query_BxTxNxH, key_BxSxNxH = self._project_query_key(query, key)
+        value_BxSxNxH = self._value_dense(value)
+        context_BxTxNxH = ops.dot_product_attention(
+            query_BxTxNxH,
+            key_BxSxNxH,
+            value_BxSxNxH,
+            mask=mask_Bx1xTxS,
+            scale=self._scale,
+            is_causal=use_causal_mask,
+            # None lets the backend choose; keras.config.disable_flash_attention() opts out.
+            flash_attention=keras.config.is_flash_attention_enabled(),
+        )
+        return self._output_dense(context_BxTxNxH)
 
     def get_config(self):
         config = super().get_config()
@@ -270,6 +325,7 @@ class FixedHeadSizeAttention(keras.layers.Layer):
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
             seed=self.seed,
+            use_fused=self.use_fused,
         )
         return config
 
@@ -285,8 +341,8 @@ class StandardAttention(FixedHeadSizeAttention):
 
     Args:
         num_heads: number of heads; must divide the query width.
-        output_size, dropout, use_bias, kernel_initializer, bias_initializer, seed:
-            as in `FixedHeadSizeAttention`.
+        output_size, dropout, use_bias, kernel_initializer, bias_initializer, seed,
+            use_fused: as in `FixedHeadSizeAttention`.
 
     Example:
     >>> layer = StandardAttention(num_heads=8)
@@ -305,6 +361,7 @@ class StandardAttention(FixedHeadSizeAttention):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
+        use_fused=True,
         **kwargs,
     ):
         super().__init__(
@@ -316,6 +373,7 @@ class StandardAttention(FixedHeadSizeAttention):
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             seed=seed,
+            use_fused=use_fused,
             **kwargs,
         )
 
@@ -383,12 +441,20 @@ class CollaborativeAttention(FixedHeadSizeAttention):
         value_head_size, output_size, dropout, use_bias, kernel_initializer,
             bias_initializer, seed: as in `FixedHeadSizeAttention` (`use_bias` applies
             to values and output; the content bias always exists).
+        use_fused: accepted for a config shared with the other variants; the
+            explicit path always runs (see `_logits_are_head_dot_products`).
 
     Example:
     >>> layer = CollaborativeAttention(num_heads=12, shared_key_dim=192, head_size=64)
     >>> layer(keras.random.normal((2, 16, 768))).shape
     (2, 16, 768)
     """
+
+    # keras.ops.dot_product_attention wants keys with as many heads as the values, so
+    # the shared (B, S, K) key would be copied N times, and the content bias would go
+    # through its `bias` argument, which Keras 3.15's TPU flash kernel ignores (JAX). The
+    # explicit path contracts the shared key once instead.
+    _logits_are_head_dot_products = False
 
     def __init__(
         self,
@@ -403,6 +469,7 @@ class CollaborativeAttention(FixedHeadSizeAttention):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
+        use_fused=True,
         **kwargs,
     ):
         _check_positive_int("shared_key_dim", shared_key_dim)
@@ -417,6 +484,7 @@ class CollaborativeAttention(FixedHeadSizeAttention):
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
             seed=seed,
+            use_fused=use_fused,
             **kwargs,
         )
         self.shared_key_dim = shared_key_dim

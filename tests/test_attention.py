@@ -1,5 +1,6 @@
 """The attention family against keras.layers.MultiHeadAttention, the papers' formulas and theorem."""
 
+import json
 import os
 import subprocess
 import sys
@@ -347,64 +348,6 @@ def test_wrong_input_rank():
         FixedHeadSizeAttention(num_heads=2, head_size=4)(np.zeros((2, 16), "float32"))
 
 
-# --------------------------------------------------------------------------------------
-# JAX backend: same outputs, and the analytic FLOP counts match XLA's cost analysis
-
-_JAX_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import numpy as np
-    import jax
-    import keras
-    from models import CollaborativeAttention, FixedHeadSizeAttention, StandardAttention
-
-    data = np.load(sys.argv[1], allow_pickle=False)
-    results = {}
-    for name, layer in (
-        ("standard", StandardAttention(num_heads=4)),
-        ("fixed", FixedHeadSizeAttention(num_heads=4, head_size=12)),
-        ("collaborative", CollaborativeAttention(num_heads=4, shared_key_dim=6, head_size=4)),
-    ):
-        tokens = data["tokens"]
-        layer.build(tokens.shape)
-        layer.set_weights([data[f"{name}_{i}"] for i in range(len(layer.weights))])
-        outputs = layer(tokens, attention_mask=data["mask"], use_causal_mask=True)
-        np.save(sys.argv[2] + f"/{name}.npy", np.asarray(outputs))
-        logits = jax.jit(lambda q: layer._attention_logits(q, q))
-        flops = logits.lower(tokens).compile().cost_analysis()
-        flops = flops[0] if isinstance(flops, list) else flops
-        results[name] = {"xla": flops["flops"], "ours": layer.query_key_flops(tokens.shape[1]) * tokens.shape[0]}
-    print(json.dumps(results))
-    """
-)
-
-
-def test_layers_run_under_jax_with_the_same_outputs_and_flop_counts(tmp_path):
-    tokens, mask = _random(BATCH, LENGTH, WIDTH), _padding_mask()
-    arrays, expected = {"tokens": tokens, "mask": mask}, {}
-    for name, factory in (
-        ("standard", lambda: StandardAttention(num_heads=4)),
-        ("fixed", lambda: FixedHeadSizeAttention(num_heads=4, head_size=12)),
-        ("collaborative", lambda: CollaborativeAttention(num_heads=4, shared_key_dim=6, head_size=4)),
-    ):
-        layer = factory()
-        layer.build(tokens.shape)
-        _randomize(layer)
-        arrays.update({f"{name}_{i}": w for i, w in enumerate(layer.get_weights())})
-        expected[name] = _np(layer(tokens, attention_mask=mask, use_causal_mask=True))
-    np.savez(tmp_path / "inputs.npz", **arrays)
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
-    result = subprocess.run(
-        [sys.executable, "-c", _JAX_SCRIPT, str(tmp_path / "inputs.npz"), str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    flops = __import__("json").loads(result.stdout.strip().splitlines()[-1])
-    for name, outputs in expected.items():
-        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), outputs, rtol=1e-5, atol=1e-5)
-        assert flops[name]["ours"] == pytest.approx(flops[name]["xla"], rel=0.02), (name, flops[name])
-
-
 def test_functional_model_with_attention_probabilities(layer):
     """Symbolic Keras inputs: the output structure follows `return_attention_scores`."""
     tokens = keras.Input((LENGTH, WIDTH))
@@ -420,3 +363,235 @@ def test_functional_model_with_attention_probabilities(layer):
 def test_flop_count_needs_a_built_layer():
     with pytest.raises(ValueError, match="build or call the layer first"):
         FixedHeadSizeAttention(num_heads=2, head_size=4).query_key_flops(8)
+
+
+# --------------------------------------------------------------------------------------
+# The fused path (keras.ops.dot_product_attention) against the explicit one
+
+FUSABLE = {
+    "standard": lambda **kwargs: StandardAttention(num_heads=HEADS, **kwargs),
+    "fixed": lambda **kwargs: FixedHeadSizeAttention(num_heads=HEADS, head_size=12, **kwargs),
+}
+MASKINGS = {
+    "none": {},
+    "causal": {"use_causal_mask": True},
+    # The last example is all padding: its queries have no key to attend to.
+    "padding": {"attention_mask": _padding_mask() & (np.arange(BATCH) < BATCH - 1)[:, None]},
+    "padding_and_causal": {"attention_mask": _padding_mask(), "use_causal_mask": True},
+}
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the calls of keras.ops.dot_product_attention (the layers call it through `keras.ops`)."""
+    calls = []
+    original = keras.ops.dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", counting)
+    return calls
+
+
+def _fused_and_explicit(factory, **kwargs):
+    fused = _randomize(factory(**kwargs))
+    fused.build((BATCH, LENGTH, WIDTH))
+    _randomize(fused)
+    explicit = fused.__class__.from_config(fused.get_config() | {"use_fused": False})
+    explicit.build((BATCH, LENGTH, WIDTH))
+    explicit.set_weights(fused.get_weights())
+    return fused, explicit
+
+
+def _outputs_and_gradients(layer, tokens, **kwargs):
+    import tensorflow as tf
+
+    tokens = tf.constant(tokens)
+    with tf.GradientTape() as tape:
+        tape.watch(tokens)
+        outputs = layer(tokens, training=True, **kwargs)
+        loss = tf.reduce_sum(tf.square(outputs))
+    gradients = tape.gradient(loss, [tokens, *layer.trainable_variables])
+    return outputs.numpy(), [g.numpy() for g in gradients]
+
+
+@pytest.mark.parametrize("masking", sorted(MASKINGS))
+@pytest.mark.parametrize("variant", sorted(FUSABLE))
+def test_fused_path_matches_explicit_outputs_and_gradients(variant, masking, fused_calls):
+    fused, explicit = _fused_and_explicit(FUSABLE[variant])
+    tokens = _random(BATCH, LENGTH, WIDTH)
+    outputs, gradients = _outputs_and_gradients(fused, tokens, **MASKINGS[masking])
+    assert len(fused_calls) == 1 and fused_calls[0]["is_causal"] == ("causal" in masking)
+    expected, expected_gradients = _outputs_and_gradients(explicit, tokens, **MASKINGS[masking])
+    assert len(fused_calls) == 1
+    np.testing.assert_allclose(outputs, expected, rtol=1e-5, atol=1e-5)
+    _assert_gradients_close(gradients, expected_gradients)
+
+
+def _assert_gradients_close(gradients, expected_gradients, err_msg=""):
+    """float32 agreement relative to the largest gradient.
+
+    The key bias's gradient is zero in exact arithmetic (the bias cancels in the
+    softmax), so its float32 value is rounding noise of the other terms' size.
+    """
+    scale = max(np.abs(expected).max() for expected in expected_gradients)
+    for i, (gradient, expected) in enumerate(zip(gradients, expected_gradients)):
+        np.testing.assert_allclose(gradient, expected, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{err_msg} gradient {i}")
+
+
+@pytest.mark.parametrize("use_fused", [True, False], ids=["fused", "explicit"])
+def test_query_without_keys_attends_uniformly(use_fused):
+    """Today's behaviour, kept by both paths: a query whose keys are all masked averages all values.
+
+    The reference is computed by hand from the value and output projections.
+    """
+    layer = _randomize(FixedHeadSizeAttention(num_heads=HEADS, head_size=12, use_fused=use_fused))
+    layer.build((BATCH, LENGTH, WIDTH))
+    _randomize(layer)
+    tokens = _random(BATCH, LENGTH, WIDTH)
+    mask = np.ones((BATCH, LENGTH, LENGTH), bool)
+    mask[1, 2] = False  # query 2 of example 1 may attend to nothing
+    outputs = _np(layer(tokens, attention_mask=mask))
+    values_SxNxH = np.einsum("SI,INH->SNH", tokens[1], _np(layer.value_dense.kernel)) + _np(layer.value_dense.bias)
+    output_dense = layer.output_dense
+    expected = np.einsum("NH,NHO->O", values_SxNxH.mean(0), _np(output_dense.kernel)) + _np(output_dense.bias)
+    np.testing.assert_allclose(outputs[1, 2], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_dropout_in_training_falls_back_to_the_explicit_path(fused_calls):
+    fused, explicit = _fused_and_explicit(FUSABLE["fixed"], dropout=0.5)
+    tokens = _random(BATCH, LENGTH, WIDTH)
+    dropped = _np(fused(tokens, attention_mask=_padding_mask(), training=True))
+    assert not fused_calls
+    inference = _np(fused(tokens, attention_mask=_padding_mask(), training=False))
+    assert len(fused_calls) == 1
+    np.testing.assert_allclose(inference, _np(explicit(tokens, attention_mask=_padding_mask())), rtol=1e-5, atol=1e-5)
+    assert np.abs(dropped - inference).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "factory, call_kwargs",
+    [
+        (FUSABLE["fixed"], {"return_attention_scores": True}),
+        (lambda: FixedHeadSizeAttention(num_heads=HEADS, head_size=12, value_head_size=5), {}),
+        (lambda: CollaborativeAttention(num_heads=HEADS, shared_key_dim=6, head_size=4), {}),
+        (lambda: StandardAttention(num_heads=HEADS, use_fused=False), {}),
+    ],
+    ids=["scores_returned", "value_heads_differ", "collaborative", "use_fused_false"],
+)
+def test_explicit_path_where_the_fused_one_cannot_or_must_not_run(factory, call_kwargs, fused_calls):
+    factory()(_random(BATCH, LENGTH, WIDTH), **call_kwargs)
+    assert not fused_calls
+
+
+def test_use_fused_is_serialised_and_old_configs_load():
+    layer = StandardAttention(num_heads=HEADS, use_fused=False)
+    assert layer.get_config()["use_fused"] is False
+    assert StandardAttention.from_config(layer.get_config()).use_fused is False
+    old_config = {key: value for key, value in layer.get_config().items() if key != "use_fused"}
+    assert StandardAttention.from_config(old_config).use_fused is True
+    with pytest.raises(ValueError, match="use_fused='yes'"):
+        FixedHeadSizeAttention(num_heads=HEADS, head_size=8, use_fused="yes")
+
+
+# --------------------------------------------------------------------------------------
+# JAX backend, in one subprocess (importing Keras there costs ~10 s): the same outputs,
+# the analytic FLOP counts match XLA's cost analysis, and the fused path
+# (jax.nn.dot_product_attention there) matches the explicit one, gradients included
+
+_JAX_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    import keras
+    from models import CollaborativeAttention, FixedHeadSizeAttention, StandardAttention
+
+    data = np.load(sys.argv[1], allow_pickle=False)
+    tokens, mask = data["tokens"], data["mask"]
+    flops, arrays = {}, {}
+    for name, layer in (
+        ("standard", StandardAttention(num_heads=4)),
+        ("fixed", FixedHeadSizeAttention(num_heads=4, head_size=12)),
+        ("collaborative", CollaborativeAttention(num_heads=4, shared_key_dim=6, head_size=4)),
+    ):
+        layer.build(tokens.shape)
+        layer.set_weights([data[f"{name}_{i}"] for i in range(len(layer.weights))])
+        arrays[name] = np.asarray(layer(tokens, attention_mask=mask, use_causal_mask=True))
+        logits = jax.jit(lambda q: layer._attention_logits(q, q))
+        cost = logits.lower(tokens).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        flops[name] = {"xla": cost["flops"], "ours": layer.query_key_flops(tokens.shape[1]) * tokens.shape[0]}
+
+    fully_padded_mask = data["fully_padded_mask"]
+    for path, use_fused in (("fused", True), ("explicit", False)):
+        layer = FixedHeadSizeAttention(num_heads=4, head_size=12, use_fused=use_fused)
+        layer.build(tokens.shape)
+        layer.set_weights([data[f"fixed_{i}"] for i in range(len(layer.weights))])
+
+        def loss(trainable, x):
+            outputs, _ = layer.stateless_call(trainable, [], x, attention_mask=fully_padded_mask, use_causal_mask=True)
+            return (outputs**2).sum(), outputs
+
+        (_, outputs), (weight_gradients, input_gradient) = jax.jit(
+            jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+        )([v.value for v in layer.trainable_variables], tokens)
+        arrays[f"{path}_outputs"] = np.asarray(outputs)
+        for i, gradient in enumerate([input_gradient, *weight_gradients]):
+            arrays[f"{path}_gradient_{i}"] = np.asarray(gradient)
+    np.savez(sys.argv[2], **arrays)
+    print(json.dumps(flops))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def jax_run(tmp_path_factory):
+    """Runs `_JAX_SCRIPT` on random weights; returns the weights' TF layers, the JAX arrays and FLOP counts."""
+    directory = tmp_path_factory.mktemp("jax")
+    tokens = _random(BATCH, LENGTH, WIDTH)
+    inputs = {"tokens": tokens, "mask": _padding_mask(), "fully_padded_mask": MASKINGS["padding"]["attention_mask"]}
+    layers = {}
+    for name, factory in (
+        ("standard", lambda: StandardAttention(num_heads=4)),
+        ("fixed", lambda: FixedHeadSizeAttention(num_heads=4, head_size=12, use_fused=False)),
+        ("collaborative", lambda: CollaborativeAttention(num_heads=4, shared_key_dim=6, head_size=4)),
+    ):
+        layers[name] = factory()
+        layers[name].build(tokens.shape)
+        _randomize(layers[name])
+        inputs.update({f"{name}_{i}": w for i, w in enumerate(layers[name].get_weights())})
+    np.savez(directory / "inputs.npz", **inputs)
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-c", _JAX_SCRIPT, str(directory / "inputs.npz"), str(directory / "outputs.npz")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    flops = json.loads(result.stdout.strip().splitlines()[-1])
+    return inputs, layers, dict(np.load(directory / "outputs.npz")), flops
+
+
+@pytest.mark.slow
+def test_layers_run_under_jax_with_the_same_outputs_and_flop_counts(jax_run):
+    inputs, layers, jax_arrays, flops = jax_run
+    for name, layer in layers.items():
+        expected = _np(layer(inputs["tokens"], attention_mask=inputs["mask"], use_causal_mask=True))
+        np.testing.assert_allclose(jax_arrays[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
+        assert flops[name]["ours"] == pytest.approx(flops[name]["xla"], rel=0.02), (name, flops[name])
+
+
+@pytest.mark.slow
+def test_fused_path_matches_explicit_under_jax(jax_run):
+    """Padding (one example all padding: queries with no key) and causal masks; the
+    reference is TensorFlow's explicit path here."""
+    inputs, layers, jax_arrays, _ = jax_run
+    expected, expected_gradients = _outputs_and_gradients(
+        layers["fixed"], inputs["tokens"], attention_mask=inputs["fully_padded_mask"], use_causal_mask=True
+    )
+    for path in ("fused", "explicit"):
+        np.testing.assert_allclose(jax_arrays[f"{path}_outputs"], expected, rtol=1e-5, atol=1e-5, err_msg=path)
+        gradients = [jax_arrays[f"{path}_gradient_{i}"] for i in range(len(expected_gradients))]
+        _assert_gradients_close(gradients, expected_gradients, err_msg=path)
