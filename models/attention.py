@@ -97,8 +97,8 @@ class FixedHeadSizeAttention(keras.layers.Layer):
     # Whether `head_size` is derived from the query width in `build` (standard attention).
     _head_size_from_width = False
     # Whether the logits are the scaled per-head dot products of `_project_query_key`, so
-    # that `keras.ops.dot_product_attention` can compute them. A variant overriding
-    # `_attention_logits` with another formula sets this to False.
+    # that `keras.ops.dot_product_attention` can compute them. A variant that overrides
+    # `_attention_logits` is taken at its word (explicit path) unless it sets this to True.
     _logits_are_head_dot_products = True
 
     def __init__(
@@ -290,9 +290,11 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         It returns no probabilities and applies no dropout to them, and it needs value
         heads of the query/key head size (`jax.nn.dot_product_attention` checks it).
         """
+        overridden = type(self)._attention_logits is not FixedHeadSizeAttention._attention_logits
         return (
             self.use_fused
             and self._logits_are_head_dot_products
+            and (not overridden or "_logits_are_head_dot_products" in vars(type(self)))
             and not return_attention_scores
             and not (training and self.dropout > 0)
             and self._value_head_size == self._head_size

@@ -104,3 +104,16 @@ def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(tmp_path, 
     finally:
         ATTENTION_TYPES.pop("sharp", None)
         TASKS.pop("word_count", None)
+
+
+def test_a_variant_overriding_the_logits_hook_is_not_bypassed_by_the_fused_path():
+    layer = SharpAttention(num_heads=2, head_size=8)
+    x = np.random.default_rng(1).normal(size=(2, 5, 16)).astype("float32")
+    sharp = np.asarray(layer(x, x))  # inference, no scores: the fused path would apply to the base class
+    _, scores = layer(x, x, return_attention_scores=True)  # explicit path, through the overridden hook
+    base = FixedHeadSizeAttention(num_heads=2, head_size=8)
+    base(x, x)
+    base.set_weights(layer.get_weights())
+    assert np.abs(sharp - np.asarray(base(x, x))).max() > 1e-4  # the override changed the output
+    np.testing.assert_allclose(sharp, np.asarray(layer(x, x, return_attention_scores=True)[0]), rtol=1e-5, atol=1e-6)
+    assert scores.shape == (2, 2, 5, 5)
