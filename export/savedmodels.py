@@ -83,9 +83,10 @@ class _Reusable(tf.Module):
             self.__call__.get_concrete_function(input_specs, training=training)
 
 
-def hub_encoder(pretrainer, vocabulary, lowercase):
-    """The TF-Hub encoder object of a `BertPretrainer` (encoder + `.mlm`)."""
-    encoder = pretrainer.encoder
+def hub_encoder(model, vocabulary, lowercase):
+    """The TF-Hub encoder object of a task model around a `BertEncoder` (`.encoder`); a
+    `BertPretrainer` adds `.mlm`."""
+    encoder = model.encoder
 
     def call(inputs, training=False):
         return _encoder_outputs(encoder, inputs, training)
@@ -96,7 +97,9 @@ def hub_encoder(pretrainer, vocabulary, lowercase):
         return outputs
 
     root = _Reusable(encoder, call, _id_specs())
-    root.mlm = _Reusable(pretrainer, call_mlm, _id_specs((*ENCODER_INPUTS, "masked_lm_positions")))
+    if hasattr(model, "masked_lm_logits"):
+        pretrainer = model
+        root.mlm = _Reusable(pretrainer, call_mlm, _id_specs((*ENCODER_INPUTS, "masked_lm_positions")))
     root.vocab_file = tf.saved_model.Asset(str(vocabulary))
     root.do_lower_case = tf.Variable(lowercase, trainable=False, name="do_lower_case")
 
@@ -185,8 +188,35 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
     return root, signatures
 
 
-def write_warmup_requests(path, model_name, texts=WARMUP_TEXTS):
-    """TF Serving's warm-up file: PredictionLog records of `serving_default` requests."""
+def task_serving_model(model, tokenizer, seq_length, labels=None, pairs=False):
+    """The TF Serving model of a fine-tuned `BertClassifier`: `serving_default` takes `text`
+    (and `text_b` for a pair task) and returns `probabilities` [batch, classes] and `label`
+    (the class name) or, for a regression (`labels` None), `score` [batch]."""
+    root = _holding(tokenizer)
+    root.model_variables = _variables(model)
+    names = tf.constant(labels or [""])
+
+    def predict(texts):
+        segments = [tokenizer.tokenize(text, max_length=seq_length) for text in texts]
+        inputs = tokenizer.pack(segments, seq_length)
+        logits = model({name: inputs[name] for name in ENCODER_INPUTS}, training=False)["logits"]
+        if labels is None:
+            return {"score": logits[:, 0]}
+        probabilities = tf.nn.softmax(logits, axis=-1)
+        return {"probabilities": probabilities, "label": tf.gather(names, tf.argmax(probabilities, axis=-1))}
+
+    text = tf.TensorSpec([None], tf.string, name="text")
+    if pairs:
+        root.serve_text = tf.function(lambda text, text_b: predict([text, text_b]),
+                                      input_signature=[text, tf.TensorSpec([None], tf.string, name="text_b")])
+    else:
+        root.serve_text = tf.function(lambda text: predict([text]), input_signature=[text])
+    return root, {"serving_default": root.serve_text.get_concrete_function()}
+
+
+def write_warmup_requests(path, model_name, texts=WARMUP_TEXTS, inputs=("text",)):
+    """TF Serving's warm-up file: PredictionLog records of `serving_default` requests (every
+    input of `inputs` gets the same texts)."""
     from tensorflow_serving.apis import model_pb2
     from tensorflow_serving.apis import predict_pb2
     from tensorflow_serving.apis import prediction_log_pb2
@@ -195,7 +225,8 @@ def write_warmup_requests(path, model_name, texts=WARMUP_TEXTS):
     with tf.io.TFRecordWriter(str(path)) as writer:
         for batch in ([texts[0]], list(texts)):
             request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name, signature_name="serving_default"))
-            request.inputs["text"].CopyFrom(tf.make_tensor_proto(batch, dtype=tf.string))
+            for name in inputs:
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(batch, dtype=tf.string))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
 
@@ -366,9 +397,16 @@ def _write_version(staged, pretrainer, vocabulary, export):
     with tarfile.open(os.path.join(hub_dir, "hub.tar.gz"), "w:gz") as archive:
         for name in ("encoder", "preprocess"):
             archive.add(os.path.join(hub_dir, name), arcname=name)
-    served, signatures = serving_model(pretrainer.encoder, tokenizer, export["seq_length"], export["pooling"])
+    task = export["config"]["task"]
+    if task["name"] in ("classification", "regression"):
+        labels = task["labels"] if task["name"] == "classification" else None
+        served, signatures = task_serving_model(pretrainer, tokenizer, export["seq_length"], labels, task["text_pairs"])
+        inputs = ("text", "text_b") if task["text_pairs"] else ("text",)
+    else:
+        served, signatures = serving_model(pretrainer.encoder, tokenizer, export["seq_length"], export["pooling"])
+        inputs = ("text",)
     tf.saved_model.save(served, serving_dir, signatures=signatures)
-    write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"])
+    write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"], inputs=inputs)
     with open(os.path.join(folder, commit.MODELS_CONFIG), "w") as file:
         file.write(models_config(export["model_name"]))
     for part, marker in commit.MARKERS.items():  # the export id in both halves

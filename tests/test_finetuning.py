@@ -116,3 +116,37 @@ def test_a_label_the_task_does_not_know_names_the_file_and_line(tmp_path, capsys
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and "dev.tsv line 15" in error and "'maybe'" in error and "Traceback" not in error
     assert not (tmp_path / "run").exists()
+
+
+_SERVE = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+served = tf.saved_model.load(sys.argv[1])
+pairs = json.loads(sys.argv[2])
+outputs = served.signatures["serving_default"](text=tf.constant([a for a, _ in pairs]), text_b=tf.constant([b for _, b in pairs]))
+assert "tensorflow_text" not in sys.modules
+print(json.dumps({"probabilities": outputs["probabilities"].numpy().tolist(), "label": [x.decode() for x in outputs["label"].numpy()]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_path, capsys, vocabulary):
+    import subprocess
+    import sys
+
+    from export.savedmodels import export_run
+
+    rows = _write_mrpc(tmp_path / "MRPC")
+    _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc", f"task.data_dir={tmp_path / 'MRPC'}")
+    written = export_run(tmp_path / "run", tmp_path / "out")
+    pairs = [(row[3], row[4].strip('"')) for row in rows[:6]]
+    result = subprocess.run([sys.executable, "-c", _SERVE, written["serving"], json.dumps(pairs)], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    config, logits = _dev_predictions(tmp_path / "run", pairs)
+    live = np.exp(logits - logits.max(-1, keepdims=True))
+    live /= live.sum(-1, keepdims=True)
+    np.testing.assert_allclose(np.array(served["probabilities"]), live, atol=1e-5)
+    assert served["label"] == [config.task.labels[i] for i in live.argmax(-1)]

@@ -30,11 +30,13 @@ SHIPPED = {"wordnet_topics": pathlib.Path(__file__).parent.parent / "data" / "wo
 @dataclasses.dataclass(frozen=True)
 class SentenceSettings(TaskSettings):
     """dataset: see the module docstring; labels: class names in id order (default: the sorted
-    labels of the training split); dropout: on the pooled output (default: the encoder's)."""
+    labels of the training split); text_pairs: whether inputs are pairs (default: read off the
+    data); dropout: on the pooled output (default: the encoder's)."""
 
     dataset: str = "glue/mrpc"
     data_dir: typing.Optional[str] = None
     labels: typing.Optional[list] = None
+    text_pairs: typing.Optional[bool] = None
     dropout: typing.Optional[float] = None
 
     def __post_init__(self):
@@ -74,7 +76,10 @@ class ClassificationTask(Task):
         self.dev_examples = glue.glue_examples(task, "dev", data_dir, source)
         self.train_labels = self._labels(self.train_examples, glue.glue_source(task, "train", data_dir, source))
         self.dev_labels = self._labels(self.dev_examples, glue.glue_source(task, "dev", data_dir, source))
-        self.pairs = any(example.text_b is not None for example in self.train_examples)
+        if self.settings.text_pairs is None:
+            pairs = any(example.text_b is not None for example in self.train_examples)
+            self.settings = dataclasses.replace(self.settings, text_pairs=pairs)
+        self.pairs = self.settings.text_pairs
 
     def _labels(self, examples, source):
         if self.settings.labels is None:
