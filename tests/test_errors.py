@@ -1,0 +1,74 @@
+"""Bad input on every CLI: one line naming the field or file and the value, exit code 2, no
+traceback, nothing written (in-process `main(argv)`, not subprocesses)."""
+
+import pytest
+
+import configs
+from export import cli as export_cli
+from training import cli as train_cli
+from training import collaborative_cli
+
+
+def _fails(capsys, main, argv, *expected):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2, error
+    assert "Traceback" not in error and error.strip().count("\n") <= 1, error
+    for text in expected:
+        assert text in error, error
+    return error
+
+
+def test_unknown_preset(capsys):
+    _fails(capsys, configs.main, ["nope"], "'nope'", "Presets:")
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("training.learning_rate=-1", "training.learning_rate=-1"),
+        ("training.warmup_steps=-5", "training.warmup_steps=-5"),
+        ("training.batch_size=0", "training.batch_size=0"),
+        ("task.mask_rate=1.5", "task.mask_rate=1.5"),
+    ],
+)
+def test_values_that_must_be_refused(tmp_path, capsys, override, expected):
+    _fails(capsys, train_cli.main, ["--config", "tiny_bert_fixed", "--run-dir", str(tmp_path / "run"), "--set", override], expected)
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_dir_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("mine")
+    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "file")], str(tmp_path / "file"), "existing file")
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_truncated_config_of_a_run_names_the_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"model_type": "bert", "mod')
+    error = _fails(capsys, export_cli.main, ["--run", str(run), "--out", str(tmp_path / "out")], str(run / "config.json"))
+    assert "not valid JSON" in error and not (tmp_path / "out").exists()
+
+
+def test_truncated_weights_of_a_run_name_the_file(tmp_path, capsys):
+    from models.bert import BertPretrainer
+    from training import runs
+
+    config = configs.load_config("tiny_bert_fixed")
+    model = BertPretrainer(config.build_model())
+    run = runs.RunDirectory(tmp_path / "run")
+    run.start(config.to_dict())
+    run.write_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
+    run.save_models(model.encoder, model)
+    weights = tmp_path / "run" / "model.weights.h5"
+    weights.write_bytes(weights.read_bytes()[:2000])
+    _fails(capsys, export_cli.main, ["--run", str(tmp_path / "run"), "--out", str(tmp_path / "out")], str(weights))
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_conversion_with_zero_iterations(tmp_path, capsys, minilm_dir):
+    _fails(capsys, collaborative_cli.main, ["--hf-dir", str(minilm_dir), "--ratio", "0.5", "--out", str(tmp_path / "out"),
+                                            "--iterations", "0"], "--iterations=0")
+    assert not (tmp_path / "out").exists()
