@@ -18,7 +18,6 @@ p50(text) / p50(ids) - 1.
 
 import argparse
 import importlib.util
-import json
 import os
 import pathlib
 import platform
@@ -35,6 +34,7 @@ from export.savedmodels import export_run  # noqa: E402
 from models.bert import BertPretrainer  # noqa: E402
 from models.hf_import import load_hf_weights  # noqa: E402
 from training.data import read_lines  # noqa: E402
+from training import runs  # noqa: E402
 from training.runs import write_json_atomically  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -48,15 +48,15 @@ MODELS = {
 
 
 def make_run(directory, preset, overrides, from_minilm):
-    """A run directory in the trainer's format: config.json, weights, the uncased BERT vocab."""
+    """A run directory (through `training.runs`): config.json, weights, the uncased BERT vocab."""
     config = configs.load_config(preset, [*overrides, "tokenizer.strip_accents=true"])
     pretrainer = BertPretrainer(config.build_model())
     if from_minilm:
         load_hf_weights(pretrainer.encoder, MINILM)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config.to_dict() | {"name": config.name}))
-    pretrainer.save_weights(directory / "model.weights.h5")
-    shutil.copyfile(MINILM / "vocab.txt", directory / "vocab.txt")
+    run = runs.RunDirectory(directory)
+    run.start(config.to_dict() | {"name": config.name, "tokenizer": {"lowercase": True, "strip_accents": True}})
+    run.write_vocabulary(runs.read_vocabulary(MINILM / "vocab.txt"))
+    run.save_models(pretrainer.encoder, pretrainer)
 
 
 def _time(function, kwargs):

@@ -316,7 +316,7 @@ def _tokenizer_settings(config, config_path):
     """(lowercase, strip_accents) of the run's tokenizer: its config's "tokenizer" section,
     else the trainer's settings (uncased; training.strip_accents)."""
     tokenizer, training = config.get("tokenizer") or {}, config.get("training") or {}
-    lowercase = tokenizer.get("lowercase", True)
+    lowercase = True if tokenizer.get("lowercase") is None else tokenizer["lowercase"]  # None: BERT-uncased
     strip_accents = tokenizer.get("strip_accents", training.get("strip_accents"))
     if not isinstance(lowercase, bool):
         raise ValueError(f"{config_path}: `tokenizer.lowercase` must be true or false. Received: {lowercase!r}")

@@ -393,15 +393,17 @@ def test_readme_loading_examples_run(exported):
 
 @pytest.fixture(scope="module")
 def small_run_template(tmp_path_factory):
-    """An untrained tiny BERT run (config.json, weights, a 1000-token WordPiece vocabulary)."""
+    """An untrained tiny BERT run (through the run-directory module; a 1000-token WordPiece vocabulary)."""
     from models.bert import BertPretrainer
+    from training import runs
     from training.tokenizer import train_wordpiece
 
     config = configs.load_config("tiny_bert_fixed")
     run = tmp_path_factory.mktemp("small") / "run"
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps(config.to_dict() | {"name": config.name}))
-    BertPretrainer(config.build_model()).save_weights(run / "model.weights.h5")
+    pretrainer = BertPretrainer(config.build_model())
+    directory = runs.RunDirectory(run)
+    directory.start(config.to_dict() | {"name": config.name})
+    directory.save_models(pretrainer.encoder, pretrainer)
     train_wordpiece(read_lines(SAMPLE_CORPUS), 1000, run / "vocab.txt")
     return run
 
