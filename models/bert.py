@@ -132,8 +132,25 @@ class BertEncoder(ArgumentsAreConfig, keras.Model):
         return admin_initialize(self.blocks, self._embed(inputs, training=False), attention_mask=inputs["input_mask"])
 
 
+class EncoderHead(keras.Model):
+    """A functional model around `self.encoder` whose config nests the encoder's and holds the
+    head's own arguments (`head_arguments`), so `cls.from_config(get_config())` rebuilds it."""
+
+    head_arguments = ()
+
+    def get_config(self):
+        return {"name": self.name, "trainable": self.trainable, "encoder": keras.layers.serialize(self.encoder),
+                **{name: getattr(self, name) for name in self.head_arguments}}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["encoder"] = keras.layers.deserialize(config["encoder"])
+        return cls(**config)
+
+
 @keras.saving.register_keras_serializable(package="concise_attention")
-class BertPretrainer(keras.Model):
+class BertPretrainer(EncoderHead):
     """BERT's masked-language-model head on a `BertEncoder`, output embedding tied.
 
     Inputs: the encoder's three plus `masked_lm_positions` (int32 (B, P)). Output:
@@ -144,6 +161,8 @@ class BertPretrainer(keras.Model):
         encoder: a `BertEncoder`.
         activation: activation of the head's transform (default: the encoder's).
     """
+
+    head_arguments = ("activation",)
 
     def __init__(self, encoder, activation=None, **kwargs):
         if not isinstance(encoder, BertEncoder):
@@ -174,19 +193,6 @@ class BertPretrainer(keras.Model):
         hidden = self.transform_norm(self.transform(masked_BxPxD))
         return self.output_bias(self.encoder.word_embeddings(hidden, reverse=True))
 
-    def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            "encoder": keras.layers.serialize(self.encoder),
-            "activation": self.activation,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["encoder"] = keras.layers.deserialize(config["encoder"])
-        return cls(**config)
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")

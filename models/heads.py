@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from models.bert import BertEncoder
+from models.bert import EncoderHead
 
 
 def _check_encoder(encoder):
@@ -16,22 +17,8 @@ def _check_encoder(encoder):
         raise ValueError(f"`encoder` must be a BertEncoder. Received: encoder={encoder!r}")
 
 
-class _EncoderHead(keras.Model):
-    """A functional model around `encoder` whose config nests the encoder's."""
-
-    def get_config(self):
-        return {"name": self.name, "trainable": self.trainable, "encoder": keras.layers.serialize(self.encoder),
-                **{name: getattr(self, name) for name in self.head_arguments}}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["encoder"] = keras.layers.deserialize(config["encoder"])
-        return cls(**config)
-
-
 @keras.saving.register_keras_serializable(package="concise_attention")
-class BertClassifier(_EncoderHead):
+class BertClassifier(EncoderHead):
     """Logits of `num_outputs` classes (or one regression score) from the pooled output.
 
     Args:
@@ -63,7 +50,7 @@ class BertClassifier(_EncoderHead):
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
-class BertSpanLabeler(_EncoderHead):
+class BertSpanLabeler(EncoderHead):
     """Start and end logits of an answer span over the tokens (SQuAD).
 
     Output: `start_logits`, `end_logits` (B, T), float32; padding positions get -1e9.
