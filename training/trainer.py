@@ -6,10 +6,13 @@ run directory (`training.runs`), the vocabulary, initialisation from a trained m
 (`task.init`: a run directory, a `concise-collaborative` output or a Hugging Face BERT
 folder), the optimizer and schedule, checkpoints, TensorBoard and the strategy.
 
-Checkpoints are written at epoch ends (every `steps_per_epoch` steps) under a temporary
-name and renamed, so a run killed at any moment leaves the previous checkpoint intact. A
-restarted run loads it, skips the batches already consumed (the seeded pipeline replays
-the same order) and continues from the same step: no step is counted twice.
+Checkpoints are written at epoch ends (every `steps_per_epoch` steps; the last epoch is
+shorter when that does not divide `train_steps`) under a temporary name and renamed, so a
+run killed at any moment leaves the previous checkpoint intact. They hold the weights, the
+optimizer state and the dropout seed states. A restarted run loads it, skips the batches
+already consumed (the seeded pipeline replays the same order and the same masks) and
+continues from the same step: no step is counted twice, and the result is bit-identical to
+an uninterrupted run's.
 """
 
 import dataclasses
