@@ -52,6 +52,23 @@ def test_masking_follows_bert(tokenizer):
     assert 0.75 < masked / chosen < 0.85 and 0.06 < kept / chosen < 0.14
 
 
+def test_masks_are_keyed_on_the_batch_index(tokenizer):
+    """The same batch gets the same masks in a new pipeline and in one that skipped to it (a resume)."""
+    def batches(skip):
+        dataset = masked_lm_dataset(corpus_lines("sample"), tokenizer, 64, 8, max_predictions=10, mask_rate=0.15,
+                                    training=True, seed=3, skip_batches=skip)
+        return list(dataset.take(3 - skip).as_numpy_iterator())
+
+    full, again, resumed = batches(0), batches(0), batches(2)
+    for first, second in [(full, again), (full[2:], resumed)]:
+        for (inputs_a, labels_a, weights_a), (inputs_b, labels_b, weights_b) in zip(first, second, strict=True):
+            for name in inputs_a:
+                np.testing.assert_array_equal(inputs_a[name], inputs_b[name], err_msg=name)
+            np.testing.assert_array_equal(labels_a, labels_b)
+            np.testing.assert_array_equal(weights_a, weights_b)
+    assert not np.array_equal(full[0][0]["masked_lm_positions"], full[1][0]["masked_lm_positions"])
+
+
 def test_tiny_bert_pretrains_and_its_mlm_loss_falls(tmp_path):
     config = configs.load_config("tiny_bert_fixed", ["training.train_steps=200", "training.steps_per_epoch=100"])
     metrics = train(config, tmp_path / "run", verbose=0)

@@ -140,30 +140,6 @@ def test_multi_worker_mirrored_two_processes_end_with_identical_weights(tmp_path
     assert max(np.abs(chief[name] - start[name]).max() for name in chief) > 1e-4
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_to_the_same_step_and_weights(tmp_path):
-    steps = ["training.train_steps=60", "training.steps_per_epoch=20", "training.steps_per_execution=1"]
-    reference = _run(_cli(tmp_path / "straight", *steps))
-
-    interrupted = subprocess.Popen(_cli(tmp_path / "killed", *steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint = tmp_path / "killed" / "checkpoint" / "model.weights.h5"
-    deadline = time.time() + 300
-    while not checkpoint.is_file() and time.time() < deadline and interrupted.poll() is None:
-        time.sleep(0.05)
-    assert checkpoint.is_file(), "no checkpoint was written"
-    interrupted.send_signal(signal.SIGKILL)  # mid-run, no chance to clean up
-    interrupted.wait()
-    with h5py.File(checkpoint, "r") as f:  # the optimizer's step counter is saved with the weights
-        assert int(f["optimizer"]["vars"]["0"][()]) < 60
-
-    resumed = _run(_cli(tmp_path / "killed", *steps))
-    assert resumed["step"] == reference["step"] == 60
-    expected, outputs = _weights(tmp_path / "straight" / "model.weights.h5"), _weights(tmp_path / "killed" / "model.weights.h5")
-    for name in expected:
-        np.testing.assert_allclose(outputs[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    assert resumed["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-5)
-
-
 def test_tpu_strategy_without_a_tpu_fails_at_once_naming_it():
     start = time.time()
     with pytest.raises(ValueError, match="TPU 'my-tpu-v4'"):

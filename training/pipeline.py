@@ -123,12 +123,18 @@ def language_model_dataset(lines_fn, tokenizer, sequence_length, batch_size, tra
     return _batched(dataset, batch_size, training, seed, skip_batches).prefetch(tf.data.AUTOTUNE)
 
 
-def _batched(dataset, batch_size, training, seed, skip_batches):
+def _batched(dataset, batch_size, training, seed, skip_batches, indexed=False):
     """Repeats and shuffles (seeded) when training, batches with drop_remainder (static
-    shapes), skips the batches a resumed run already consumed, shards by data."""
+    shapes), skips the batches a resumed run already consumed, shards by data.
+
+    indexed: yield (batch index, batch), the index counted from the first batch of the
+    run, so that randomness keyed on it is the same whether or not batches were skipped.
+    """
     if training:
         dataset = dataset.repeat().shuffle(2048, seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.batch(batch_size, drop_remainder=True)
+    if indexed:
+        dataset = dataset.enumerate()
     if skip_batches:
         dataset = dataset.skip(skip_batches)
     options = tf.data.Options()
@@ -147,16 +153,58 @@ def tokens_per_word(lines, tokenizer):
     return tokens / words
 
 
+def bert_masking(token_ids_BxT, key, vocabulary_size, mask_rate, max_predictions, mask_id, unselectable_ids):
+    """BERT's masked-LM corruption of a batch, a pure function of `key` (stateless ops).
+
+    In each row, round(`mask_rate` * real tokens) positions (at least 1, at most
+    `max_predictions`) are drawn uniformly among the tokens not in `unselectable_ids`;
+    80% of them become `mask_id`, 10% a uniformly random id of the vocabulary, 10% stay.
+
+    Args:
+        token_ids_BxT: int tensor of packed rows.
+        key: int64 [2], the stateless seed of this batch (same key, same masks).
+
+    Returns:
+        (masked_BxT, positions_BxP, labels_BxP, weights_BxP): the corrupted rows, the
+        chosen positions (ascending, padded with 0), the original ids there (0 where
+        padded) and 1.0 for real predictions; P = `max_predictions`.
+    """
+    token_ids_BxT = tf.cast(token_ids_BxT, tf.int32)
+    length = tf.shape(token_ids_BxT)[1]
+    choice_key, replace_key, random_key = tf.unstack(tf.random.experimental.stateless_split(key, 3))
+    selectable_BxT = tf.reduce_all(token_ids_BxT[..., None] != tf.constant(unselectable_ids, tf.int32), axis=-1)
+    real_B = tf.reduce_sum(tf.cast(selectable_BxT, tf.float32), axis=1)
+    count_B = tf.minimum(tf.cast(tf.maximum(1.0, tf.round(real_B * mask_rate)), tf.int32), max_predictions)
+    count_B = tf.where(real_B > 0, count_B, 0)
+    # A uniform random subset of `count` selectable positions: the highest random scores.
+    scores_BxT = tf.where(selectable_BxT, tf.random.stateless_uniform(tf.shape(token_ids_BxT), choice_key), -1.0)
+    candidates_BxP = tf.math.top_k(scores_BxT, k=max_predictions).indices
+    chosen_BxP = tf.range(max_predictions)[None, :] < count_B[:, None]
+    selected_BxT = tf.reduce_any(tf.logical_and(tf.one_hot(candidates_BxP, length, on_value=True, off_value=False),
+                                                chosen_BxP[..., None]), axis=1)
+    # Ascending positions: the largest (length - position) of the selected ones first.
+    order_BxP = tf.math.top_k(tf.where(selected_BxT, length - tf.range(length)[None, :], 0), k=max_predictions).values
+    weights_BxP = tf.cast(order_BxP > 0, tf.float32)
+    positions_BxP = tf.where(order_BxP > 0, length - order_BxP, 0)
+    labels_BxP = tf.where(order_BxP > 0, tf.gather(token_ids_BxT, positions_BxP, batch_dims=1), 0)
+    draw_BxT = tf.random.stateless_uniform(tf.shape(token_ids_BxT), replace_key)
+    random_ids_BxT = tf.random.stateless_uniform(tf.shape(token_ids_BxT), random_key, minval=0, maxval=vocabulary_size, dtype=tf.int32)
+    masked_BxT = tf.where(tf.logical_and(selected_BxT, draw_BxT < 0.8), mask_id,
+                          tf.where(tf.logical_and(selected_BxT, draw_BxT < 0.9), random_ids_BxT, token_ids_BxT))
+    return masked_BxT, positions_BxP, labels_BxP, weights_BxP
+
+
 def masked_lm_dataset(
     lines_fn, tokenizer, sequence_length, batch_size, max_predictions, mask_rate, training, seed=0, skip_batches=0
 ):
     """The batched tf.data pipeline of BERT masked-LM examples.
 
     Consecutive lines form a segment pair ([CLS] A [SEP] B [SEP], truncated round-robin
-    to `sequence_length` by keras-hub's MultiSegmentPacker); keras-hub's
-    MaskedLMMaskGenerator picks `mask_rate` of the real tokens (at most
-    `max_predictions`) and replaces 80% of them by [MASK], 10% by a random token and
-    keeps 10%. There is no next-sentence objective (RoBERTa found it does not help).
+    to `sequence_length` by keras-hub's MultiSegmentPacker); `bert_masking` picks
+    `mask_rate` of the real tokens (at most `max_predictions`) and replaces 80% of them by
+    [MASK], 10% by a random token and keeps 10%. The masks of batch i are keyed on
+    (seed, i): the same at every run, and a resumed run draws those it would have drawn.
+    There is no next-sentence objective (RoBERTa found it does not help).
 
     Yields (inputs, labels, weights): inputs are the encoder's `input_word_ids`,
     `input_mask`, `input_type_ids` plus `masked_lm_positions`, int32 (B, T) and (B, P);
@@ -169,27 +217,24 @@ def masked_lm_dataset(
         sequence_length, start_value=special["[CLS]"], end_value=special["[SEP]"], pad_value=special["[PAD]"],
         truncate="round_robin",
     )
-    masker = keras_hub.layers.MaskedLMMaskGenerator(
-        vocabulary_size=tokenizer.vocabulary_size(),
-        mask_selection_rate=mask_rate,
-        mask_token_id=special["[MASK]"],
-        mask_selection_length=max_predictions,
-        unselectable_token_ids=[special["[PAD]"], special["[CLS]"], special["[SEP]"]],
-    )
+    vocabulary_size = tokenizer.vocabulary_size()
+    unselectable = [special["[PAD]"], special["[CLS]"], special["[SEP]"]]
 
-    def to_example(pairs_Bx2):
+    def to_example(batch_index, pairs_Bx2):
         token_ids, segment_ids = packer((tokenizer(pairs_Bx2[:, 0]), tokenizer(pairs_Bx2[:, 1])))
-        masked = masker(token_ids)
+        key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), batch_index)
+        masked, positions, labels, weights = bert_masking(token_ids, key, vocabulary_size, mask_rate, max_predictions,
+                                                          special["[MASK]"], unselectable)
         shape = (batch_size, sequence_length)
         inputs = {
-            "input_word_ids": tf.ensure_shape(tf.cast(masked["token_ids"], tf.int32), shape),
+            "input_word_ids": tf.ensure_shape(masked, shape),
             "input_mask": tf.ensure_shape(tf.cast(token_ids != special["[PAD]"], tf.int32), shape),
             "input_type_ids": tf.ensure_shape(tf.cast(segment_ids, tf.int32), shape),
-            "masked_lm_positions": tf.ensure_shape(tf.cast(masked["mask_positions"], tf.int32), (batch_size, max_predictions)),
+            "masked_lm_positions": tf.ensure_shape(positions, (batch_size, max_predictions)),
         }
-        return inputs, tf.cast(masked["mask_ids"], tf.int32), tf.cast(masked["mask_weights"], tf.float32)
+        return inputs, labels, weights
 
     dataset = tf.data.Dataset.from_generator(lines_fn, output_signature=tf.TensorSpec((), tf.string))
     dataset = dataset.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0).batch(2, drop_remainder=True)
-    dataset = _batched(dataset, batch_size, training, seed, skip_batches)
+    dataset = _batched(dataset, batch_size, training, seed, skip_batches, indexed=True)
     return dataset.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)

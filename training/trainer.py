@@ -6,17 +6,25 @@ run directory (`training.runs`), the vocabulary, initialisation from a trained m
 (`task.init`: a run directory, a `concise-collaborative` output or a Hugging Face BERT
 folder), the optimizer and schedule, checkpoints, TensorBoard and the strategy.
 
-Checkpoints are written at epoch ends (every `steps_per_epoch` steps) under a temporary
-name and renamed, so a run killed at any moment leaves the previous checkpoint intact. A
-restarted run loads it, skips the batches already consumed (the seeded pipeline replays
-the same order) and continues from the same step: no step is counted twice.
+Checkpoints are written at epoch ends (every `steps_per_epoch` steps; the last epoch is
+shorter when that does not divide `train_steps`) under a temporary name and renamed, so a
+run killed at any moment leaves the previous checkpoint intact. They hold the weights, the
+optimizer state and the dropout seed states. A restarted run loads it, skips the batches
+already consumed (the seeded pipeline replays the same order and the same masks) and
+continues from the same step: no step is counted twice, and the result is bit-identical to
+an uninterrupted run's.
 """
 
 import dataclasses
+import functools
 import math
+import os
+import tempfile
 import warnings
 
+import h5py
 import keras
+import numpy as np
 import tensorflow as tf
 
 from training import runs
@@ -30,8 +38,24 @@ from training.tokenizer import wordpiece_tokenizer
 VOCABULARY_TRAINING_LINES = 200_000
 
 
+def dropout_seed_states(model):
+    """The state variables of the model's random seed generators (dropout), in model order.
+
+    Keras keeps them in `model.variables` but not in `model.weights`, so `save_weights`
+    leaves them out: a resumed run would draw other dropout masks than an uninterrupted one.
+    They are matched by order, as Keras matches weights: their names carry process-wide
+    counters (seed_generator_7) that differ between processes building other models first.
+    """
+    weights = {id(variable) for variable in model.weights}
+    return [variable for variable in model.variables
+            if id(variable) not in weights and variable.path.endswith("seed_generator_state")]
+
+
 class AtomicCheckpoint(keras.callbacks.Callback):
-    """Writes weights + optimizer state (its step included) at each epoch end, as one file."""
+    """Writes weights + optimizer state (its step included) + the dropout seed states at
+    each epoch end, as one file (the group SEED_STATES beside Keras' own)."""
+
+    SEED_STATES = "dropout_seed_states"
 
     def __init__(self, run, is_chief=True):
         super().__init__()
@@ -42,8 +66,36 @@ class AtomicCheckpoint(keras.callbacks.Callback):
         return tf.io.gfile.exists(self.path)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.is_chief:
-            runs.save_weights(self.model, self.path)
+        if not self.is_chief:
+            return
+        with tempfile.TemporaryDirectory() as local:
+            local_path = os.path.join(local, "checkpoint.weights.h5")
+            self.model.save_weights(local_path)
+            with h5py.File(local_path, "a") as file:
+                group = file.create_group(self.SEED_STATES)
+                for index, variable in enumerate(dropout_seed_states(self.model)):
+                    group.create_dataset(str(index), data=np.asarray(variable.numpy()))
+            with open(local_path, "rb") as file:
+                runs.write_bytes_atomically(self.path, file.read())
+
+    def restore(self, model):
+        """Loads weights, optimizer state and dropout seed states into `model` (optimizer built)."""
+        runs.load_weights(model, self.path)
+        states = dropout_seed_states(model)
+        with tempfile.TemporaryDirectory() as local:
+            local_path = os.path.join(local, "checkpoint.weights.h5")
+            tf.io.gfile.copy(self.path, local_path, overwrite=True)
+            with h5py.File(local_path, "r") as file:
+                group = file.get(self.SEED_STATES)
+                saved = None if group is None else [group[str(index)][()] for index in range(len(group))]
+        if saved is None:
+            warnings.warn(f"The checkpoint {self.path} holds no dropout seed states (written before they were saved): "
+                          "the resumed run draws other dropout masks than an uninterrupted one.")
+            return
+        if len(saved) != len(states):
+            raise ValueError(f"The checkpoint {self.path} holds {len(saved)} dropout seed states, the model has {len(states)}.")
+        for variable, value in zip(states, saved):
+            variable.assign(value)
 
 
 class PerplexityLogger(keras.callbacks.Callback):
@@ -163,6 +215,19 @@ def resolve_steps(training, num_examples):
     return dataclasses.replace(training, train_steps=steps, warmup_steps=warmup)
 
 
+def steps_per_execution(training):
+    """training.steps_per_execution, reduced to divide training.steps_per_epoch.
+
+    Keras runs whole executions: with 5 steps per execution, an epoch of 2 steps would train
+    5. The greatest common divisor keeps every epoch (and so each checkpoint) at its step.
+    """
+    steps = math.gcd(training.steps_per_execution, training.steps_per_epoch)
+    if steps != training.steps_per_execution:
+        warnings.warn(f"training.steps_per_execution={training.steps_per_execution} does not divide "
+                      f"training.steps_per_epoch={training.steps_per_epoch}: running {steps} steps per execution.")
+    return steps
+
+
 def _check_sequence_length(config):
     if config.training.sequence_length > config.model.max_sequence_length:
         raise ValueError(
@@ -179,13 +244,13 @@ def _build(config, task, strategy, run, source, checkpoint):
     with strategy.scope():
         backbone = config.build_model()
         model = task.build_model(backbone)
-        model.compile(optimizer=_optimizer(training), steps_per_execution=training.steps_per_execution,
+        model.compile(optimizer=_optimizer(training), steps_per_execution=steps_per_execution(training),
                       jit_compile=training.jit_compile, **task.compile_arguments())
         # LayerNorm scales/offsets, biases and Admin's omegas are not decayed.
         model.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
         if checkpoint.exists():
             model.optimizer.build(model.trainable_variables)
-            runs.load_weights(model, checkpoint.path)
+            checkpoint.restore(model)
         elif source is not None:
             initialize_backbone(backbone, source)
     return model, backbone, int(model.optimizer.iterations.numpy())
@@ -221,9 +286,11 @@ def train(config, run_dir, verbose="auto"):
     checkpoint = AtomicCheckpoint(run, is_chief=is_chief)
     model, backbone, step = _build(config, task, strategy, run, source, checkpoint)
     train_data, eval_data = task.datasets(tokenizer, skip_batches=step)
+    batches_from = lambda skip: task.datasets(tokenizer, skip_batches=skip)[0]  # noqa: E731
     if step == 0 and config.model.residual_scaling == "admin" and source is None:
-        # Admin's profiling pass on the first training batch sets the residual scalings.
-        profiling_inputs, _, _ = next(iter(train_data))
+        # Admin's profiling pass on the first training batch sets the residual scalings. A
+        # second iterator of one dataset shuffles differently: fit keeps the first one.
+        profiling_inputs, _, _ = next(iter(batches_from(0)))
         with strategy.scope():
             backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
     eval_data, eval_steps = _cached_eval(eval_data, training)
@@ -236,7 +303,7 @@ def train(config, run_dir, verbose="auto"):
         with warnings.catch_warnings():
             # Heads a task does not train (the pooler under the masked LM) get no gradients.
             warnings.filterwarnings("ignore", message=r"Gradients do not exist for variables")
-            _fit(model, loop, train_data, eval_data, eval_steps, callbacks, training, step, verbose)
+            _fit(model, loop, (train_data, batches_from), eval_data, eval_steps, callbacks, training, step, verbose)
     evaluation = {"eval_loss": loop.evaluate()} if loop else task.evaluate(model, eval_data, eval_steps)
     metrics = {"task": config.task.name, "step": int(model.optimizer.iterations.numpy()), **evaluation}
     # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
@@ -258,21 +325,26 @@ def _cached_eval(eval_data, training):
 
 
 def _fit(model, loop, train_data, eval_data, eval_steps, callbacks, training, step, verbose):
-    epochs = math.ceil(training.train_steps / training.steps_per_epoch)
+    """Trains from `step` to exactly training.train_steps, in epochs of steps_per_epoch steps
+    and a shorter last one when steps_per_epoch does not divide train_steps.
+
+    train_data: (the training batches from `step` on, a function of a skip count giving
+    them from that batch on).
+    """
+    batches, batches_from = train_data
+    full_epochs, last_epoch_steps = divmod(training.train_steps, training.steps_per_epoch)
     if loop is not None:
-        loop.fit(epochs, step // training.steps_per_epoch, training.steps_per_epoch, callbacks, verbose)
+        loop.fit(training.train_steps, training.steps_per_epoch, step // training.steps_per_epoch, callbacks, verbose)
         return
-    model.fit(
-        train_data,
-        epochs=epochs,
-        initial_epoch=step // training.steps_per_epoch,
-        steps_per_epoch=training.steps_per_epoch,
-        validation_data=eval_data,
-        validation_steps=eval_steps,
-        callbacks=callbacks,
-        shuffle=False,
-        verbose=verbose,
-    )
+    fit = functools.partial(model.fit, validation_data=eval_data, validation_steps=eval_steps, callbacks=callbacks,
+                            shuffle=False, verbose=verbose)
+    if step < full_epochs * training.steps_per_epoch:
+        fit(batches, epochs=full_epochs, initial_epoch=step // training.steps_per_epoch, steps_per_epoch=training.steps_per_epoch)
+        # A new iterator of the same dataset may shuffle differently: the last epoch reads a fresh pipeline.
+        batches = batches_from(full_epochs * training.steps_per_epoch)
+    if last_epoch_steps:
+        # A finite dataset: an execution of steps_per_execution steps stops where it ends.
+        fit(batches.take(last_epoch_steps), epochs=full_epochs + 1, initial_epoch=full_epochs, steps_per_epoch=last_epoch_steps)
 
 
 class _MultiWorkerLoop:
@@ -325,12 +397,14 @@ class _MultiWorkerLoop:
             loss_sum, weight_sum = loss_sum + float(batch_loss), weight_sum + float(batch_weight)
         return loss_sum / max(weight_sum, 1.0)
 
-    def fit(self, epochs, initial_epoch, steps_per_epoch, callbacks, verbose):
+    def fit(self, train_steps, steps_per_epoch, initial_epoch, callbacks, verbose):
         callbacks = keras.callbacks.CallbackList(callbacks, model=self.model)
         callbacks.on_train_begin()
+        epochs = math.ceil(train_steps / steps_per_epoch)
         for epoch in range(initial_epoch, epochs):
             callbacks.on_epoch_begin(epoch)
-            losses = [float(self._train_step()) for _ in range(steps_per_epoch)]
+            epoch_steps = min(steps_per_epoch, train_steps - epoch * steps_per_epoch)
+            losses = [float(self._train_step()) for _ in range(epoch_steps)]
             logs = {"loss": sum(losses) / len(losses), "val_loss": self.evaluate()}
             callbacks.on_epoch_end(epoch, logs)
             if verbose:
