@@ -28,8 +28,9 @@ from training.tasks.language_model import CausalLMTask
 from training.tasks.language_model import MaskedLMTask
 from training.tasks.sentence import ClassificationTask
 from training.tasks.sentence import RegressionTask
+from training.tasks.span_qa import SpanQATask
 
-TASKS = {task.name: task for task in (CausalLMTask, MaskedLMTask, ClassificationTask, RegressionTask)}
+TASKS = {task.name: task for task in (CausalLMTask, MaskedLMTask, ClassificationTask, RegressionTask, SpanQATask)}
 
 
 def register_task(task_class):
