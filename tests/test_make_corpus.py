@@ -374,5 +374,9 @@ def test_document_formats_and_licences(tmp_path):
         """))
     licence, path = make_corpus.read_licence(tmp_path, "old")
     assert path == "usr/share/doc/old/copyright"
-    assert "Python Software Foundation License" in licence
+    assert licence == "see usr/share/doc/old/copyright; it names: Python Software Foundation"
     assert make_corpus.read_licence(tmp_path, "absent")[1] is None
+    (tmp_path / "usr/share/doc/old-doc").symlink_to("old")  # the licence is that of the linked package
+    assert make_corpus.read_licence(tmp_path, "old-doc") == make_corpus.read_licence(tmp_path, "old")
+    (tmp_path / "usr/share/doc/new-doc").symlink_to("new")
+    assert make_corpus.read_licence(tmp_path, "new-doc") == ("that of new (usr/share/doc/new-doc links to its directory)", None)

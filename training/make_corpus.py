@@ -631,22 +631,46 @@ def is_heldout(package, relative_path):
     return int.from_bytes(digest[:8], "big") % HELDOUT_ONE_IN == 0
 
 
+_LICENCE_NAMES = re.compile(
+    r"\b(A?GPL|LGPL|GFDL|BSD|MIT|Expat|Apache|Artistic|Python Software Foundation|PSF|Mozilla Public License|MPL|"
+    r"Eclipse Public License|EPL|IBM Public License|public domain|Creative Commons|CC-BY[\w.-]*|ISC|zlib|"
+    r"Boost Software License|Sleepycat|X11)\b",
+    re.IGNORECASE,
+)
+
+
+def linked_doc_owner(root, package):
+    """The package whose doc directory usr/share/doc/<package> links to, or None if it is a directory."""
+    doc_directory = pathlib.Path(root) / "usr/share/doc" / package
+    return pathlib.PurePosixPath(os.readlink(doc_directory)).name if doc_directory.is_symlink() else None
+
+
 def read_licence(root, package):
-    """(licence, copyright file) from usr/share/doc/<package>/copyright (DEP-5 `Files: *` stanza if any)."""
-    relative = f"usr/share/doc/{package}/copyright"
-    path = pathlib.Path(root) / relative
-    if not path.is_file():
-        return "unknown: the package ships no copyright file of its own", None
-    text = read_document(path)
-    if text.startswith("Format:"):
-        for stanza in re.split(r"\n\s*\n", text):
-            if re.search(r"^Files:\s*\*\s*$", stanza, re.MULTILINE):
-                licence = re.search(r"^License:[ \t]*(.*)$", stanza, re.MULTILINE)
-                if licence and licence.group(1).strip():
-                    return licence.group(1).strip(), relative
-    mention = re.search(r"^.*\b(?:licen[cs]e[ds]?|copyright)\b.*$", text, re.IGNORECASE | re.MULTILINE)
-    summary = " ".join(mention.group(0).split()) if mention else "unstructured"
-    return f"see {relative}: {summary}", relative
+    """(licence, copyright file or None) of an unpacked package, from usr/share/doc/<package>/copyright.
+
+    A machine-readable (DEP-5) file gives the licence of its `Files: *` stanza; any other file gives
+    the licence names it mentions. A package whose doc directory is a link to another package's
+    (manpages-dev -> manpages) carries no copyright file of its own: the licence is that package's,
+    read from its copyright file if that was put in the tree (see `downloaded_packages`).
+    """
+    owner = linked_doc_owner(root, package) or package
+    doc_directory = pathlib.Path(root) / "usr/share/doc" / owner
+    relative = f"usr/share/doc/{owner}/copyright"
+    if not (doc_directory / "copyright").is_file():
+        if owner != package:
+            return f"that of {owner} (usr/share/doc/{package} links to its directory)", None
+        return "unknown: the package ships no copyright file", None
+    text = read_document(doc_directory / "copyright")
+    for stanza in re.split(r"\n[ \t]*\n", text):
+        if re.search(r"^Files:\s*\*(\s|$)", stanza, re.MULTILINE):
+            licence = re.search(r"^Licen[cs]e:[ \t]*(\S.*)$", stanza, re.MULTILINE)
+            if licence:
+                return licence.group(1).strip(), relative
+    names = []
+    for match in _LICENCE_NAMES.finditer(text):
+        if match.group(1).casefold() not in [name.casefold() for name in names]:
+            names.append(match.group(1))
+    return f"see {relative}; it names: {', '.join(names) if names else 'no known licence'}", relative
 
 
 # ---------------------------------------------------------------------------------------------
@@ -848,7 +872,22 @@ def downloaded_packages(names, cache_dir):
         deb, name, version = fetch_deb(requested, cache_dir)
         with tempfile.TemporaryDirectory(prefix=f"make_corpus-{name}-") as unpacked:
             _run(["dpkg-deb", "-x", str(deb), unpacked], f"--packages {requested}")
+            owner = linked_doc_owner(unpacked, name)
+            if owner and not (pathlib.Path(unpacked) / "usr/share/doc" / owner / "copyright").exists():
+                _copy_copyright_file(owner, cache_dir, pathlib.Path(unpacked))
             yield UnpackedPackage(name, version, pathlib.Path(unpacked), source_spec(name))
+
+
+def _copy_copyright_file(owner, cache_dir, unpacked):
+    """Puts the copyright file of `owner` (the package a doc directory links to) into the unpacked tree."""
+    deb, _, _ = fetch_deb(owner, cache_dir)
+    with tempfile.TemporaryDirectory(prefix=f"make_corpus-{owner}-") as other:
+        _run(["dpkg-deb", "-x", str(deb), other], f"copyright of {owner}")
+        source = pathlib.Path(other) / "usr/share/doc" / owner / "copyright"
+        if source.is_file():
+            target = unpacked / "usr/share/doc" / owner / "copyright"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
 
 
 def unpacked_packages(names, unpacked_dir):
