@@ -123,6 +123,7 @@ DEFAULT_SOURCES = tuple(SourceSpec(package, **files) for package, files in (
     ("python-astropy-doc", _html("usr/share/doc/python-astropy-doc/html")),
     ("python-celery-doc", _html("usr/share/doc/python-celery-doc/html")),
     ("python-dask-doc", _html("usr/share/doc/python-dask-doc/html")),
+    ("python-brian-doc", _html("usr/share/doc/python-brian-doc/docs")),
     ("python-django-doc", _html("usr/share/doc/python-django-doc/html")),
     ("python-pandas-doc", _html("usr/share/doc/python-pandas-doc/html")),
     ("python-scipy-doc", _html("usr/share/doc/python-scipy-doc/html")),
@@ -146,6 +147,7 @@ DEFAULT_SOURCES = tuple(SourceSpec(package, **files) for package, files in (
     ("twisted-doc", _html("usr/share/doc/twisted-doc/html")),  # howto/*.rst are its sources
     ("wireshark-doc", _html("usr/share/doc/wireshark/wsug_html_chunked", "usr/share/doc/wireshark/wsdg_html_chunked")),
     ("wx3.2-doc", _html("usr/share/doc/wx3.2-doc/html")),
+    ("xorg-docs", _html("usr/share/doc/xorg-docs")),  # the .txt.gz files are text renderings of the same
     ("zsh-doc", _html("usr/share/doc/zsh-common/html")),
 ))
 DEFAULT_PACKAGES = tuple(source.package for source in DEFAULT_SOURCES)
