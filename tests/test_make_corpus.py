@@ -323,6 +323,7 @@ def test_roff_escapes_and_pod_codes_by_hand():
     assert make_corpus.roff_inline(r'''\[u00FC]ber \[em] \*(C+ text \" a comment''') == "\u00fcber \u2014 C++ text "
     assert make_corpus.pod_inline("B<I<nested>> C<< a->b >> L<text|http://x> L<perlfunc/open> X<index>E<lt>")[0] == (
         "nested a->b text open in perlfunc <")
+    assert make_corpus.pod_inline("E<0x41>E<0102>E<67>E<eacute>E<verbar>")[0] == "ABC\u00e9|"
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ The studies need more text than the shipped sample (`training/data/python_refere
 documentation packages are real, freely licensed English prose that the package registry serves to
 every machine of this project, so the corpus is rebuilt, never committed:
 
-    python -m training.make_corpus --out /work/corpus-build/corpus --cache /work/corpus-build/debs
+    python -m training.make_corpus --out /work/corpus-build/corpus --cache /work/corpus-build/cache
 
 Each package is fetched with `apt-get download` into the cache (nothing is installed), unpacked with
 `dpkg-deb -x` into a temporary directory, and its documents (HTML, man pages in roff, POD,
@@ -432,8 +432,9 @@ def _pod_code(letter, inner):
     if letter == "E":
         if inner in _POD_ESCAPES:
             return _POD_ESCAPES[inner]
-        if re.fullmatch(r"0x[0-9A-Fa-f]+|\d+", inner):
-            return chr(int(inner, 0))
+        if re.fullmatch(r"0x[0-9A-Fa-f]{1,6}|0[0-7]{1,7}|[1-9]\d{0,6}", inner):  # hex, octal or decimal (perlpodspec)
+            code_point = int(inner, 16 if inner.startswith("0x") else 8 if inner.startswith("0") else 10)
+            return chr(code_point) if code_point <= sys.maxunicode else ""
         return chr(html.entities.name2codepoint[inner]) if inner in html.entities.name2codepoint else ""
     if letter == "L":
         if "|" in inner:
