@@ -381,3 +381,10 @@ def test_document_formats_and_licences(tmp_path):
     assert make_corpus.read_licence(tmp_path, "old-doc") == make_corpus.read_licence(tmp_path, "old")
     (tmp_path / "usr/share/doc/new-doc").symlink_to("new")
     assert make_corpus.read_licence(tmp_path, "new-doc") == ("that of new (usr/share/doc/new-doc links to its directory)", None)
+
+
+def test_default_sources_name_each_package_once():
+    names = [source.package for source in make_corpus.DEFAULT_SOURCES]
+    assert len(names) == len(set(names))
+    assert make_corpus.source_spec("linux-doc-6.1").include == ("usr/share/doc/linux-doc-6.1/html/*.html",)
+    assert make_corpus.source_spec("some-other-doc") == make_corpus.SourceSpec("some-other-doc")
