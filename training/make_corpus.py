@@ -635,7 +635,8 @@ def is_heldout(package, relative_path):
 
 
 _LICENCE_NAMES = re.compile(
-    r"\b(A?GPL|LGPL|GFDL|BSD|MIT|Expat|Apache|Artistic|Python Software Foundation|PSF|Mozilla Public License|MPL|"
+    r"\b(GNU (?:Lesser |Library |Free Documentation |Affero )?General Public License|GNU Free Documentation License|"
+    r"A?GPL|LGPL|GFDL|BSD|MIT|Expat|Apache|Artistic|Python Software Foundation|PSF|Mozilla Public License|MPL|"
     r"Eclipse Public License|EPL|IBM Public License|public domain|Creative Commons|CC-BY[\w.-]*|ISC|zlib|"
     r"Boost Software License|Sleepycat|X11)\b",
     re.IGNORECASE,
@@ -673,7 +674,9 @@ def read_licence(root, package):
     for match in _LICENCE_NAMES.finditer(text):
         if match.group(1).casefold() not in [name.casefold() for name in names]:
             names.append(match.group(1))
-    return f"see {relative}; it names: {', '.join(names) if names else 'no known licence'}", relative
+    if not names:
+        return f"see {relative}: its own permission notice, naming no common licence", relative
+    return f"see {relative}; it names: {', '.join(names)}", relative
 
 
 # ---------------------------------------------------------------------------------------------
