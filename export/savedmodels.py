@@ -16,7 +16,7 @@ callable with `training=` and exposes `variables`, `trainable_variables` and
 is a Keras-3 endpoint for `keras.layers.TFSMLayer`. The preprocessor's `.tokenize` and
 `.bert_pack_inputs` each carry the tokenizer (its tables), so a tf_keras model built from
 `hub.KerasLayer(preprocess.tokenize)` saves. Every graph uses core TensorFlow ops only (the
-tokenizer is `export.text.WordPieceModule`), so stock TF Serving runs the serving model and
+tokenizer is `training.text.WordPieceModule`, the one tokenizer of training and serving), so stock TF Serving runs the serving model and
 none of the artifacts needs tensorflow-text to load.
 
 A version is written into a staging folder and committed by `export.commit` (a journal,
