@@ -99,11 +99,19 @@ class AtomicCheckpoint(keras.callbacks.Callback):
 
 
 class PerplexityLogger(keras.callbacks.Callback):
-    """Adds the per-subword perplexity of the evaluation loss to the epoch logs (LM tasks)."""
+    """Adds the per-subword perplexity of the evaluation loss to the epoch logs (LM tasks), and
+    the per-word one when the task knows its subwords per word (`task.tokens_per_word`)."""
+
+    def __init__(self, task):
+        super().__init__()
+        self.task = task
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None and "val_loss" in logs:
             logs["val_subword_perplexity"] = math.exp(min(logs["val_loss"], 50.0))
+            ratio = getattr(self.task, "tokens_per_word", None)
+            if ratio is not None:
+                logs["val_word_perplexity"] = math.exp(min(logs["val_loss"] * ratio, 50.0))
 
 
 def resolve_config(config):
@@ -296,7 +304,7 @@ def train(config, run_dir, verbose="auto"):
     eval_data, eval_steps = _cached_eval(eval_data, training)
     callbacks = [checkpoint, keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch")]
     if task.reports_perplexity:
-        callbacks.insert(1, PerplexityLogger())
+        callbacks.insert(1, PerplexityLogger(task))
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     loop = _MultiWorkerLoop(model, strategy, train_data, eval_data) if multi_worker else None
     if step < training.train_steps:
