@@ -164,7 +164,7 @@ def test_model_config_round_trips_through_the_builder():
         model = config.build_model()
         arguments = {key: value for key, value in model.get_config().items() if key not in ("name", "trainable", "dtype")}
         assert arguments == dataclasses.asdict(config.model)
-        assert type(model)(**arguments).get_config() == model.get_config()
+        assert type(model)(**model.get_config()).get_config() == model.get_config()
 
 
 def test_command_line_prints_the_resolved_config():
