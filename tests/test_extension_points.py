@@ -1,5 +1,6 @@
 """Extension points: a new attention variant and a new task, defined HERE, registered through the
-public registries and trained through the CLI's code path, with no library file touched.
+public registries, trained through the CLI's code path and exported (the task's own TF Serving
+signature), with no library file touched.
 
 The variant has an argument no library file knows of (`temperature`): it travels from the
 config's nested `model.attention` section (and a `--set model.attention.temperature=...`
@@ -8,12 +9,10 @@ override) to the layer's constructor unchanged."""
 import dataclasses
 import json
 
-import pytest
-
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
-from keras import ops
 
 from models.attention import ATTENTION_TYPES
 from models.attention import FixedHeadSizeAttention
@@ -22,6 +21,7 @@ from training import cli
 from training.data import SAMPLE_CORPUS
 from training.data import read_lines
 from training.tasks import TASKS
+from training.tasks import ServingSignature
 from training.tasks import Task
 from training.tasks import TaskSettings
 from training.tasks import register_task
@@ -86,6 +86,10 @@ class WordCountTask(Task):
     def evaluate(self, model, eval_data, eval_steps):
         return {"eval_loss": model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)["loss"]}
 
+    def serving_signature(self, model):
+        """The exported TF Serving model: `sentence` -> `words` (the predicted word count)."""
+        return ServingSignature(("sentence",), lambda inputs: {"words": 10.0 * model(inputs, training=False)["logits"][:, 0]})
+
 
 @pytest.fixture()
 def registered():
@@ -135,6 +139,23 @@ def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(registered
     logits = np.einsum("btnh,bsnh->bnts", query, key) / np.sqrt(16) / 0.5
     expected = np.exp(logits - logits.max(-1, keepdims=True))
     np.testing.assert_allclose(np.asarray(probabilities), expected / expected.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+    # The task's own serving signature is what the exporter serves; the reloaded SavedModel
+    # agrees with the live model on inputs packed by HF `tokenizers` (BERT's [CLS] text [SEP]).
+    import tokenizers
+
+    from export.savedmodels import export_run
+
+    sentences = ["The quick brown fox jumps over the lazy dog.", "Attention is all you need", "one"]
+    served = tf.saved_model.load(export_run(tmp_path / "run", tmp_path / "out")["serving"]).signatures["serving_default"]
+    words = served(sentence=tf.constant(sentences))["words"].numpy()
+    tokenizer = tokenizers.BertWordPieceTokenizer(str(tmp_path / "run" / "vocab.txt"), lowercase=True)
+    tokenizer.enable_padding(length=32)
+    encodings = tokenizer.encode_batch(sentences)
+    inputs = {"input_word_ids": np.array([e.ids for e in encodings], "int32"),
+              "input_mask": np.array([e.attention_mask for e in encodings], "int32"),
+              "input_type_ids": np.array([e.type_ids for e in encodings], "int32")}
+    np.testing.assert_allclose(words, 10.0 * np.asarray(model(inputs, training=False)["logits"])[:, 0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(

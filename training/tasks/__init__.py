@@ -1,7 +1,8 @@
 """Tasks: what an objective needs, in one object each, listed in one explicit registry.
 
 A task owns its settings (the config's `task:` section: a frozen dataclass of its own), the
-head it puts around the backbone, its datasets, loss, metrics and final evaluation. The
+head it puts around the backbone, its datasets, loss, metrics, final evaluation and what its
+exported TF Serving model serves (`serving_signature`). The
 trainer knows no task by name: it calls `make_task(config)` and the methods of `Task`.
 A new task is one class plus one call (see tests/test_extension_points.py):
 
@@ -22,6 +23,7 @@ a score: STS-B) and `span_qa` (SQuAD v1.1).
 
 import dataclasses
 
+from training.tasks.base import ServingSignature
 from training.tasks.base import Task
 from training.tasks.base import TaskSettings
 from training.tasks.language_model import CausalLMTask
@@ -53,4 +55,4 @@ def default_task_name(model_type):
     return {"causal_lm": "causal_lm", "bert": "masked_lm"}[model_type]
 
 
-__all__ = ["TASKS", "Task", "TaskSettings", "default_task_name", "make_task", "register_task"]
+__all__ = ["TASKS", "ServingSignature", "Task", "TaskSettings", "default_task_name", "make_task", "register_task"]
