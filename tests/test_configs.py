@@ -2,9 +2,11 @@
 
 import dataclasses
 import inspect
+import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import configs
@@ -144,18 +146,32 @@ def test_nested_attention_overrides():
     assert standard.build_model().blocks[0].attention._head_size == 32 // 4
 
 
-def test_old_flat_attention_fields_are_read_as_the_nested_config():
-    """A config written before the nested form (a run's config.json) loads as the same model."""
-    old = {
-        "model_type": "bert",
-        "model": {"vocab_size": 50, "hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 8,
-                  "attention_type": "collaborative", "head_size": 4, "shared_key_dim": 6, "mixing_initializer": None,
-                  "max_sequence_length": 16},
-    }
-    config = configs.config_from_dict(old, "old_run")
-    assert config.model.attention == {"type": "collaborative", "head_size": 4, "shared_key_dim": 6}
-    attention = config.build_model().blocks[0].attention
-    assert (type(attention).__name__, attention.head_size, attention.shared_key_dim) == ("CollaborativeAttention", 4, 6)
+def test_a_run_directory_written_before_the_nested_form_still_loads(tmp_path):
+    """A config.json with the old flat attention fields: read as a task.init source, rebuilt
+    with its weights by `runs.load_model`, and resumed with the new form of the same model."""
+    from training import runs
+    from training.tasks import make_task
+
+    config = configs.load_config("tiny_bert_collaborative")
+    backbone = config.build_model()
+    model = make_task(config).build_model(backbone)
+    new = config.to_dict() | {"name": config.name}
+    old = json.loads(json.dumps(new))
+    del old["model"]["attention"]
+    old["model"].update(attention_type="collaborative", head_size=8, shared_key_dim=8, mixing_initializer=None)
+    run = runs.RunDirectory(tmp_path)
+    runs.write_json_atomically(run.file(runs.CONFIG), old)
+    run.save_models(backbone, model)
+
+    assert runs.read_source(tmp_path).model["attention"] == {"type": "collaborative", "head_size": 8, "shared_key_dim": 8}
+    loaded_config, loaded, loaded_backbone, _ = runs.load_model(tmp_path)
+    assert loaded_config.model == config.model
+    attention = loaded_backbone.blocks[0].attention
+    assert (type(attention).__name__, attention.head_size, attention.shared_key_dim) == ("CollaborativeAttention", 8, 8)
+    for ours, theirs in zip(loaded.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    run.start(new)  # the same model in the nested form: the run resumes
+    assert runs.read_json(run.file(runs.CONFIG))["model"]["attention"]["type"] == "collaborative"
 
 
 def test_model_config_round_trips_through_the_builder():
