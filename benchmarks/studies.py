@@ -102,7 +102,7 @@ def _slug(label):
 
 def run_one(study, label, seed):
     import configs
-    from models.attention import head_size_of
+    from models.transformer import head_size_of
     from training.trainer import train
 
     preset, overrides = STUDIES[study][label]

@@ -31,7 +31,7 @@ import yaml
 from models.bert import BertEncoder
 from models.lm import CausalLM
 from models.attention import attention_config
-from models.attention import head_size_of
+from models.transformer import head_size_of
 
 PRESET_DIRECTORY = pathlib.Path(__file__).parent
 BUILDERS = {"bert": BertEncoder, "causal_lm": CausalLM}
@@ -77,7 +77,7 @@ LEGACY_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "sh
                          "mixing_initializer": "mixing_initializer"}
 
 
-def nest_legacy_attention(model, prefix="model"):
+def nest_legacy_attention(model):
     """A model section with the old flat attention fields (`attention_type`, `head_size`,
     `shared_key_dim`, `mixing_initializer`) moved into the nested `attention` config; other
     sections are returned unchanged. Both forms at once is an error naming the flat key."""
@@ -85,10 +85,9 @@ def nest_legacy_attention(model, prefix="model"):
     if not legacy:
         return model
     if "attention" in model:
-        raise ValueError(
-            f"`{prefix}.{legacy[0]}` is the old flat form of `{prefix}.attention.{LEGACY_ATTENTION_KEYS[legacy[0]]}`, "
-            f"and this config already has `{prefix}.attention`: set `{prefix}.attention.{LEGACY_ATTENTION_KEYS[legacy[0]]}`."
-        )
+        nested = f"model.attention.{LEGACY_ATTENTION_KEYS[legacy[0]]}"
+        raise ValueError(f"`model.{legacy[0]}` is the old flat form of `{nested}`, and this config already has "
+                         f"`model.attention`: set `{nested}`.")
     model = dict(model)
     attention = {LEGACY_ATTENTION_KEYS[key]: model.pop(key) for key in legacy}
     model["attention"] = {key: value for key, value in attention.items() if value is not None}

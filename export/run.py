@@ -11,11 +11,3 @@ def load_run(run_dir):
     """
     config, model, _, vocabulary = runs.load_model(run_dir)
     return config.to_dict() | {"name": config.name}, model, vocabulary
-
-
-def run_task(config):
-    """The task object of a run's config dict (`load_run`'s first value): e.g. what it serves."""
-    import configs
-    from training.tasks import make_task
-
-    return make_task(configs.config_from_dict(config, config.get("name", "run")))

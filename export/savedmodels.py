@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from export import commit
 from export.run import load_run
-from export.run import run_task
+from training.tasks import serving_signature
 from training.text import WordPieceModule
 from training.text import read_vocabulary
 
@@ -388,7 +388,7 @@ def _write_version(staged, pretrainer, vocabulary, export):
     with tarfile.open(os.path.join(hub_dir, "hub.tar.gz"), "w:gz") as archive:
         for name in ("encoder", "preprocess"):
             archive.add(os.path.join(hub_dir, name), arcname=name)
-    signature = run_task(export["config"]).serving_signature(pretrainer)
+    signature = serving_signature(export["config"], pretrainer)
     if signature is None:  # the task serves no model of its own: the encoder's embeddings
         served, signatures = serving_model(pretrainer.encoder, tokenizer, export["seq_length"], export["pooling"])
     else:

@@ -647,18 +647,6 @@ def make_attention(attention, num_heads, **common):
     return layer_class(num_heads=num_heads, **arguments, **common)
 
 
-def head_size_of(spec):
-    """The query/key head size of a model or model config (standard: hidden_size / num_heads).
-
-    `spec` is anything with the builder fields `attention`, `hidden_size` and `num_heads`: a
-    `BertEncoder`, a `CausalLM`, or their config dataclasses.
-    """
-    attention = attention_config(spec.attention)
-    if ATTENTION_TYPES[attention["type"]]._head_size_from_width:
-        return spec.hidden_size // spec.num_heads
-    return attention["head_size"]
-
-
 def clone_initializer(initializer):
     """A fresh copy, so that seeded initializers do not give every kernel the same values."""
     return initializer.__class__.from_config(initializer.get_config())

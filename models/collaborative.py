@@ -19,7 +19,7 @@ import numpy as np
 
 from models.attention import CollaborativeAttention
 from models.attention import FixedHeadSizeAttention
-from models.attention import head_size_of
+from models.transformer import head_size_of
 
 
 def _check_convertible(layer):

@@ -14,6 +14,7 @@ import math
 import keras
 from keras import ops
 
+from models.attention import ATTENTION_TYPES
 from models.attention import attention_config
 from models.attention import clone_initializer
 from models.attention import make_attention
@@ -35,6 +36,18 @@ def get_activation(name):
         return keras.activations.get(name)
     except ValueError as error:
         raise ValueError(f"Unknown activation. Received: activation={name!r}") from error
+
+
+def head_size_of(spec):
+    """The query/key head size of a model or model config (standard: hidden_size / num_heads).
+
+    `spec` is anything with the builder fields `attention`, `hidden_size` and `num_heads`: a
+    `BertEncoder`, a `CausalLM`, or their config dataclasses.
+    """
+    attention = attention_config(spec.attention)
+    if ATTENTION_TYPES[attention["type"]]._head_size_from_width:
+        return spec.hidden_size // spec.num_heads
+    return attention["head_size"]
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")

@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 
-from models.attention import head_size_of
+from models.transformer import head_size_of
 
 
 def _load_source(path):

@@ -50,9 +50,18 @@ def make_task(config):
     return TASKS[config.task.name](config)
 
 
+def serving_signature(config, model):
+    """What the exported TF Serving model of a trained task `model` serves, from its run's config
+    mapping (config.json): the task's `Task.serving_signature`, None if it has no serving model."""
+    import configs
+
+    return make_task(configs.config_from_dict(config, config.get("name", "run"))).serving_signature(model)
+
+
 def default_task_name(model_type):
     """The task of a config without a `task:` section: the backbone's pretraining objective."""
     return {"causal_lm": "causal_lm", "bert": "masked_lm"}[model_type]
 
 
-__all__ = ["TASKS", "ServingSignature", "Task", "TaskSettings", "default_task_name", "make_task", "register_task"]
+__all__ = ["TASKS", "ServingSignature", "Task", "TaskSettings", "default_task_name", "make_task", "register_task",
+           "serving_signature"]
