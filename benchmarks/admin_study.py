@@ -52,8 +52,8 @@ def main():
     ]
     runs = {
         "shallow 6 layers x 8 heads": ("lm1b_shallow_multi_head", [f"model.intermediate_size={4 * args.width}"]),
-        "deep 48 layers x 1 head, no Admin": ("lm1b_deep_single_head", [f"model.head_size={head_size}", f"model.intermediate_size={args.width // 2}"]),
-        "deep 48 layers x 1 head, Admin": ("lm1b_deep_single_head_admin", [f"model.head_size={head_size}", f"model.intermediate_size={args.width // 2}"]),
+        "deep 48 layers x 1 head, no Admin": ("lm1b_deep_single_head", [f"model.attention.head_size={head_size}", f"model.intermediate_size={args.width // 2}"]),
+        "deep 48 layers x 1 head, Admin": ("lm1b_deep_single_head_admin", [f"model.attention.head_size={head_size}", f"model.intermediate_size={args.width // 2}"]),
     }
     curves = {}
     for label, (preset, overrides) in runs.items():

@@ -50,19 +50,19 @@ def _standard(width, heads):
 
 
 def _fixed(width, heads, head_size=HEAD_SIZE):
-    return ("lm1b_fixed_d256_p32_h8", [f"model.hidden_size={width}", f"model.num_heads={heads}", f"model.head_size={head_size}"])
+    return ("lm1b_fixed_d256_p32_h8", [f"model.hidden_size={width}", f"model.num_heads={heads}", f"model.attention.head_size={head_size}"])
 
 
 def _collaborative(width, heads, shared_key_dim):
     preset, overrides = _standard(width, heads)
-    return preset, overrides + ["model.attention_type=collaborative", f"model.head_size={width // heads}",
-                                f"model.shared_key_dim={shared_key_dim}", "model.mixing_initializer=random"]
+    return preset, overrides + [f"model.attention={{type: collaborative, head_size: {width // heads}, "
+                                f"shared_key_dim: {shared_key_dim}, mixing_initializer: random}}"]
 
 
 def _depth(layers, heads, admin):
     preset = "lm1b_deep_single_head_admin" if admin else "lm1b_shallow_multi_head"
-    return preset, [f"model.hidden_size={WIDTH}", f"model.num_layers={layers}", f"model.num_heads={heads}", "model.attention_type=fixed",
-                    f"model.head_size={HEAD_SIZE}", f"model.intermediate_size={256 * heads // 4}",
+    return preset, [f"model.hidden_size={WIDTH}", f"model.num_layers={layers}", f"model.num_heads={heads}",
+                    f"model.attention={{type: fixed, head_size: {HEAD_SIZE}}}", f"model.intermediate_size={256 * heads // 4}",
                     "model.norm_position=post", f"model.residual_scaling={'admin' if admin else 'none'}"]
 
 
@@ -102,6 +102,7 @@ def _slug(label):
 
 def run_one(study, label, seed):
     import configs
+    from models.transformer import head_size_of
     from training.trainer import train
 
     preset, overrides = STUDIES[study][label]
@@ -119,9 +120,9 @@ def run_one(study, label, seed):
     model = config.model
     parameters = configs.count_parameters(config)
     return {
-        "study": study, "label": label, "seed": seed, "preset": preset, "attention": model.attention_type,
+        "study": study, "label": label, "seed": seed, "preset": preset, "attention": model.attention["type"],
         "width": model.hidden_size, "layers": model.num_layers, "heads": model.num_heads,
-        "head_size": model.head_size or model.hidden_size // model.num_heads, "shared_key_dim": model.shared_key_dim or "",
+        "head_size": head_size_of(model), "shared_key_dim": model.attention.get("shared_key_dim", ""),
         "admin": model.residual_scaling == "admin", "parameters": parameters,
         "non_embedding_parameters": parameters - model.vocab_size * model.hidden_size,
         "steps": metrics["step"], "eval_loss": round(metrics["eval_loss"], 5),

@@ -116,9 +116,9 @@ def main():
         "model.dropout=0", "model.attention_dropout=0", "model.activation=gelu_approximate", "model.position_embedding=learned",
     ]
     models = {
-        "ours standard": configs.load_config("tiny_lm", common + ["model.attention_type=standard", "model.head_size=null"]).build_model(),
+        "ours standard": configs.load_config("tiny_lm", common + ["model.attention={type: standard}"]).build_model(),
         "ours fixed (head size 2x)": configs.load_config(
-            "tiny_lm", common + ["model.attention_type=fixed", f"model.head_size={2 * args.width // args.heads}"]
+            "tiny_lm", common + [f"model.attention={{type: fixed, head_size: {2 * args.width // args.heads}}}"]
         ).build_model(),
         "keras-hub GPT2Backbone": _gpt2_lm(args.vocabulary, args.width, args.layers, args.heads, feedforward, args.length),
     }

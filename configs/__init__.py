@@ -7,11 +7,13 @@ A preset is `configs/<name>.yaml` (or any YAML path):
     model_type: bert            # bert | causal_lm: which builder
     model:                      # exactly the builder's constructor arguments
       hidden_size: 512
+      attention: {type: fixed, head_size: 128}   # the attention variant and its own arguments
       ...
 
 The model dataclasses are generated from the builders' signatures, so a config field is
 a builder argument by construction. Unknown keys and values of the wrong type are errors
-that name the key. `--set model.num_heads=16` style overrides apply after the YAML.
+that name the key. `--set model.num_heads=16` style overrides apply after the YAML
+(`--set model.attention.head_size=64` reaches into the nested attention config).
 
     python -m configs bert_d512_p128_h8 --set model.num_heads=12   # resolved config + parameters
 """
@@ -28,14 +30,18 @@ import yaml
 
 from models.bert import BertEncoder
 from models.lm import CausalLM
+from models.attention import attention_config
 from models.transformer import head_size_of
 
 PRESET_DIRECTORY = pathlib.Path(__file__).parent
 BUILDERS = {"bert": BertEncoder, "causal_lm": CausalLM}
 
 
-def _field_type(default):
-    """The type a field accepts, read off the builder's default value."""
+def _field_type(parameter):
+    """The type a field accepts: the builder's annotation, else read off its default value."""
+    if parameter.annotation is not inspect.Parameter.empty:
+        return parameter.annotation
+    default = parameter.default
     if default is inspect.Parameter.empty:
         return int  # every required builder argument is a size
     if default is None:
@@ -52,13 +58,40 @@ def _model_dataclass(name, builder):
     for parameter in inspect.signature(builder.__init__).parameters.values():
         if parameter.name not in builder.config_arguments():
             continue
-        field_type = _field_type(parameter.default)
+        field_type = _field_type(parameter)
         if parameter.default is inspect.Parameter.empty:
             fields.append((parameter.name, field_type))
         else:
             fields.append((parameter.name, field_type, dataclasses.field(default=parameter.default)))
     fields.sort(key=lambda field: len(field) == 3)  # required fields first
-    return dataclasses.make_dataclass(name, fields, frozen=True)
+    return dataclasses.make_dataclass(name, fields, frozen=True, namespace={"__post_init__": _check_attention})
+
+
+def _check_attention(model):
+    """Holds the nested attention config in its canonical form, checked (errors name `model.attention.*`)."""
+    object.__setattr__(model, "attention", attention_config(model.attention, prefix="model.attention"))
+
+
+# The flat fields of the attention before it was one nested config (run directories written then).
+LEGACY_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shared_key_dim": "shared_key_dim",
+                         "mixing_initializer": "mixing_initializer"}
+
+
+def nest_legacy_attention(model):
+    """A model section with the old flat attention fields (`attention_type`, `head_size`,
+    `shared_key_dim`, `mixing_initializer`) moved into the nested `attention` config; other
+    sections are returned unchanged. Both forms at once is an error naming the flat key."""
+    legacy = [key for key in LEGACY_ATTENTION_KEYS if key in model]
+    if not legacy:
+        return model
+    if "attention" in model:
+        nested = f"model.attention.{LEGACY_ATTENTION_KEYS[legacy[0]]}"
+        raise ValueError(f"`model.{legacy[0]}` is the old flat form of `{nested}`, and this config already has "
+                         f"`model.attention`: set `{nested}`.")
+    model = dict(model)
+    attention = {LEGACY_ATTENTION_KEYS[key]: model.pop(key) for key in legacy}
+    model["attention"] = {key: value for key, value in attention.items() if value is not None}
+    return model
 
 
 MODEL_CONFIGS = {
@@ -201,7 +234,7 @@ def to_collaborative(config, shared_key_dim, mixing_initializer="concatenate"):
     would exceed the rank of the concatenated heads, so it is refused.
     """
     model = config.model
-    if model.attention_type == "collaborative":
+    if model.attention["type"] == "collaborative":
         raise ValueError(f"Config {config.name!r} already uses collaborative attention.")
     head_size = head_size_of(model)
     exact = model.num_heads * head_size
@@ -210,10 +243,9 @@ def to_collaborative(config, shared_key_dim, mixing_initializer="concatenate"):
             f"`shared_key_dim` must be an integer in [1, num_heads * head_size = {exact}] when converting {config.name!r}. "
             f"Received: shared_key_dim={shared_key_dim!r}"
         )
-    collaborative = dataclasses.replace(
-        model, attention_type="collaborative", head_size=head_size, shared_key_dim=shared_key_dim,
-        mixing_initializer=mixing_initializer,
-    )
+    attention = {"type": "collaborative", "head_size": head_size, "shared_key_dim": shared_key_dim,
+                 "mixing_initializer": mixing_initializer}
+    collaborative = dataclasses.replace(model, attention=attention)
     return dataclasses.replace(config, name=f"{config.name}_collaborative_k{shared_key_dim}", model=collaborative)
 
 
@@ -279,7 +311,8 @@ def _check_type(key, value, expected):
     if isinstance(value, bool) and bool not in allowed:
         raise ValueError(f"`{key}` must be of type {expected}. Received: {key}={value!r}")
     if not isinstance(value, tuple(t for t in allowed if t is not type(None))):
-        raise ValueError(f"`{key}` must be of type {getattr(expected, '__name__', expected)}. Received: {key}={value!r}")
+        names = " or ".join(t.__name__ for t in allowed if t is not type(None))
+        raise ValueError(f"`{key}` must be of type {names}. Received: {key}={value!r}")
     return value
 
 
@@ -339,12 +372,20 @@ def config_from_dict(raw, name):
     return ExperimentConfig(
         name=name,
         model_type=model_type,
-        model=_to_dataclass(MODEL_CONFIGS[model_type], raw["model"], "model") if raw.get("model") is not None else None,
+        model=_model_config(model_type, raw.get("model")),
         task=task_settings,
         description=raw.get("description", ""),
         training=_to_dataclass(TrainingConfig, raw["training"], "training") if raw.get("training") is not None else None,
         tokenizer=_to_dataclass(TokenizerConfig, raw.get("tokenizer") or {}, "tokenizer"),
     )
+
+
+def _model_config(model_type, model):
+    if model is None:
+        return None
+    if not isinstance(model, dict):
+        raise ValueError(f"`model` must be a mapping. Received: model={model!r}")
+    return _to_dataclass(MODEL_CONFIGS[model_type], nest_legacy_attention(model), "model")
 
 
 def add_config_arguments(parser):

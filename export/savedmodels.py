@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from export import commit
 from export.run import load_run
+from training.tasks import serving_signature
 from training.text import WordPieceModule
 from training.text import read_vocabulary
 
@@ -188,29 +189,19 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
     return root, signatures
 
 
-def task_serving_model(model, tokenizer, seq_length, labels=None, pairs=False):
-    """The TF Serving model of a fine-tuned `BertClassifier`: `serving_default` takes `text`
-    (and `text_b` for a pair task) and returns `probabilities` [batch, classes] and `label`
-    (the class name) or, for a regression (`labels` None), `score` [batch]."""
+def task_serving_model(model, tokenizer, seq_length, signature):
+    """The TF Serving model of a fine-tuned task model: `serving_default` takes the task's texts
+    (`signature.texts`, e.g. `text` and `text_b`), packs them as in training and returns the
+    task's outputs (`signature.outputs`: e.g. `probabilities` and `label`, or `score`)."""
     root = _holding(tokenizer)
     root.model_variables = _variables(model)
-    names = tf.constant(labels or [""])
 
-    def predict(texts):
+    def predict(*texts):
         segments = [tokenizer.tokenize(text, max_length=seq_length) for text in texts]
         inputs = tokenizer.pack(segments, seq_length)
-        logits = model({name: inputs[name] for name in ENCODER_INPUTS}, training=False)["logits"]
-        if labels is None:
-            return {"score": logits[:, 0]}
-        probabilities = tf.nn.softmax(logits, axis=-1)
-        return {"probabilities": probabilities, "label": tf.gather(names, tf.argmax(probabilities, axis=-1))}
+        return signature.outputs({name: inputs[name] for name in ENCODER_INPUTS})
 
-    text = tf.TensorSpec([None], tf.string, name="text")
-    if pairs:
-        root.serve_text = tf.function(lambda text, text_b: predict([text, text_b]),
-                                      input_signature=[text, tf.TensorSpec([None], tf.string, name="text_b")])
-    else:
-        root.serve_text = tf.function(lambda text: predict([text]), input_signature=[text])
+    root.serve_text = tf.function(predict, input_signature=[tf.TensorSpec([None], tf.string, name=name) for name in signature.texts])
     return root, {"serving_default": root.serve_text.get_concrete_function()}
 
 
@@ -397,14 +388,12 @@ def _write_version(staged, pretrainer, vocabulary, export):
     with tarfile.open(os.path.join(hub_dir, "hub.tar.gz"), "w:gz") as archive:
         for name in ("encoder", "preprocess"):
             archive.add(os.path.join(hub_dir, name), arcname=name)
-    task = export["config"]["task"]
-    if task["name"] in ("classification", "regression"):
-        labels = task["labels"] if task["name"] == "classification" else None
-        served, signatures = task_serving_model(pretrainer, tokenizer, export["seq_length"], labels, task["text_pairs"])
-        inputs = ("text", "text_b") if task["text_pairs"] else ("text",)
-    else:
+    signature = serving_signature(export["config"], pretrainer)
+    if signature is None:  # the task serves no model of its own: the encoder's embeddings
         served, signatures = serving_model(pretrainer.encoder, tokenizer, export["seq_length"], export["pooling"])
-        inputs = ("text",)
+    else:
+        served, signatures = task_serving_model(pretrainer, tokenizer, export["seq_length"], signature)
+    inputs = signature.texts if signature else ("text",)
     tf.saved_model.save(served, serving_dir, signatures=signatures)
     write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"], inputs=inputs)
     with open(os.path.join(folder, commit.MODELS_CONFIG), "w") as file:

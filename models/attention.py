@@ -13,6 +13,11 @@ K shared key dimension, I input width, O output width.
 
 Masks follow the Keras convention everywhere: True / 1 means "may attend".
 
+A model picks its variant with ONE nested config, `attention={"type": "fixed", "head_size": 128}`:
+`type` names a variant of the registry `ATTENTION_TYPES` and every other key is an argument of
+that variant's constructor, passed unchanged by `make_attention` (the builders and the block
+never list them). A new variant is a subclass plus `register_attention("name", Class)`.
+
 Where no attention probabilities are needed (no scores returned, no attention dropout
 active), the core hands the per-head queries, keys and values to
 `keras.ops.dot_product_attention` (cuDNN flash attention on GPU under JAX, one XLA
@@ -21,6 +26,7 @@ explicit path. Both give the same outputs: float32 masking and softmax, masked l
 replaced (not added to), and a query whose keys are all masked attends uniformly to all.
 """
 
+import inspect
 import math
 
 import keras
@@ -544,6 +550,101 @@ class CollaborativeAttention(FixedHeadSizeAttention):
             mixing_initializer=keras.initializers.serialize(self.mixing_initializer),
         )
         return config
+
+
+ATTENTION_TYPES = {
+    "standard": StandardAttention,
+    "fixed": FixedHeadSizeAttention,
+    "collaborative": CollaborativeAttention,
+}
+
+# Arguments every variant takes from the model that holds it (the model's own field in brackets),
+# never from the nested attention config.
+SET_BY_THE_MODEL = {"num_heads": "num_heads", "dropout": "attention_dropout", "kernel_initializer": "its initializer"}
+
+
+def register_attention(name, layer_class):
+    """Adds an attention variant under `name`; then `attention: {type: name, ...}` in a model config.
+
+    A variant is a `FixedHeadSizeAttention` subclass that overrides its query/key hooks
+    (`_build_query_key`, `_project_query_key`, `_attention_logits`). Its constructor's arguments
+    are the keys its nested config may hold: nothing else is to be registered or re-listed.
+    """
+    if not (isinstance(layer_class, type) and issubclass(layer_class, FixedHeadSizeAttention)):
+        raise ValueError(f"An attention variant must subclass FixedHeadSizeAttention. Received: {layer_class!r}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"An attention variant needs a non-empty name. Received: name={name!r}")
+    ATTENTION_TYPES[name] = layer_class
+    return layer_class
+
+
+def _variant_arguments(layer_class):
+    """{name: inspect.Parameter} of the arguments a nested config may give `layer_class`."""
+    parameters = inspect.signature(layer_class.__init__).parameters.values()
+    return {
+        parameter.name: parameter
+        for parameter in parameters
+        if parameter.name != "self" and parameter.name not in SET_BY_THE_MODEL
+        and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
+    }
+
+
+def attention_config(attention=None, prefix="attention"):
+    """Checks a nested attention config and returns its canonical form `{"type": ..., **arguments}`.
+
+    None (or no `type`) is standard attention; a null value means "not set" (the variant's
+    default). Every other key must be an argument of the variant's constructor, and the
+    constructor's required arguments must be there: errors name the key (as `prefix.key`) and
+    list the variant's arguments.
+
+    Example:
+    >>> attention_config({"type": "fixed", "head_size": 64, "value_head_size": None})
+    {'type': 'fixed', 'head_size': 64}
+    """
+    if attention is None:
+        attention = {}
+    if not isinstance(attention, dict):
+        raise ValueError(
+            f"`{prefix}` must be a mapping such as {{type: fixed, head_size: 64}}. Received: {prefix}={attention!r}"
+        )
+    arguments = {key: value for key, value in attention.items() if value is not None}
+    kind = arguments.pop("type", "standard")
+    if kind not in ATTENTION_TYPES:
+        raise ValueError(f"`{prefix}.type` must be one of {sorted(ATTENTION_TYPES)}. Received: {prefix}.type={kind!r}")
+    layer_class = ATTENTION_TYPES[kind]
+    known = _variant_arguments(layer_class)
+    for key in arguments:
+        if key in SET_BY_THE_MODEL:
+            raise ValueError(
+                f"`{prefix}.{key}` is set by the model ({SET_BY_THE_MODEL[key]}), not by its attention config. "
+                f"Received: {prefix}.{key}={arguments[key]!r}"
+            )
+        if key not in known:
+            raise ValueError(
+                f"Unknown key `{prefix}.{key}` for attention type {kind!r} ({layer_class.__name__}). "
+                f"Known keys: type, {', '.join(known)}"
+            )
+    missing = [name for name, parameter in known.items() if parameter.default is parameter.empty and name not in arguments]
+    if missing:
+        raise ValueError(
+            f"`{prefix}.{missing[0]}` is required for attention type {kind!r} ({layer_class.__name__}). "
+            f"Received: {prefix}={attention!r}"
+        )
+    return {"type": kind, **arguments}
+
+
+def make_attention(attention, num_heads, **common):
+    """The attention layer a nested config describes: `ATTENTION_TYPES[type](num_heads, **rest, **common)`.
+
+    Args:
+        attention: the nested config (see `attention_config`); None is standard attention.
+        num_heads: the model's number of heads.
+        **common: what the model sets for every variant (`dropout`, `kernel_initializer`)
+            and base layer arguments (`dtype`, `name`).
+    """
+    arguments = attention_config(attention)
+    layer_class = ATTENTION_TYPES[arguments.pop("type")]
+    return layer_class(num_heads=num_heads, **arguments, **common)
 
 
 def clone_initializer(initializer):

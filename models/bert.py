@@ -1,8 +1,11 @@
 """The BERT encoder (TF-Hub input/output names) and its masked-language-model pretrainer."""
 
+import typing
+
 import keras
 from keras import ops
 
+from models.attention import attention_config
 from models.builder import ArgumentsAreConfig
 from models.embedding import PositionEmbedding
 from models.transformer import build_blocks
@@ -23,13 +26,14 @@ class BertEncoder(ArgumentsAreConfig, keras.Model):
     Inputs (dict of int32 (B, T)): `input_word_ids`, `input_mask` (1 = real token),
     `input_type_ids`. Outputs (dict): `sequence_output` (B, T, D), `pooled_output`
     (B, D) (tanh dense on the first token), `encoder_outputs` (one (B, T, D) per layer).
-    Post-LN blocks as BERT; with attention_type="fixed" this is the fixed-head-size
+    Post-LN blocks as BERT; with attention={"type": "fixed", ...} this is the fixed-head-size
     BERT of Bhojanapalli et al. (2020), e.g. width 512 with head size 128.
 
     Args:
         vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes.
-        attention_type, head_size, shared_key_dim, mixing_initializer: the attention
-            variant (see `models.transformer.make_attention`).
+        attention: the attention variant as one nested config, e.g. {"type": "fixed",
+            "head_size": 128}; None is standard attention (see
+            `models.attention.attention_config`).
         max_sequence_length: rows of the position table.
         type_vocab_size: number of segment types.
         activation: feed-forward activation ("gelu" = exact erf GELU, as BERT).
@@ -40,7 +44,7 @@ class BertEncoder(ArgumentsAreConfig, keras.Model):
 
     Example:
     >>> encoder = BertEncoder(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,
-    ...                       intermediate_size=64, attention_type="fixed", head_size=16)
+    ...                       intermediate_size=64, attention={"type": "fixed", "head_size": 16})
     >>> ids = np.ones((2, 8), "int32")
     >>> encoder({"input_word_ids": ids, "input_mask": ids, "input_type_ids": 0 * ids})["pooled_output"].shape
     (2, 32)
@@ -53,10 +57,7 @@ class BertEncoder(ArgumentsAreConfig, keras.Model):
         num_layers,
         num_heads,
         intermediate_size,
-        attention_type="standard",
-        head_size=None,
-        shared_key_dim=None,
-        mixing_initializer=None,
+        attention: typing.Optional[dict] = None,
         max_sequence_length=512,
         type_vocab_size=2,
         activation="gelu",
@@ -69,6 +70,7 @@ class BertEncoder(ArgumentsAreConfig, keras.Model):
         **kwargs,
     ):
         arguments = dict(locals())  # the constructor arguments, before any other local exists
+        arguments["attention"] = attention = attention_config(attention)
         _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, type_vocab_size=type_vocab_size)
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
         # === Layers ===
@@ -87,10 +89,7 @@ class BertEncoder(ArgumentsAreConfig, keras.Model):
             num_layers,
             num_heads=num_heads,
             intermediate_size=intermediate_size,
-            attention_type=attention_type,
-            head_size=head_size,
-            shared_key_dim=shared_key_dim,
-            mixing_initializer=mixing_initializer,
+            attention=attention,
             activation=activation,
             norm_position="post",
             residual_scaling=residual_scaling,

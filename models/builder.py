@@ -8,6 +8,10 @@ import keras
 NOT_CONFIG = ("self", "dtype", "kwargs")
 
 
+def _plain(value):
+    return dict(value) if isinstance(value, dict) else value
+
+
 class ArgumentsAreConfig:
     """Mixin for functional `keras.Model` builders: `cls(**get_config())` rebuilds the model.
 
@@ -30,7 +34,8 @@ class ArgumentsAreConfig:
             "name": self.name,
             "trainable": self.trainable,
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
-            **{name: getattr(self, name) for name in self.config_arguments()},
+            # Keras wraps dict attributes (the nested attention config) in a TrackedDict.
+            **{name: _plain(getattr(self, name)) for name in self.config_arguments()},
         }
 
     @classmethod

@@ -137,7 +137,7 @@ def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progr
     is converted by `convert_attention` with seed `seed + layer index` (deterministic).
 
     Returns:
-        (model, reports): the new model (attention_type "collaborative", same builder) and
+        (model, reports): the new model (collaborative attention, same builder) and
         one report per layer.
     """
     from tqdm import tqdm
@@ -147,11 +147,12 @@ def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progr
 
     if not isinstance(model, (BertEncoder, CausalLM)):
         raise ValueError(f"`model` must be a BertEncoder or a CausalLM. Received: {type(model).__name__}")
-    if model.attention_type == "collaborative":
+    if model.attention["type"] == "collaborative":
         raise ValueError(f"The model {model.name!r} already uses collaborative attention.")
     head_size = head_size_of(model)
     arguments = {key: value for key, value in model.get_config().items() if key not in ("name", "trainable", "dtype")}
-    arguments.update(attention_type="collaborative", head_size=head_size, shared_key_dim=shared_key_dim, mixing_initializer="concatenate")
+    arguments["attention"] = {"type": "collaborative", "head_size": head_size, "shared_key_dim": shared_key_dim,
+                              "mixing_initializer": "concatenate"}
     converted_layers = []
     for index, block in enumerate(tqdm(model.blocks, desc=f"CP rank {shared_key_dim}", disable=not progress)):
         converted_layers.append(convert_attention(block.attention, shared_key_dim, seed + index, n_iter_max, tol))

@@ -38,7 +38,7 @@ def hf_bert_config(directory):
         "num_layers": config["num_hidden_layers"],
         "num_heads": config["num_attention_heads"],
         "intermediate_size": config["intermediate_size"],
-        "attention_type": "standard",
+        "attention": {"type": "standard"},
         "max_sequence_length": config["max_position_embeddings"],
         "type_vocab_size": config["type_vocab_size"],
         "activation": _ACTIVATIONS[config["hidden_act"]],

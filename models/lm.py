@@ -1,9 +1,12 @@
 """A decoder-only causal language model (the LM1B study of the fixed-head-size paper)."""
 
+import typing
+
 import keras
 from keras import ops
 
 from models.bert import _check_sizes
+from models.attention import attention_config
 from models.builder import ArgumentsAreConfig
 from models.embedding import PositionEmbedding
 from models.transformer import build_blocks
@@ -32,7 +35,8 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
 
     Args:
         vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes.
-        attention_type, head_size, shared_key_dim, mixing_initializer: attention variant.
+        attention: the attention variant as one nested config, e.g. {"type": "fixed",
+            "head_size": 32}; None is standard attention (see `models.attention.attention_config`).
         max_sequence_length: longest sequence (rows of the learned position table).
         position_embedding: "learned" or "sinusoidal" (tensor2tensor timing signal).
         tie_embeddings: output projection = input embedding transposed.
@@ -50,10 +54,7 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
         num_layers,
         num_heads,
         intermediate_size,
-        attention_type="standard",
-        head_size=None,
-        shared_key_dim=None,
-        mixing_initializer=None,
+        attention: typing.Optional[dict] = None,
         max_sequence_length=256,
         position_embedding="learned",
         tie_embeddings=True,
@@ -68,6 +69,7 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
         **kwargs,
     ):
         arguments = dict(locals())  # the constructor arguments, before any other local exists
+        arguments["attention"] = attention = attention_config(attention)
         _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
         # tensor2tensor: Xavier kernels; embeddings N(0, 1/d) scaled by sqrt(d) on the way in,
         # so the tied softmax sees d^-0.5-sized rows and the residual stream unit-sized inputs.
@@ -99,10 +101,7 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
             num_layers,
             num_heads=num_heads,
             intermediate_size=intermediate_size,
-            attention_type=attention_type,
-            head_size=head_size,
-            shared_key_dim=shared_key_dim,
-            mixing_initializer=mixing_initializer,
+            attention=attention,
             activation=activation,
             norm_position=norm_position,
             residual_scaling=residual_scaling,

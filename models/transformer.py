@@ -1,7 +1,7 @@
 """The transformer block: any attention variant, post-LN or pre-LN, optional Admin scaling.
 
-The attention variant is configuration (`attention_type` plus that variant's own
-arguments), not a block class of its own. Post-LN (BERT) computes
+The attention variant is configuration (one nested `attention` config, handed unchanged to
+`models.attention.make_attention`), not a block class of its own. Post-LN (BERT) computes
 x_i = LN(omega_i * x_{i-1} + f_i(x_{i-1})) for each of the two sublayers f_i (attention,
 feed-forward); omega_i = 1 unless `residual_scaling="admin"`, where omega_i is a learned
 vector set by `admin_initialize` from a profiling pass (Liu et al., "Understanding the
@@ -9,40 +9,18 @@ Difficulty of Training Transformers", 2020). Pre-LN (tensor2tensor LM) computes
 x_i = x_{i-1} + f_i(LN(x_{i-1})).
 """
 
-import inspect
 import math
 
 import keras
 from keras import ops
 
-from models.attention import CollaborativeAttention
-from models.attention import FixedHeadSizeAttention
-from models.attention import StandardAttention
+from models.attention import ATTENTION_TYPES
+from models.attention import attention_config
 from models.attention import clone_initializer
+from models.attention import make_attention
 
-ATTENTION_TYPES = {
-    "standard": StandardAttention,
-    "fixed": FixedHeadSizeAttention,
-    "collaborative": CollaborativeAttention,
-}
 NORM_POSITIONS = ("post", "pre")
-
-
-def register_attention(name, layer_class):
-    """Adds an attention variant under `name` (then `model.attention_type: name` in a config).
-
-    A variant is a `FixedHeadSizeAttention` subclass that overrides its query/key hooks
-    (`_build_query_key`, `_attention_logits`); the builders pass it num_heads and whichever of
-    head_size, shared_key_dim and mixing_initializer its constructor accepts.
-    """
-    if not (isinstance(layer_class, type) and issubclass(layer_class, FixedHeadSizeAttention)):
-        raise ValueError(f"An attention variant must subclass FixedHeadSizeAttention. Received: {layer_class!r}")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"An attention variant needs a non-empty name. Received: name={name!r}")
-    ATTENTION_TYPES[name] = layer_class
-    return layer_class
 RESIDUAL_SCALINGS = ("none", "admin")
-
 
 
 def gelu_approximate(x):
@@ -60,45 +38,16 @@ def get_activation(name):
         raise ValueError(f"Unknown activation. Received: activation={name!r}") from error
 
 
-# Arguments a builder may set that belong to one attention variant or another.
-_VARIANT_ARGUMENTS = ("head_size", "shared_key_dim", "mixing_initializer")
-
-
-def make_attention(attention_type, num_heads, head_size=None, shared_key_dim=None, mixing_initializer=None, **common):
-    """Creates the attention layer named by `attention_type` from builder arguments.
-
-    Arguments that the chosen variant does not take must be unset (None): a config that
-    sets `shared_key_dim` for standard attention is a mistake worth an error.
-    """
-    if attention_type not in ATTENTION_TYPES:
-        raise ValueError(
-            f"`attention_type` must be one of {sorted(ATTENTION_TYPES)}. Received: attention_type={attention_type!r}"
-        )
-    layer_class = ATTENTION_TYPES[attention_type]
-    accepted = inspect.signature(layer_class.__init__).parameters
-    variant = {"head_size": head_size, "shared_key_dim": shared_key_dim, "mixing_initializer": mixing_initializer}
-    for name in _VARIANT_ARGUMENTS:
-        if variant[name] is not None and name not in accepted:
-            raise ValueError(
-                f"`{name}` does not apply to attention_type={attention_type!r}. Received: {name}={variant[name]!r}"
-            )
-    arguments = {name: value for name, value in variant.items() if name in accepted and value is not None}
-    if "head_size" in accepted and "head_size" not in arguments:
-        raise ValueError(f"`head_size` is required for attention_type={attention_type!r}. Received: head_size=None")
-    if "shared_key_dim" in accepted and "shared_key_dim" not in arguments:
-        raise ValueError(
-            f"`shared_key_dim` is required for attention_type={attention_type!r}. Received: shared_key_dim=None"
-        )
-    return layer_class(num_heads=num_heads, **arguments, **common)
-
-
 def head_size_of(spec):
     """The query/key head size of a model or model config (standard: hidden_size / num_heads).
 
-    `spec` is anything with the builder fields attention_type, hidden_size, num_heads and
-    head_size: a `BertEncoder`, a `CausalLM`, or their config dataclasses.
+    `spec` is anything with the builder fields `attention`, `hidden_size` and `num_heads`: a
+    `BertEncoder`, a `CausalLM`, or their config dataclasses.
     """
-    return spec.hidden_size // spec.num_heads if spec.attention_type == "standard" else spec.head_size
+    attention = attention_config(spec.attention)
+    if ATTENTION_TYPES[attention["type"]]._head_size_from_width:
+        return spec.hidden_size // spec.num_heads
+    return attention["head_size"]
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
@@ -108,10 +57,10 @@ class TransformerBlock(keras.layers.Layer):
     Args:
         num_heads: attention heads.
         intermediate_size: hidden width of the feed-forward network.
-        attention_type: "standard", "fixed" or "collaborative".
-        head_size: head size (fixed, collaborative).
-        shared_key_dim: shared query/key width (collaborative).
-        mixing_initializer: collaborative mixing initializer (default "concatenate").
+        attention: the attention variant as one nested config, e.g. {"type": "fixed",
+            "head_size": 128} (see `models.attention.attention_config`); None is standard
+            attention. The block sets num_heads, dropout (`attention_dropout`) and
+            kernel_initializer.
         activation: feed-forward activation ("gelu" is exact erf GELU, as BERT;
             "gelu_approximate" is the tanh form; "relu", ...).
         norm_position: "post" (BERT) or "pre" (tensor2tensor / GPT-2).
@@ -128,7 +77,7 @@ class TransformerBlock(keras.layers.Layer):
         training: dropout switch.
 
     Example:
-    >>> block = TransformerBlock(num_heads=8, intermediate_size=2048, attention_type="fixed", head_size=128)
+    >>> block = TransformerBlock(num_heads=8, intermediate_size=2048, attention={"type": "fixed", "head_size": 128})
     >>> block(keras.random.normal((2, 16, 512))).shape
     (2, 16, 512)
     """
@@ -137,10 +86,7 @@ class TransformerBlock(keras.layers.Layer):
         self,
         num_heads,
         intermediate_size,
-        attention_type="standard",
-        head_size=None,
-        shared_key_dim=None,
-        mixing_initializer=None,
+        attention=None,
         activation="gelu",
         norm_position="post",
         residual_scaling="none",
@@ -166,10 +112,7 @@ class TransformerBlock(keras.layers.Layer):
             )
         self.num_heads = num_heads
         self.intermediate_size = intermediate_size
-        self.attention_type = attention_type
-        self.head_size = head_size
-        self.shared_key_dim = shared_key_dim
-        self.mixing_initializer = mixing_initializer
+        self.attention_config = attention_config(attention)
         self.activation = activation
         self.norm_position = norm_position
         self.residual_scaling = residual_scaling
@@ -179,11 +122,8 @@ class TransformerBlock(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self._activation = get_activation(activation)
         self.attention = make_attention(
-            attention_type,
+            self.attention_config,
             num_heads,
-            head_size=head_size,
-            shared_key_dim=shared_key_dim,
-            mixing_initializer=mixing_initializer,
             dropout=attention_dropout,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             dtype=self.dtype_policy,
@@ -244,10 +184,7 @@ class TransformerBlock(keras.layers.Layer):
         config.update(
             num_heads=self.num_heads,
             intermediate_size=self.intermediate_size,
-            attention_type=self.attention_type,
-            head_size=self.head_size,
-            shared_key_dim=self.shared_key_dim,
-            mixing_initializer=self.mixing_initializer,
+            attention=dict(self.attention_config),
             activation=self.activation,
             norm_position=self.norm_position,
             residual_scaling=self.residual_scaling,

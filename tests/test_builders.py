@@ -72,9 +72,9 @@ def _causal_gradients(model, inputs, position):
 
 @pytest.mark.parametrize("attention_type", ["standard", "fixed", "collaborative"])
 def test_causal_lm_later_tokens_have_zero_gradient_on_earlier_outputs(attention_type):
-    variant = {"standard": [], "fixed": [], "collaborative": ["model.shared_key_dim=8", "model.head_size=8"]}[attention_type]
-    config = configs.load_config("tiny_lm", [f"model.attention_type={attention_type}", "model.tie_embeddings=false", "model.dropout=0", *variant]
-                                 + (["model.head_size=null"] if attention_type == "standard" else []))
+    attention = {"standard": "{type: standard}", "fixed": "{type: fixed, head_size: 16}",
+                 "collaborative": "{type: collaborative, head_size: 8, shared_key_dim: 8}"}[attention_type]
+    config = configs.load_config("tiny_lm", [f"model.attention={attention}", "model.tie_embeddings=false", "model.dropout=0"])
     model = config.build_model()
     inputs = _lm_inputs()
     for position in (0, 3, 7):

@@ -139,7 +139,7 @@ def test_encoder_conversion_at_full_rank_is_exact():
     for variable in encoder.weights:  # "trained": no zero biases hiding a mistake
         variable.assign(np.random.default_rng(len(variable.path)).normal(scale=0.2, size=variable.shape))
     converted, reports = convert_model(encoder, 32, progress=False)
-    assert converted.attention_type == "collaborative" and len(reports) == 2
+    assert converted.attention["type"] == "collaborative" and len(reports) == 2
     ids = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], "int32")
     inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
     expected, outputs = encoder(inputs), converted(inputs)
@@ -249,7 +249,7 @@ def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path):
     tuned = train(tmp_path / "tuned", recipe, "training.train_steps=40", "training.steps_per_epoch=20",
                   "training.learning_rate=0.002", "training.warmup_steps=5")
     saved = json.loads((tmp_path / "tuned" / "config.json").read_text())
-    assert saved["model"]["attention_type"] == "collaborative" and saved["tokenizer"]["lowercase"] is True
+    assert saved["model"]["attention"]["type"] == "collaborative" and saved["tokenizer"]["lowercase"] is True
     assert (tmp_path / "tuned" / "vocab.txt").read_bytes() == (tmp_path / "base" / "vocab.txt").read_bytes()
     assert start["eval_loss"] < trained["eval_loss"] + 1.0  # the conversion kept most of what was learned
     assert tuned["eval_loss"] < start["eval_loss"]  # and fine-tuning recovers

@@ -2,9 +2,11 @@
 
 import dataclasses
 import inspect
+import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import configs
@@ -48,7 +50,7 @@ def test_deep_single_head_matches_shallow_multi_head_parameters():
 def test_collaborative_presets_use_a_quarter_and_an_eighth_of_the_key_dimension():
     for name, ratio in (("lm1b_collaborative_d512_k128", 4), ("lm1b_collaborative_d512_k64", 8)):
         model = configs.load_config(name).model
-        assert model.num_heads * model.head_size == ratio * model.shared_key_dim
+        assert model.num_heads * model.attention["head_size"] == ratio * model.attention["shared_key_dim"]
 
 
 @pytest.mark.parametrize("name", [n for n in configs.preset_names() if n.startswith("tiny_")])
@@ -71,7 +73,7 @@ def test_configs_are_frozen():
 
 def test_overrides_and_inheritance():
     config = configs.load_config("bert_d512_p128_h12", ["model.num_heads=32", "model.dropout=0"])
-    assert (config.model.num_heads, config.model.head_size, config.model.hidden_size) == (32, 128, 512)
+    assert (config.model.num_heads, config.model.attention, config.model.hidden_size) == (32, {"type": "fixed", "head_size": 128}, 512)
     assert config.model.dropout == 0.0 and isinstance(config.model.dropout, float)
     assert config.model.num_layers == 24  # inherited from bert_large through bert_d512_p128_h8
 
@@ -104,10 +106,6 @@ def test_unknown_preset_lists_the_presets(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["model.attention_type=sparse"], "attention_type='sparse'"),
-        (["model.head_size=null"], "head_size.*required.*'fixed'"),
-        (["model.shared_key_dim=8"], "shared_key_dim.*does not apply.*'fixed'"),
-        (["model.attention_type=collaborative"], "shared_key_dim.*required"),
         (["model.position_embedding=rotary"], "kind='rotary'"),
         (["model.residual_scaling=admin"], "post-LN"),
     ],
@@ -115,6 +113,74 @@ def test_unknown_preset_lists_the_presets(tmp_path):
 def test_bad_model_configs_fail_at_build(overrides, message):
     with pytest.raises(ValueError, match=message):
         configs.load_config("tiny_lm", overrides).build_model()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.attention.type=sparse"], r"`model.attention.type` must be one of .*Received: model.attention.type='sparse'"),
+        (["model.attention.head_size=null"], "`model.attention.head_size` is required for attention type 'fixed'"),
+        (["model.attention.shared_key_dim=8"], "Unknown key `model.attention.shared_key_dim` for attention type 'fixed'"),
+        (["model.attention.type=collaborative"], "`model.attention.shared_key_dim` is required"),
+        (["model.attention.num_heads=8"], r"`model.attention.num_heads` is set by the model \(num_heads\)"),
+        (["model.attention=fixed"], "`model.attention` must be of type dict. Received: model.attention='fixed'"),
+        # The flat keys of configs written before the nested form, next to a nested config:
+        (["model.head_size=8"], "`model.head_size` is the old flat form of `model.attention.head_size`"),
+        (["model.attention_type=standard"], "`model.attention_type` is the old flat form of `model.attention.type`"),
+    ],
+)
+def test_bad_attention_configs_name_the_nested_key_at_load(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        configs.load_config("tiny_lm", overrides)
+
+
+def test_nested_attention_overrides():
+    assert configs.load_config("tiny_lm", ["model.attention.head_size=64"]).model.attention == {"type": "fixed", "head_size": 64}
+    collaborative = configs.load_config("tiny_lm", ["model.attention={type: collaborative, head_size: 8, shared_key_dim: 4}"])
+    assert collaborative.model.attention == {"type": "collaborative", "head_size": 8, "shared_key_dim": 4}
+    # A preset inheriting part of the nested config: head size 32 over bert_d512_p128_h8's fixed attention.
+    assert configs.load_config("bert_d512_h8_p32").model.attention == {"type": "fixed", "head_size": 32}
+    # null is "not set": switching a fixed preset to standard attention by removing head_size.
+    standard = configs.load_config("tiny_lm", ["model.attention.type=standard", "model.attention.head_size=null"])
+    assert standard.model.attention == {"type": "standard"}
+    assert standard.build_model().blocks[0].attention._head_size == 32 // 4
+
+
+def test_a_run_directory_written_before_the_nested_form_still_loads(tmp_path):
+    """A config.json with the old flat attention fields: read as a task.init source, rebuilt
+    with its weights by `runs.load_model`, and resumed with the new form of the same model."""
+    from training import runs
+    from training.tasks import make_task
+
+    config = configs.load_config("tiny_bert_collaborative")
+    backbone = config.build_model()
+    model = make_task(config).build_model(backbone)
+    new = config.to_dict() | {"name": config.name}
+    old = json.loads(json.dumps(new))
+    del old["model"]["attention"]
+    old["model"].update(attention_type="collaborative", head_size=8, shared_key_dim=8, mixing_initializer=None)
+    run = runs.RunDirectory(tmp_path)
+    runs.write_json_atomically(run.file(runs.CONFIG), old)
+    run.save_models(backbone, model)
+
+    assert runs.read_source(tmp_path).model["attention"] == {"type": "collaborative", "head_size": 8, "shared_key_dim": 8}
+    loaded_config, loaded, loaded_backbone, _ = runs.load_model(tmp_path)
+    assert loaded_config.model == config.model
+    attention = loaded_backbone.blocks[0].attention
+    assert (type(attention).__name__, attention.head_size, attention.shared_key_dim) == ("CollaborativeAttention", 8, 8)
+    for ours, theirs in zip(loaded.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    run.start(new)  # the same model in the nested form: the run resumes
+    assert runs.read_json(run.file(runs.CONFIG))["model"]["attention"]["type"] == "collaborative"
+
+
+def test_model_config_round_trips_through_the_builder():
+    for name in ("tiny_bert_collaborative", "tiny_lm"):
+        config = configs.load_config(name)
+        model = config.build_model()
+        arguments = {key: value for key, value in model.get_config().items() if key not in ("name", "trainable", "dtype")}
+        assert arguments == dataclasses.asdict(config.model)
+        assert type(model)(**model.get_config()).get_config() == model.get_config()
 
 
 def test_command_line_prints_the_resolved_config():
@@ -130,12 +196,12 @@ def test_command_line_prints_the_resolved_config():
 
 def test_conversion_to_collaborative_keeps_head_size_and_checks_the_shared_width():
     converted = configs.to_collaborative(configs.load_config("lm1b_standard_d512"), 128)
-    assert (converted.model.attention_type, converted.model.head_size, converted.model.shared_key_dim) == ("collaborative", 64, 128)
+    assert converted.model.attention == {"type": "collaborative", "head_size": 64, "shared_key_dim": 128, "mixing_initializer": "concatenate"}
     with pytest.raises(ValueError, match=r"num_heads \* head_size = 512.*shared_key_dim=513"):
         configs.to_collaborative(configs.load_config("lm1b_standard_d512"), 513)
     with pytest.raises(ValueError, match="shared_key_dim=0"):
         configs.to_collaborative(configs.load_config("tiny_bert_fixed"), 0)
-    assert configs.to_collaborative(configs.load_config("tiny_bert_fixed"), 64).model.head_size == 16
+    assert configs.to_collaborative(configs.load_config("tiny_bert_fixed"), 64).model.attention["head_size"] == 16
 
 
 def test_exponent_floats_are_floats():

@@ -1,31 +1,47 @@
 """Extension points: a new attention variant and a new task, defined HERE, registered through the
-public registries and trained through the CLI's code path, with no library file touched."""
+public registries, trained through the CLI's code path and exported (the task's own TF Serving
+signature), with no library file touched.
+
+The variant has an argument no library file knows of (`temperature`): it travels from the
+config's nested `model.attention` section (and a `--set model.attention.temperature=...`
+override) to the layer's constructor unchanged."""
 
 import dataclasses
 import json
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
-from keras import ops
 
+from models.attention import ATTENTION_TYPES
 from models.attention import FixedHeadSizeAttention
-from models.transformer import ATTENTION_TYPES
-from models.transformer import register_attention
+from models.attention import register_attention
 from training import cli
 from training.data import SAMPLE_CORPUS
 from training.data import read_lines
 from training.tasks import TASKS
+from training.tasks import ServingSignature
 from training.tasks import Task
 from training.tasks import TaskSettings
 from training.tasks import register_task
 
 
-class SharpAttention(FixedHeadSizeAttention):
-    """Fixed head size attention with logits twice as sharp: only the logits hook changes."""
+class TemperedAttention(FixedHeadSizeAttention):
+    """Fixed head size attention with a softmax temperature: logits / temperature. A new
+    constructor argument and the logits hook are all that change."""
+
+    def __init__(self, num_heads, head_size, temperature=1.0, **kwargs):
+        super().__init__(num_heads=num_heads, head_size=head_size, **kwargs)
+        if not temperature > 0:
+            raise ValueError(f"`temperature` must be positive. Received: temperature={temperature!r}")
+        self.temperature = temperature
 
     def _attention_logits(self, query, key):
-        return 2.0 * super()._attention_logits(query, key)
+        return super()._attention_logits(query, key) / self.temperature
+
+    def get_config(self):
+        return super().get_config() | {"temperature": self.temperature}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,44 +86,99 @@ class WordCountTask(Task):
     def evaluate(self, model, eval_data, eval_steps):
         return {"eval_loss": model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)["loss"]}
 
+    def serving_signature(self, model):
+        """The exported TF Serving model: `sentence` -> `words` (the predicted word count)."""
+        return ServingSignature(("sentence",), lambda inputs: {"words": 10.0 * model(inputs, training=False)["logits"][:, 0]})
 
-def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(tmp_path, capsys):
-    register_attention("sharp", SharpAttention)
+
+@pytest.fixture()
+def registered():
+    register_attention("tempered", TemperedAttention)
     register_task(WordCountTask)
-    try:
-        config = tmp_path / "word_count.yaml"
-        config.write_text(
-            "model_type: bert\n"
-            "model: {vocab_size: 300, hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 32,"
-            " attention_type: sharp, head_size: 16, max_sequence_length: 32}\n"
-            "task: {name: word_count, max_lines: 120}\n"
-            "training: {sequence_length: 32, batch_size: 8, train_steps: 6, steps_per_epoch: 3, steps_per_execution: 3,"
-            " eval_batches: 2, learning_rate: 0.001, warmup_steps: 1, jit_compile: false}\n"
-        )
-        assert cli.main(["--config", str(config), "--run-dir", str(tmp_path / "run"), "--quiet"]) == 0
-        out = capsys.readouterr().out
-        metrics = json.loads(out[out.index("{"):])
-        assert metrics["task"] == "word_count" and metrics["step"] == 6 and np.isfinite(metrics["eval_loss"])
-        saved = json.loads((tmp_path / "run" / "config.json").read_text())
-        assert saved["task"] == {"name": "word_count", "init": None, "max_lines": 120}
-        assert json.loads((tmp_path / "run" / "metrics.json").read_text()) == metrics
+    yield
+    ATTENTION_TYPES.pop("tempered", None)
+    TASKS.pop("word_count", None)
 
-        from training import runs
 
-        _, model, backbone, _ = runs.load_model(tmp_path / "run")
-        attention = backbone.blocks[0].attention
-        assert type(attention) is SharpAttention
-        # The hook is what runs: the logits are twice those of the base class on the same weights.
-        x = ops.convert_to_tensor(np.random.default_rng(0).normal(size=(1, 5, 32)).astype("float32"))
-        np.testing.assert_allclose(np.asarray(attention._attention_logits(x, x)),
-                                   2.0 * np.asarray(FixedHeadSizeAttention._attention_logits(attention, x, x)), rtol=1e-6)
-    finally:
-        ATTENTION_TYPES.pop("sharp", None)
-        TASKS.pop("word_count", None)
+def _config_file(tmp_path):
+    config = tmp_path / "word_count.yaml"
+    config.write_text(
+        "model_type: bert\n"
+        "model: {vocab_size: 300, hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 32, max_sequence_length: 32,"
+        " attention: {type: tempered, head_size: 16, temperature: 2.0}}\n"
+        "task: {name: word_count, max_lines: 120}\n"
+        "training: {sequence_length: 32, batch_size: 8, train_steps: 6, steps_per_epoch: 3, steps_per_execution: 3,"
+        " eval_batches: 2, learning_rate: 0.001, warmup_steps: 1, jit_compile: false}\n"
+    )
+    return str(config)
+
+
+@pytest.mark.slow
+def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(registered, tmp_path, capsys):
+    arguments = ["--config", _config_file(tmp_path), "--run-dir", str(tmp_path / "run"), "--quiet"]
+    assert cli.main([*arguments, "--set", "model.attention.temperature=0.5"]) == 0
+    out = capsys.readouterr().out
+    metrics = json.loads(out[out.index("{"):])
+    assert metrics["task"] == "word_count" and metrics["step"] == 6 and np.isfinite(metrics["eval_loss"])
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["task"] == {"name": "word_count", "init": None, "max_lines": 120}
+    assert saved["model"]["attention"] == {"type": "tempered", "head_size": 16, "temperature": 0.5}
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text()) == metrics
+
+    from training import runs
+
+    _, model, backbone, _ = runs.load_model(tmp_path / "run")
+    attention = backbone.blocks[0].attention
+    assert type(attention) is TemperedAttention and (attention.temperature, attention.head_size) == (0.5, 16)
+    # The argument is used: the probabilities are softmax(q k^T / sqrt(16) / 0.5), recomputed in
+    # numpy from the trained layer's projection weights.
+    x = np.random.default_rng(0).normal(size=(1, 5, 32)).astype("float32")
+    _, probabilities = attention(x, x, return_attention_scores=True)
+    query, key = (np.einsum("bti,inh->btnh", x, np.asarray(dense.kernel)) + np.asarray(dense.bias)
+                  for dense in (attention.query_dense, attention.key_dense))
+    logits = np.einsum("btnh,bsnh->bnts", query, key) / np.sqrt(16) / 0.5
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(probabilities), expected / expected.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+    # The task's own serving signature is what the exporter serves; the reloaded SavedModel
+    # agrees with the live model on inputs packed by HF `tokenizers` (BERT's [CLS] text [SEP]).
+    import tokenizers
+
+    from export.savedmodels import export_run
+
+    sentences = ["The quick brown fox jumps over the lazy dog.", "Attention is all you need", "one"]
+    served = tf.saved_model.load(export_run(tmp_path / "run", tmp_path / "out")["serving"]).signatures["serving_default"]
+    words = served(sentence=tf.constant(sentences))["words"].numpy()
+    tokenizer = tokenizers.BertWordPieceTokenizer(str(tmp_path / "run" / "vocab.txt"), lowercase=True)
+    tokenizer.enable_padding(length=32)
+    encodings = tokenizer.encode_batch(sentences)
+    inputs = {"input_word_ids": np.array([e.ids for e in encodings], "int32"),
+              "input_mask": np.array([e.attention_mask for e in encodings], "int32"),
+              "input_type_ids": np.array([e.type_ids for e in encodings], "int32")}
+    np.testing.assert_allclose(words, 10.0 * np.asarray(model(inputs, training=False)["logits"])[:, 0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "override, message, checked_at_load",
+    [
+        ("model.attention.temprature=0.5", "Unknown key `model.attention.temprature` for attention type 'tempered' "
+                                           "(TemperedAttention). Known keys: type, head_size, temperature", True),
+        # A value is the variant's own constructor's to check, when the trainer builds the model.
+        ("model.attention.temperature=-1", "`temperature` must be positive. Received: temperature=-1", False),
+    ],
+)
+def test_a_bad_argument_of_the_new_variant_is_one_line_naming_it(registered, tmp_path, capsys, override, message, checked_at_load):
+    arguments = ["--config", _config_file(tmp_path), "--run-dir", str(tmp_path / "run"), "--quiet", "--set", override]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(arguments)
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in error and len(error.strip().splitlines()) == 1
+    if checked_at_load:
+        assert not (tmp_path / "run").exists()
 
 
 def test_a_variant_overriding_the_logits_hook_is_not_bypassed_by_the_fused_path():
-    layer = SharpAttention(num_heads=2, head_size=8)
+    layer = TemperedAttention(num_heads=2, head_size=8, temperature=0.5)
     x = np.random.default_rng(1).normal(size=(2, 5, 16)).astype("float32")
     sharp = np.asarray(layer(x, x))  # inference, no scores: the fused path would apply to the base class
     _, scores = layer(x, x, return_attention_scores=True)  # explicit path, through the overridden hook

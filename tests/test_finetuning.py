@@ -14,7 +14,7 @@ from training import runs
 
 TINY_BERT = [
     "model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-    "model.intermediate_size=64", "model.max_sequence_length=64", "model.attention_type=fixed", "model.head_size=16",
+    "model.intermediate_size=64", "model.max_sequence_length=64", "model.attention={type: fixed, head_size: 16}",
 ]
 SHORT = ["training.sequence_length=32", "training.batch_size=8", "training.train_steps=6", "training.train_epochs=null",
          "training.steps_per_epoch=3", "training.steps_per_execution=3", "training.jit_compile=false",
@@ -150,3 +150,40 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
     live /= live.sum(-1, keepdims=True)
     np.testing.assert_allclose(np.array(served["probabilities"]), live, atol=1e-5)
     assert served["label"] == [config.task.labels[i] for i in live.argmax(-1)]
+
+
+@pytest.mark.parametrize("preset, texts", [("glue_mrpc", ("text", "text_b")), ("glue_sst2", ("text",)), ("glue_stsb", ("text", "text_b"))])
+def test_each_sentence_task_says_what_its_serving_model_serves(preset, texts):
+    """`Task.serving_signature` (what the exporter serves) against numpy on the live model's logits."""
+    import configs
+    from training.tasks import make_task
+
+    regression = preset == "glue_stsb"
+    labels = [] if regression else ["task.labels=[neg, pos, odd]"]
+    config = configs.load_config(preset, [*TINY_BERT, f"task.text_pairs={len(texts) == 2}", *labels])
+    task = make_task(config)
+    model = task.build_model(config.build_model())
+    rng = np.random.default_rng(0)
+    inputs = {"input_word_ids": rng.integers(1, 1000, (4, 8)).astype("int32"), "input_mask": np.ones((4, 8), "int32"),
+              "input_type_ids": np.zeros((4, 8), "int32")}
+    signature = task.serving_signature(model)
+    outputs = {name: np.asarray(value) for name, value in signature.outputs(inputs).items()}
+    logits = np.asarray(model(inputs, training=False)["logits"], "float64")
+    assert signature.texts == texts
+    if regression:
+        assert set(outputs) == {"score"}
+        np.testing.assert_allclose(outputs["score"], logits[:, 0], rtol=1e-6)
+    else:
+        expected = np.exp(logits - logits.max(-1, keepdims=True))
+        expected /= expected.sum(-1, keepdims=True)
+        assert set(outputs) == {"probabilities", "label"}
+        np.testing.assert_allclose(outputs["probabilities"], expected, rtol=1e-5, atol=1e-7)
+        assert [label.decode() for label in outputs["label"]] == [["neg", "pos", "odd"][i] for i in expected.argmax(-1)]
+
+
+def test_a_task_without_a_serving_model_of_its_own_serves_the_encoder():
+    import configs
+    from training.tasks import make_task
+
+    config = configs.load_config("tiny_bert_fixed")
+    assert make_task(config).serving_signature(config.build_model()) is None

@@ -19,7 +19,7 @@ from training import squad
 
 TINY_BERT = [
     "model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-    "model.intermediate_size=64", "model.max_sequence_length=64", "model.attention_type=fixed", "model.head_size=16",
+    "model.intermediate_size=64", "model.max_sequence_length=64", "model.attention={type: fixed, head_size: 16}",
 ]
 SHORT = ["training.sequence_length=32", "training.batch_size=4", "training.train_steps=4", "training.train_epochs=null",
          "training.steps_per_epoch=2", "training.steps_per_execution=2", "training.jit_compile=false",

@@ -8,7 +8,9 @@ import pytest
 import harness
 from models.transformer import TransformerBlock
 from models.transformer import admin_initialize
-from models.transformer import make_attention
+from models.attention import FixedHeadSizeAttention
+from models.attention import StandardAttention
+from models.attention import make_attention
 
 WIDTH, HEADS, LENGTH, BATCH = 16, 4, 6, 2
 
@@ -46,18 +48,30 @@ def test_standard_block_matches_keras_hub_transformer_encoder(norm_position):
 
 
 @pytest.mark.parametrize(
-    "arguments, message",
+    "attention, message",
     [
-        ({"attention_type": "linear"}, "attention_type='linear'"),
-        ({"attention_type": "fixed"}, "head_size` is required"),
-        ({"attention_type": "standard", "head_size": 8}, "head_size` does not apply"),
-        ({"attention_type": "collaborative", "head_size": 8}, "shared_key_dim` is required"),
-        ({"attention_type": "fixed", "head_size": 8, "shared_key_dim": 4}, "shared_key_dim` does not apply"),
+        ({"type": "linear"}, r"attention.type` must be one of \['collaborative', 'fixed', 'standard'\]. Received: attention.type='linear'"),
+        ({"type": "fixed"}, "`attention.head_size` is required for attention type 'fixed'"),
+        ({"type": "standard", "head_size": 8}, "Unknown key `attention.head_size` for attention type 'standard'.*Known keys: type, output_size"),
+        ({"type": "collaborative", "head_size": 8}, "`attention.shared_key_dim` is required"),
+        ({"type": "fixed", "head_size": 8, "shared_key_dim": 4}, "Unknown key `attention.shared_key_dim`.*'fixed'"),
+        ({"type": "fixed", "head_size": 8, "dropout": 0.5}, r"`attention.dropout` is set by the model \(attention_dropout\)"),
+        ({"type": "fixed", "head_size": 8, "name": "x"}, "Unknown key `attention.name`"),
+        ("fixed", "`attention` must be a mapping"),
     ],
 )
-def test_attention_factory_errors(arguments, message):
+def test_attention_factory_errors(attention, message):
     with pytest.raises(ValueError, match=message):
-        make_attention(num_heads=2, **arguments)
+        make_attention(attention, num_heads=2)
+
+
+def test_attention_factory_passes_the_nested_config_unchanged():
+    """Every key but `type` reaches the variant's constructor, including ones no builder knows of."""
+    layer = make_attention({"type": "fixed", "head_size": 8, "value_head_size": 4, "use_fused": False, "output_size": None},
+                           num_heads=2, dropout=0.25, name="attention")
+    assert type(layer) is FixedHeadSizeAttention
+    assert (layer.head_size, layer.value_head_size, layer.use_fused, layer.output_size, layer.dropout) == (8, 4, False, None, 0.25)
+    assert type(make_attention(None, num_heads=2)) is StandardAttention
 
 
 @pytest.mark.parametrize(
@@ -79,8 +93,8 @@ def test_block_argument_errors(arguments, message):
 def block(request):
     kwargs = {
         "standard": {},
-        "fixed": {"attention_type": "fixed", "head_size": 8, "norm_position": "pre"},
-        "collaborative_admin": {"attention_type": "collaborative", "head_size": 4, "shared_key_dim": 8, "residual_scaling": "admin"},
+        "fixed": {"attention": {"type": "fixed", "head_size": 8}, "norm_position": "pre"},
+        "collaborative_admin": {"attention": {"type": "collaborative", "head_size": 4, "shared_key_dim": 8}, "residual_scaling": "admin"},
     }[request.param]
     block = TransformerBlock(num_heads=HEADS, intermediate_size=32, **kwargs)
     block.build((BATCH, LENGTH, WIDTH))
@@ -103,7 +117,8 @@ def test_admin_omegas_follow_the_profiled_variances():
     """omega_i^2 = 1 + sum of Var[f_j(x_{j-1})] over the earlier sublayers j < i, with the
     variances recomputed here by hand through each block's public sublayers (omega = 1)."""
     blocks = [
-        TransformerBlock(num_heads=1, intermediate_size=16, attention_type="fixed", head_size=8, residual_scaling="admin", name=f"b{i}")
+        TransformerBlock(num_heads=1, intermediate_size=16, attention={"type": "fixed", "head_size": 8}, residual_scaling="admin",
+                         name=f"b{i}")
         for i in range(4)
     ]
     x = _random(BATCH, LENGTH, WIDTH)

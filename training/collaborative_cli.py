@@ -37,10 +37,11 @@ def _write_run(directory, source, converted, reports):
 
     run = runs.RunDirectory(directory)
     arguments = {k: v for k, v in converted.get_config().items() if k not in ("name", "trainable", "dtype")}
+    shared_key_dim = arguments["attention"]["shared_key_dim"]
     runs.write_json_atomically(run.file(runs.CONFIG), {
-        "name": f"{pathlib.Path(source.path).name}_collaborative_k{arguments['shared_key_dim']}", "model_type": source.model_type,
+        "name": f"{pathlib.Path(source.path).name}_collaborative_k{shared_key_dim}", "model_type": source.model_type,
         "model": arguments, "task": source.task, "tokenizer": source.tokenizer,
-        "description": f"{source.path} converted to collaborative attention (D~k={arguments['shared_key_dim']})"})
+        "description": f"{source.path} converted to collaborative attention (D~k={shared_key_dim})"})
     run.write_vocabulary(runs.read_vocabulary(source.vocabulary))
     runs.save_weights(converted, run.file(runs.BACKBONE_WEIGHTS))
     runs.write_json_atomically(run.file("conversion_report.json"), reports)

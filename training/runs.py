@@ -132,7 +132,10 @@ def read_source(path):
     weights = join(path, BACKBONE_WEIGHTS)
     if not tf.io.gfile.exists(weights):
         raise ValueError(f"{path} has no {BACKBONE_WEIGHTS}: the run has not finished (or is not a run directory).")
-    return Source(path, "run", config["model_type"], config["model"], weights, join(path, VOCABULARY),
+    import configs
+
+    model = configs.nest_legacy_attention(config["model"])  # runs written before the nested attention config
+    return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
                   config.get("tokenizer") or {"lowercase": True, "strip_accents": None}, config.get("task"))
 
 
@@ -161,7 +164,11 @@ class RunDirectory:
         """Creates the directory and writes config.json; an existing run of another model is refused."""
         self.check_writable()
         if tf.io.gfile.exists(self.file(CONFIG)):
+            import configs
+
             saved = read_json(self.file(CONFIG))
+            if isinstance(saved.get("model"), dict):  # a run started before the nested attention config
+                saved["model"] = configs.nest_legacy_attention(saved["model"])
             for section in ("model_type", "model", "task"):
                 if saved.get(section) != config_dict.get(section):
                     raise ValueError(f"{self.path} holds a run with a different `{section}`; use a new run directory.")

@@ -1,7 +1,8 @@
 """Tasks: what an objective needs, in one object each, listed in one explicit registry.
 
 A task owns its settings (the config's `task:` section: a frozen dataclass of its own), the
-head it puts around the backbone, its datasets, loss, metrics and final evaluation. The
+head it puts around the backbone, its datasets, loss, metrics, final evaluation and what its
+exported TF Serving model serves (`serving_signature`). The
 trainer knows no task by name: it calls `make_task(config)` and the methods of `Task`.
 A new task is one class plus one call (see tests/test_extension_points.py):
 
@@ -22,6 +23,7 @@ a score: STS-B) and `span_qa` (SQuAD v1.1).
 
 import dataclasses
 
+from training.tasks.base import ServingSignature
 from training.tasks.base import Task
 from training.tasks.base import TaskSettings
 from training.tasks.language_model import CausalLMTask
@@ -48,9 +50,18 @@ def make_task(config):
     return TASKS[config.task.name](config)
 
 
+def serving_signature(config, model):
+    """What the exported TF Serving model of a trained task `model` serves, from its run's config
+    mapping (config.json): the task's `Task.serving_signature`, None if it has no serving model."""
+    import configs
+
+    return make_task(configs.config_from_dict(config, config.get("name", "run"))).serving_signature(model)
+
+
 def default_task_name(model_type):
     """The task of a config without a `task:` section: the backbone's pretraining objective."""
     return {"causal_lm": "causal_lm", "bert": "masked_lm"}[model_type]
 
 
-__all__ = ["TASKS", "Task", "TaskSettings", "default_task_name", "make_task", "register_task"]
+__all__ = ["TASKS", "ServingSignature", "Task", "TaskSettings", "default_task_name", "make_task", "register_task",
+           "serving_signature"]

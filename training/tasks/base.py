@@ -18,6 +18,16 @@ class TaskSettings:
     init: typing.Optional[str] = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ServingSignature:
+    """A task model's TF Serving `serving_default`: string inputs named `texts` (one text segment
+    each, e.g. ("text", "text_b")), tokenised and packed as in training, then
+    `outputs(encoder_inputs)` -> a dict of output tensors (traced into the served graph)."""
+
+    texts: tuple
+    outputs: typing.Callable
+
+
 class Task:
     """The interface the trainer calls. Subclasses set `name`, `Config`, `backbone_type`."""
 
@@ -60,6 +70,12 @@ class Task:
     def evaluate(self, model, eval_data, eval_steps):
         """The final metrics of the run (a dict of floats)."""
         raise NotImplementedError
+
+    def serving_signature(self, model):
+        """What the exported TF Serving model of the trained task `model` serves: a
+        `ServingSignature`, or None (this default) when the task has no serving model of its own
+        and the exporter serves the encoder's embeddings instead."""
+        return None
 
     def profiling_inputs(self, batch_inputs):
         """The backbone inputs of a training batch (Admin's profiling pass)."""

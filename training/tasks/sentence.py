@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from training import glue
 from training import metrics as metric_functions
+from training.tasks.base import ServingSignature
 from training.tasks.base import Task
 from training.tasks.base import TaskSettings
 
@@ -108,6 +109,20 @@ class ClassificationTask(Task):
         return (train.map(pack).prefetch(tf.data.AUTOTUNE),
                 self.eval_full.map(pack).cache())
 
+    def serving_signature(self, model):
+        """`text` (and `text_b` for a pair task) -> `probabilities` [batch, classes] and `label`
+        (the class name)."""
+        names = tf.constant(self.settings.labels)
+
+        def outputs(inputs):
+            probabilities = tf.nn.softmax(model(inputs, training=False)["logits"], axis=-1)
+            return {"probabilities": probabilities, "label": tf.gather(names, tf.argmax(probabilities, axis=-1))}
+
+        return ServingSignature(self._serving_texts(), outputs)
+
+    def _serving_texts(self):
+        return ("text", "text_b") if self.settings.text_pairs else ("text",)
+
     def predictions(self, model, eval_data):
         """Model outputs on the whole dev split (padding rows dropped)."""
         logits = model.predict(eval_data, verbose=0)["logits"][: len(self.dev_examples)]
@@ -150,6 +165,10 @@ class RegressionTask(ClassificationTask):
 
     def compile_arguments(self):
         return {"loss": keras.losses.MeanSquaredError()}
+
+    def serving_signature(self, model):
+        """`text` (and `text_b`) -> `score` [batch]."""
+        return ServingSignature(self._serving_texts(), lambda inputs: {"score": model(inputs, training=False)["logits"][:, 0]})
 
     def evaluate(self, model, eval_data, eval_steps):
         loss = model.evaluate(eval_data, verbose=0, return_dict=True)["loss"]
