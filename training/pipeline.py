@@ -13,6 +13,7 @@ from training.data import SAMPLE_CORPUS
 from training.data import next_token_targets
 from training.data import pack_sentences
 from training.data import read_lines
+from training.shards import causal_lm_batches
 
 # Every EVAL_EVERY-th line of a text corpus is held out for evaluation.
 EVAL_EVERY = 20
@@ -280,39 +281,26 @@ def masked_lm_dataset(
                        deterministic=True).prefetch(tf.data.AUTOTUNE)
 
 
-def prepared_dataset(reader, batch_size, training, skip_batches=0, mask=None):
+def prepared_dataset(reader, batch_size, skip_batches=0, mask=None):
     """The batched tf.data pipeline of a prepared split (`training.shards.ShardReader`).
 
     Batch i is read directly (`ShardReader.batch`): resuming at batch N reads one shard,
-    whatever N is. Training repeats over epochs in the seeded order; evaluation reads the
-    stored order once.
+    whatever N is. The train split repeats over epochs in its seeded order; the eval split is
+    read once in its stored order.
 
     Args:
         reader: a ShardReader of the split.
         batch_size: rows per batch (drop_remainder).
-        training: repeat in the seeded training order.
         skip_batches: batches already consumed (the data position of a resumed run).
         mask: None for causal_lm rows (next-token targets), else `masked_examples(...)`.
     """
     length = reader.manifest["sequence_length"]
     row = tf.TensorSpec((batch_size, length), tf.int32)
-
-    def batches():
-        index = skip_batches
-        while training or index < reader.num_batches(batch_size):
-            yield index, reader.batch(index, batch_size)
-            index += 1
-
     if mask is None:
-        def causal():
-            for _, packed in batches():
-                labels, weights = next_token_targets(packed)
-                yield packed, labels, weights
-
         signature = ({name: row for name in reader.fields}, row, tf.TensorSpec((batch_size, length), tf.float32))
-        dataset = tf.data.Dataset.from_generator(causal, output_signature=signature)
+        dataset = tf.data.Dataset.from_generator(lambda: causal_lm_batches(reader, batch_size, skip_batches), output_signature=signature)
     else:
-        rows = lambda: ((index, packed["token_ids"], packed["segment_ids"]) for index, packed in batches())  # noqa: E731
+        rows = lambda: ((index, packed["token_ids"], packed["segment_ids"]) for index, packed in reader.batches(batch_size, skip_batches))  # noqa: E731
         signature = (tf.TensorSpec((), tf.int64), row, row)
         dataset = tf.data.Dataset.from_generator(rows, output_signature=signature).map(mask, deterministic=True)
     return _deterministic(dataset).prefetch(tf.data.AUTOTUNE)

@@ -28,6 +28,8 @@ import json
 
 import numpy as np
 
+from training.data import next_token_targets
+
 FORMAT = "concise-prepared-data/1"
 MANIFEST = "manifest.json"
 VOCABULARY = "vocab.txt"
@@ -186,3 +188,17 @@ class ShardReader:
             where = shards == shard
             stacked[where] = self._shard(int(shard))[rows[where]]
         return {name: stacked[:, position] for position, name in enumerate(self.fields)}
+
+    def batches(self, batch_size, start=0):
+        """(batch index, batch) from batch `start` on: the train split forever, eval once."""
+        index = start
+        while self.split == "train" or index < self.num_batches(batch_size):
+            yield index, self.batch(index, batch_size)
+            index += 1
+
+
+def causal_lm_batches(reader, batch_size, start=0):
+    """(inputs, labels, weights) of causal_lm rows from batch `start` on: both trainers read these."""
+    for _, packed in reader.batches(batch_size, start):
+        labels, weights = next_token_targets(packed)
+        yield packed, labels, weights

@@ -65,8 +65,8 @@ class _TextCorpusTask(Task):
                               {"lowercase": tokenizer.module.lowercase, "strip_accents": tokenizer.module.strip_accents})
         readers = [shards.ShardReader(settings.data_dir, split, tf.io.gfile.GFile, training.seed, self.manifest)
                    for split in shards.SPLITS]
-        return (prepared_dataset(readers[0], training.batch_size, True, skip_batches, mask),
-                prepared_dataset(readers[1], training.batch_size, False, 0, mask))
+        return (prepared_dataset(readers[0], training.batch_size, skip_batches, mask),
+                prepared_dataset(readers[1], training.batch_size, 0, mask))
 
 
 class CausalLMTask(_TextCorpusTask):
