@@ -302,5 +302,6 @@ def prepared_dataset(reader, batch_size, skip_batches=0, mask=None):
     else:
         rows = lambda: ((index, packed["token_ids"], packed["segment_ids"]) for index, packed in reader.batches(batch_size, skip_batches))  # noqa: E731
         signature = (tf.TensorSpec((), tf.int64), row, row)
-        dataset = tf.data.Dataset.from_generator(rows, output_signature=signature).map(mask, deterministic=True)
+        dataset = tf.data.Dataset.from_generator(rows, output_signature=signature).map(
+            mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return _deterministic(dataset).prefetch(tf.data.AUTOTUNE)
