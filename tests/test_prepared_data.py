@@ -218,6 +218,7 @@ def test_jax_shard_trainer_matches_the_tf_trainer_and_resumes_bit_identically(pr
             "--set", f"task.data_dir={folder}", "--set", f"task.init={init.path}"]
     assert train_cli.main(argv + [item for override in same_init for item in ("--set", override)]) == 0
     tf_losses = _tensorboard_losses(tmp_path / "tf" / "logs")
+    print(f"epoch losses: jax {result['losses']}, tensorflow {tf_losses}")
     assert result["steps"] == [10, 20, 30, 40] and len(tf_losses) == 4
     np.testing.assert_allclose(result["losses"], tf_losses, rtol=0.02)
     assert tf_losses[-1] < tf_losses[0] - 0.5  # a curve that moves, not two flat lines
