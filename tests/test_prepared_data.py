@@ -95,6 +95,20 @@ def test_shards_hold_the_corpus_as_hugging_face_tokenizes_it(prepared):
     assert np.all(positions[starts] == 0) and np.all(positions[(segment_ids > 0) & ~starts] > 0)
 
 
+def test_prepare_writes_and_training_reads_through_tf_io_gfile(prepared):
+    """A non-local tf.io.gfile filesystem (TF's in-memory ram://) holds the same bytes."""
+    folder, remote = prepared[0], "ram://prepared_test/lm"
+    argv = ["--config", "tiny_lm", "--out", remote, "--rows-per-shard", str(ROWS_PER_SHARD), "--quiet",
+            "--set", f"tokenizer.vocabulary={folder}/vocab.txt"]
+    assert prepare_data.main(argv) == 0
+    for path in folder.iterdir():
+        if path.suffix in (".npy", ".json"):
+            with tf.io.gfile.GFile(f"{remote}/{path.name}", "rb") as file:
+                assert file.read() == path.read_bytes(), path.name
+    reader = shards.ShardReader(remote, "train", tf.io.gfile.GFile, seed=1)
+    np.testing.assert_array_equal(reader.batch(77, 8)["token_ids"], shards.ShardReader(folder, "train", seed=1).batch(77, 8)["token_ids"])
+
+
 def test_training_order_is_a_permutation_per_epoch():
     shard_rows = [100, 100, 37]
     total = sum(shard_rows)
