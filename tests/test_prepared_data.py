@@ -60,6 +60,7 @@ def prepared_mlm(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow  # the prepared-corpus fixtures take ~40 s
 def test_prepare_is_deterministic_and_shards_are_numpy(prepared):
     first, second = prepared
     names = sorted(path.name for path in first.iterdir())
@@ -76,6 +77,7 @@ def test_prepare_is_deterministic_and_shards_are_numpy(prepared):
     assert not [name for name in names if ".tmp" in name]
 
 
+@pytest.mark.slow  # the prepared-corpus fixtures take ~40 s
 def test_shards_hold_the_corpus_as_hugging_face_tokenizes_it(prepared):
     """The train rows, read in stored order segment by segment, are the train lines' HF ids."""
     import tokenizers
@@ -95,6 +97,7 @@ def test_shards_hold_the_corpus_as_hugging_face_tokenizes_it(prepared):
     assert np.all(positions[starts] == 0) and np.all(positions[(segment_ids > 0) & ~starts] > 0)
 
 
+@pytest.mark.slow  # the prepared-corpus fixtures take ~40 s
 def test_prepare_writes_and_training_reads_through_tf_io_gfile(prepared):
     """A non-local tf.io.gfile filesystem (TF's in-memory ram://) holds the same bytes."""
     folder, remote = prepared[0], "ram://prepared_test/lm"
@@ -134,6 +137,7 @@ def _assert_equal_batches(left, right):
         tf.nest.map_structure(np.testing.assert_array_equal, one, other)
 
 
+@pytest.mark.slow  # the prepared-corpus fixtures take ~40 s
 def test_prepared_pipelines_give_the_text_pipelines_eval_batches_and_resume_directly(prepared, prepared_mlm):
     # causal_lm: the eval split read in stored order is the text pipeline's (unshuffled) batches
     folder = prepared[0]
@@ -155,6 +159,7 @@ def test_prepared_pipelines_give_the_text_pipelines_eval_batches_and_resume_dire
                           _batches(prepared_dataset(train, 4, mask=mask), 92)[90:])
 
 
+@pytest.mark.slow  # the prepared-corpus fixtures take ~40 s
 def test_bad_prepared_data_is_one_line(prepared, tmp_path, capsys):
     folder = prepared[0]
     other_vocabulary = tmp_path / "other_vocab.txt"

@@ -1,7 +1,8 @@
 """tf.data input pipelines: text -> WordPiece ids -> packed LM rows or masked-LM examples.
 
-Sources: the shipped sample corpus, any folder of .txt files, or LM1B through
-tensorflow-datasets (`lm1b`, any data_dir including gs://). Rows are packed
+Sources: the shipped sample corpus, any folder of .txt files, LM1B through
+tensorflow-datasets (`lm1b`, any data_dir including gs://), or the shards that
+`concise-prepare-data` made of one of them once (`prepared_dataset`: batch N read directly). Rows are packed
 tensor2tensor-style (`training.data.pack_sentences`): fixed length, int32, segment ids and
 positions per sentence, batched with drop_remainder so that a TPU sees static shapes.
 """
@@ -81,15 +82,21 @@ def corpus_lines(dataset, data_dir=None, split="train"):
     return lambda: (line for index, line in enumerate(all_lines()) if held_out(index))
 
 
-def packed_chunks(lines, tokenizer, sequence_length):
-    """Yields dicts of packed int32 rows (`pack_sentences`), one per CHUNK_LINES lines of text."""
+def _chunks(lines):
+    """Lists of CHUNK_LINES consecutive lines (the last one shorter)."""
     chunk = []
     for line in lines:
         chunk.append(line)
         if len(chunk) == CHUNK_LINES:
-            yield pack_sentences([ids for ids in token_lists(tokenizer, chunk) if ids], sequence_length)
+            yield chunk
             chunk = []
     if chunk:
+        yield chunk
+
+
+def packed_chunks(lines, tokenizer, sequence_length):
+    """Yields dicts of packed int32 rows (`pack_sentences`), one per CHUNK_LINES lines of text."""
+    for chunk in _chunks(lines):
         yield pack_sentences([ids for ids in token_lists(tokenizer, chunk) if ids], sequence_length)
 
 
@@ -218,19 +225,10 @@ def segment_pair_chunks(lines, tokenizer, sequence_length):
     """Yields dicts of unmasked int32 segment-pair rows (token_ids, segment_ids), one per
     CHUNK_LINES lines; consecutive lines form a pair (an odd last line is dropped)."""
     pack = segment_pair_packer(tokenizer, sequence_length)
-    chunk = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == CHUNK_LINES:
-            yield _packed_pairs(pack, chunk)
-            chunk = []
-    if len(chunk) >= 2:
-        yield _packed_pairs(pack, chunk[: len(chunk) // 2 * 2])
-
-
-def _packed_pairs(pack, lines):
-    token_ids, segment_ids = pack(tf.reshape(tf.constant(lines), (-1, 2)))
-    return {"token_ids": np.asarray(token_ids, "int32"), "segment_ids": np.asarray(segment_ids, "int32")}
+    for chunk in _chunks(lines):
+        if len(chunk) >= 2:  # CHUNK_LINES is even: only the last chunk can end on an unpaired line
+            token_ids, segment_ids = pack(tf.reshape(tf.constant(chunk[: len(chunk) // 2 * 2]), (-1, 2)))
+            yield {"token_ids": np.asarray(token_ids, "int32"), "segment_ids": np.asarray(segment_ids, "int32")}
 
 
 def masked_examples(tokenizer, sequence_length, batch_size, max_predictions, mask_rate, seed):
