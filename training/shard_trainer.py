@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import random
-import shutil
 import sys
 
 import keras
@@ -133,7 +132,9 @@ def train(config, data_dir, run_dir, verbose="auto"):
     os.makedirs(run_dir, exist_ok=True)
     _write_atomically(os.path.join(run_dir, "config.json"),
                       lambda file: file.write(json.dumps(config.to_dict() | {"name": config.name}, indent=1, sort_keys=True).encode()))
-    shutil.copyfile(os.path.join(data_dir, shards.VOCABULARY), os.path.join(run_dir, shards.VOCABULARY))
+    with open(os.path.join(data_dir, shards.VOCABULARY), "rb") as vocabulary:
+        tokens = vocabulary.read()
+    _write_atomically(os.path.join(run_dir, shards.VOCABULARY), lambda file: file.write(tokens))
     checkpoint = NumpyCheckpoint(os.path.join(run_dir, CHECKPOINT))
     model, step = _build(config, task, checkpoint)
     train_reader = shards.ShardReader(data_dir, "train", seed=training.seed, manifest=manifest)
