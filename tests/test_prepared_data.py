@@ -79,17 +79,21 @@ def test_prepare_is_deterministic_and_shards_are_numpy(prepared):
 
 @pytest.mark.slow  # the prepared-corpus fixtures take ~40 s
 def test_shards_hold_the_corpus_as_hugging_face_tokenizes_it(prepared):
-    """The train rows, read in stored order segment by segment, are the train lines' HF ids."""
+    """The train rows' segments are the train lines' HF ids (cut into rows of 64), each once, in a shuffled order."""
     import tokenizers
 
     folder = prepared[0]
     reference = tokenizers.BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=True)
     lines = [line for index, line in enumerate(read_lines(SAMPLE_CORPUS)) if index % EVAL_EVERY != 0]
-    expected = [token for encoding in reference.encode_batch(lines, add_special_tokens=False) for token in encoding.ids]
+    expected = [tuple(encoding.ids[start:start + 64]) for encoding in reference.encode_batch(lines, add_special_tokens=False)
+                for start in range(0, len(encoding.ids), 64)]
     manifest = shards.read_manifest(folder)
     rows = np.concatenate([shards.load_shard(folder, "train", index) for index in range(len(manifest["splits"]["train"]["shards"]))])
     token_ids, segment_ids, positions = rows[:, 0], rows[:, 1], rows[:, 2]
-    assert token_ids[segment_ids > 0].tolist() == expected
+    segments = [tuple(row_ids[row_segments == segment].tolist()) for row_ids, row_segments in zip(token_ids, segment_ids)
+                for segment in range(1, row_segments.max() + 1)]
+    assert sorted(segments) == sorted(expected)
+    assert segments != expected  # stored in a seeded random order, not the corpus's
     assert np.all(token_ids[segment_ids == 0] == 0)
     # positions restart at 0 with each segment
     previous = np.concatenate([np.zeros_like(segment_ids[:, :1]), segment_ids[:, :-1]], axis=1)

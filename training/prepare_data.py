@@ -14,7 +14,10 @@ byte-identical files.
 """
 
 import argparse
+import contextlib
+import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -22,42 +25,72 @@ import configs
 from training import shards
 
 DEFAULT_ROWS_PER_SHARD = 8192
+# Bucket files of the two-pass shuffle of the training rows (memory: the rows / SHUFFLE_BUCKETS).
+SHUFFLE_BUCKETS = 64
 
 
-def _split_shards(out_dir, split, chunks, rows_per_shard, fields):
-    """Writes the rows of `chunks` (dicts of (rows, T) arrays) as shards; returns their counts."""
+def _row_arrays(chunks, fields, counts):
+    """(rows, fields, T) int32 arrays of the chunks (dicts of (rows, T) arrays); counts tokens."""
+    for chunk in chunks:
+        counts["tokens"] += int(np.count_nonzero(chunk["segment_ids"] if "positions" in fields else chunk["token_ids"]))
+        yield np.stack([chunk[name] for name in fields], axis=1).astype(np.int32)
+
+
+def _shuffled(arrays, seed, buckets=SHUFFLE_BUCKETS):
+    """The rows of `arrays` in a uniformly random order seeded by `seed`, holding one bucket in
+    memory at a time: each row goes to a random bucket file (local temporary folder), then each
+    bucket is permuted."""
+    rng = np.random.default_rng([seed, buckets])
+    with tempfile.TemporaryDirectory() as work:
+        paths = [os.path.join(work, f"{bucket}.bin") for bucket in range(buckets)]
+        shape = None
+        with contextlib.ExitStack() as stack:
+            files = [stack.enter_context(open(path, "wb")) for path in paths]
+            for rows in arrays:
+                shape = rows.shape[1:]
+                assignment = rng.integers(buckets, size=len(rows))
+                for bucket in np.unique(assignment):
+                    files[bucket].write(rows[assignment == bucket].tobytes())
+        for bucket, path in enumerate(paths if shape else []):
+            rows = np.fromfile(path, np.int32).reshape(-1, *shape)
+            yield rows[np.random.default_rng([seed, buckets, bucket]).permutation(len(rows))]
+
+
+def _write_shards(out_dir, split, arrays, rows_per_shard):
+    """Writes the rows of `arrays` as shards of `rows_per_shard` rows; returns their list."""
     from training import runs
 
-    pending, written, tokens = [], [], 0
+    pending, written = [], []
 
     def flush(rows):
         runs.write_bytes_atomically(runs.join(out_dir, shards.shard_name(split, len(written))), shards.shard_bytes(rows))
         written.append({"file": shards.shard_name(split, len(written)), "rows": len(rows)})
 
-    for chunk in chunks:
-        rows = np.stack([chunk[name] for name in fields], axis=1).astype(np.int32)
-        tokens += int(np.count_nonzero(chunk["segment_ids"] if "positions" in fields else chunk["token_ids"]))
+    for rows in arrays:
         pending.append(rows)
         while sum(len(part) for part in pending) >= rows_per_shard:
             stacked = np.concatenate(pending)
             flush(stacked[:rows_per_shard])
             pending = [stacked[rows_per_shard:]]
-    remainder = np.concatenate(pending) if pending else np.zeros((0, len(fields), 0), np.int32)
+    remainder = np.concatenate(pending) if pending else []
     if len(remainder):
         flush(remainder)
-    return {"shards": written, "rows": sum(shard["rows"] for shard in written), "tokens": tokens}
+    return written
 
 
-def _counted(lines, counter, progress, split):
+def _counted(lines, counts, progress, split):
     from tqdm import tqdm
 
     for line in tqdm(lines, desc=f"{split} lines", unit=" lines", disable=not progress, mininterval=2.0):
-        counter[0] += 1
+        counts["lines"] += 1
         yield line
 
 
-def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, progress=True):
+def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, shuffle_seed=0, progress=True):
     """Writes the prepared shards of `config`'s language-model task to `out_dir`.
+
+    The training rows are stored in a random order seeded by `shuffle_seed` (a two-pass
+    shuffle through local temporary files as large as the corpus's rows).
 
     Returns:
         The manifest (a dict).
@@ -93,14 +126,17 @@ def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, progress=Tru
     fields = shards.FIELDS[config.task.name]
     splits = {}
     for split, lines in (("train", task.train_lines), ("eval", task.eval_lines)):
-        counter = [0]
-        chunks = task.row_chunks(_counted(lines(), counter, progress, split), tokenizer)
-        splits[split] = {**_split_shards(out.path, split, chunks, rows_per_shard, fields), "lines": counter[0]}
+        counts = {"lines": 0, "tokens": 0}
+        arrays = _row_arrays(task.row_chunks(_counted(lines(), counts, progress, split), tokenizer), fields, counts)
+        # Training rows are stored in a seeded random order, so that a shard (and a batch) is a
+        # sample of the whole corpus; held-out rows keep the corpus order.
+        written = _write_shards(out.path, split, _shuffled(arrays, shuffle_seed) if split == "train" else arrays, rows_per_shard)
+        splits[split] = {"shards": written, "rows": sum(shard["rows"] for shard in written), **counts}
     ratio = tokens_per_word([line for _, line in zip(range(EVAL_WORD_LINES), task.eval_lines())], tokenizer)
     tokens = runs.read_vocabulary(vocabulary)
     manifest = {
         "format": shards.FORMAT, "task": config.task.name, "fields": list(fields), "sequence_length": config.training.sequence_length,
-        "rows_per_shard": rows_per_shard, "vocabulary_sha256": shards.vocabulary_sha256(tokens), "vocabulary_size": len(tokens),
+        "rows_per_shard": rows_per_shard, "shuffle_seed": shuffle_seed, "vocabulary_sha256": shards.vocabulary_sha256(tokens), "vocabulary_size": len(tokens),
         "tokenizer": settings, "source": {"dataset": config.task.dataset, "data_dir": config.task.data_dir},
         "splits": splits, "tokens_per_word": ratio,
     }
@@ -117,11 +153,12 @@ def main(argv=None):
     configs.add_config_arguments(parser)
     parser.add_argument("--out", required=True, help="output folder (local or gs://): manifest.json, vocab.txt, shards")
     parser.add_argument("--rows-per-shard", type=int, default=DEFAULT_ROWS_PER_SHARD, help="rows in each shard file")
+    parser.add_argument("--shuffle-seed", type=int, default=0, help="seed of the stored order of the training rows")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
         config = configs.load_config(args.config, args.set)
-        manifest = prepare(config, args.out, args.rows_per_shard, progress=not args.quiet)
+        manifest = prepare(config, args.out, args.rows_per_shard, args.shuffle_seed, progress=not args.quiet)
     except ValueError as error:
         parser.exit(2, f"concise-prepare-data: error: {error}\n")
     counts = {split: {key: value for key, value in values.items() if key != "shards"} for split, values in manifest["splits"].items()}
