@@ -9,7 +9,8 @@ This module owns the format; it imports numpy only, so that a machine without Te
                              subwords per word, for per-word perplexity)
     DIR/vocab.txt            the vocabulary the rows were tokenised with
     DIR/train-00000.npy ...  int32 (rows, fields, sequence_length); every shard but the last
-    DIR/eval-00000.npy  ...  of a split holds `rows_per_shard` rows
+    DIR/eval-00000.npy  ...  of a split holds `rows_per_shard` rows; training rows are stored
+                             in a seeded random order, held-out rows in the corpus order
 
 Fields: causal_lm rows are tensor2tensor-packed `token_ids`, `segment_ids`, `positions`
 (next-token targets are derived when read, `training.data.next_token_targets`); masked_lm
