@@ -11,7 +11,8 @@ schedule (`training.objectives.make_optimizer`) and the same batches in the same
 RUN (a local folder) receives config.json, vocab.txt, checkpoint/state.npz (every model
 variable, dropout seed states included, every optimizer variable, its step among them, and
 the epoch logs; written at each epoch end under a temporary name, then renamed), then
-backbone.weights.h5 and metrics.json. The same command again resumes from the checkpoint and
+backbone.weights.h5, model.weights.h5 and metrics.json: the names of `training.runs`, so a
+TensorFlow run starts from it with `task.init` and `runs.load_model` reads it. The same command again resumes from the checkpoint and
 ends bit-identical to an uninterrupted run. `task.init` names a run directory whose
 backbone.weights.h5 starts the model.
 """
@@ -153,7 +154,8 @@ def train(config, data_dir, run_dir, verbose="auto"):
     eval_steps = len(labels) // training.batch_size
     evaluation = task.evaluate(model, _as_batches(inputs, labels, weights, training.batch_size), eval_steps)
     metrics = {"task": "causal_lm", "step": int(model.optimizer.iterations.numpy()), "history": checkpoint.history, **evaluation}
-    _save_weights(model, os.path.join(run_dir, "backbone.weights.h5"))
+    for name in ("backbone.weights.h5", "model.weights.h5"):  # the causal LM is its own task model
+        _save_weights(model, os.path.join(run_dir, name))
     _write_atomically(os.path.join(run_dir, "metrics.json"), lambda file: file.write(json.dumps(metrics, indent=1).encode()))
     return metrics
 
