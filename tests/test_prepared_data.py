@@ -20,6 +20,7 @@ import configs
 from training import cli as train_cli
 from training import prepare_data
 from training import runs
+from training import shard_trainer
 from training import shards
 from training.data import SAMPLE_CORPUS
 from training.data import read_lines
@@ -181,7 +182,9 @@ def test_bad_prepared_data_is_one_line(prepared, tmp_path, capsys):
     _errors(capsys, prepare_data.main, ["--config", "tiny_lm", "--out", str(tmp_path / "out"), "--set", "task.dataset=text_files",
                                         "--set", f"task.data_dir={tmp_path / 'missing'}"], "missing")
     _errors(capsys, prepare_data.main, ["--config", "tiny_lm", "--out", str(folder)], "already prepared")
-    assert not (tmp_path / "out").exists() and not (tmp_path / "run" / "checkpoint").exists()
+    _errors(capsys, shard_trainer.main, ["--config", "tiny_lm", "--data", str(folder), "--run-dir", str(tmp_path / "jax")],
+            "KERAS_BACKEND=jax")  # this process runs TensorFlow
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run" / "checkpoint").exists() and not (tmp_path / "jax").exists()
 
 
 JAX_RUNS = """
@@ -201,10 +204,14 @@ run("same_init", *no_dropout)
 whole = run("whole", "training.train_steps=40")
 run("resumed", "training.train_steps=20")
 resumed = run("resumed", "training.train_steps=40")
+try:
+    shard_trainer.main(common + ["--run-dir", os.path.join(root, "bad"), "--set", "training.sequence_length=32"])
+except SystemExit as exit_info:
+    bad_exit = exit_info.code
 with np.load(whole) as a, np.load(resumed) as b:
     differences = {name: float(np.max(np.abs(a[name] - b[name]))) for name in a.files if name != "history"}
 history = json.loads(open(os.path.join(root, "same_init", "metrics.json")).read())["history"]
-print("RESULT " + json.dumps({"tensorflow_imported": "tensorflow" in sys.modules, "differences": differences,
+print("RESULT " + json.dumps({"tensorflow_imported": "tensorflow" in sys.modules, "differences": differences, "bad_exit": bad_exit,
                              "losses": [epoch["loss"] for epoch in history], "steps": [epoch["step"] for epoch in history]}))
 """
 
@@ -246,4 +253,5 @@ def test_jax_shard_trainer_matches_the_tf_trainer_and_resumes_bit_identically(pr
     np.testing.assert_allclose(result["losses"], tf_losses, rtol=0.02)
     assert tf_losses[-1] < tf_losses[0] - 0.5  # a curve that moves, not two flat lines
     assert not result["tensorflow_imported"]
+    assert result["bad_exit"] == 2 and "training.sequence_length=32" in jax.stderr and not (tmp_path / "jax" / "bad").exists()
     assert len(result["differences"]) > 20 and max(result["differences"].values()) == 0.0, result["differences"]
