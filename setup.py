@@ -42,6 +42,7 @@ setuptools.setup(
             "concise-export = export.cli:main",
             "concise-quickstart = training.quickstart:main",
             "concise-collaborative = training.collaborative_cli:main",
+            "concise-prepare-data = training.prepare_data:main",
         ]
     },
     extras_require={

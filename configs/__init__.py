@@ -353,8 +353,8 @@ def load_config(name_or_path, overrides=()):
 
 def config_from_dict(raw, name):
     """An `ExperimentConfig` from a config mapping (a preset's YAML or a run's config.json)."""
-    from training.tasks import TASKS
     from training.tasks import default_task_name
+    from training.tasks import task_class
 
     unknown = set(raw) - set(SECTIONS) - {"name"}
     if unknown:
@@ -364,9 +364,7 @@ def config_from_dict(raw, name):
     if model_type is not None and model_type not in MODEL_CONFIGS:
         raise ValueError(f"`model_type` must be one of {sorted(MODEL_CONFIGS)}. Received: model_type={model_type!r}")
     task.setdefault("name", default_task_name(model_type) if model_type else None)
-    if task["name"] not in TASKS:
-        raise ValueError(f"`task.name` must be one of {sorted(TASKS)}. Received: task.name={task['name']!r}")
-    task_settings = _to_dataclass(TASKS[task["name"]].Config, task, "task")
+    task_settings = _to_dataclass(task_class(task["name"]).Config, task, "task")
     if raw.get("model") is not None and model_type is None:
         raise ValueError(f"`model_type` must be one of {sorted(MODEL_CONFIGS)}. Received: model_type=None")
     return ExperimentConfig(

@@ -1,1 +1,1 @@
-"""TensorFlow-only training code: tf.data pipelines, tf.distribute strategies, the trainer (issue 4)."""
+"""Training code. TensorFlow: tf.data pipelines, tf.distribute strategies, the trainer. TensorFlow-free: the prepared-data format (shards.py), objectives.py and the JAX shard trainer."""

@@ -59,3 +59,19 @@ class TokenCrossEntropy(keras.losses.Loss):
 
     def get_config(self):
         return {**super().get_config(), "label_smoothing": self.label_smoothing}
+
+
+def make_optimizer(training):
+    """The AdamW of a `TrainingConfig` with its warm-up/decay schedule (both trainers use it).
+
+    LayerNorm scales and offsets, biases and Admin's omegas are not decayed.
+    """
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=WarmupDecaySchedule(training.learning_rate, training.warmup_steps, training.decay, training.train_steps),
+        weight_decay=training.weight_decay,
+        beta_1=training.adam_beta_1,
+        beta_2=training.adam_beta_2,
+        epsilon=training.adam_epsilon,
+    )
+    optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
+    return optimizer

@@ -1,7 +1,8 @@
 """tf.data input pipelines: text -> WordPiece ids -> packed LM rows or masked-LM examples.
 
-Sources: the shipped sample corpus, any folder of .txt files, or LM1B through
-tensorflow-datasets (`lm1b`, any data_dir including gs://). Rows are packed
+Sources: the shipped sample corpus, any folder of .txt files, LM1B through
+tensorflow-datasets (`lm1b`, any data_dir including gs://), or the shards that
+`concise-prepare-data` made of one of them once (`prepared_dataset`: batch N read directly). Rows are packed
 tensor2tensor-style (`training.data.pack_sentences`): fixed length, int32, segment ids and
 positions per sentence, batched with drop_remainder so that a TPU sees static shapes.
 """
@@ -13,11 +14,14 @@ from training.data import SAMPLE_CORPUS
 from training.data import next_token_targets
 from training.data import pack_sentences
 from training.data import read_lines
+from training.shards import causal_lm_batches
 
 # Every EVAL_EVERY-th line of a text corpus is held out for evaluation.
 EVAL_EVERY = 20
 # Sentences tokenised and packed together; rows never mix sentences across chunks.
 CHUNK_LINES = 4096
+# Held-out lines over which the subwords per word (per-word perplexity) are counted.
+EVAL_WORD_LINES = 20_000
 
 
 def _text_files(data_dir):
@@ -78,16 +82,30 @@ def corpus_lines(dataset, data_dir=None, split="train"):
     return lambda: (line for index, line in enumerate(all_lines()) if held_out(index))
 
 
-def packed_rows(lines, tokenizer, sequence_length):
-    """Yields (inputs, labels, weights) rows packed from an iterator of text lines."""
+def _chunks(lines):
+    """Lists of CHUNK_LINES consecutive lines (the last one shorter)."""
     chunk = []
     for line in lines:
         chunk.append(line)
         if len(chunk) == CHUNK_LINES:
-            yield from _pack_chunk(chunk, tokenizer, sequence_length)
+            yield chunk
             chunk = []
     if chunk:
-        yield from _pack_chunk(chunk, tokenizer, sequence_length)
+        yield chunk
+
+
+def packed_chunks(lines, tokenizer, sequence_length):
+    """Yields dicts of packed int32 rows (`pack_sentences`), one per CHUNK_LINES lines of text."""
+    for chunk in _chunks(lines):
+        yield pack_sentences([ids for ids in token_lists(tokenizer, chunk) if ids], sequence_length)
+
+
+def packed_rows(lines, tokenizer, sequence_length):
+    """Yields (inputs, labels, weights) rows packed from an iterator of text lines."""
+    for packed in packed_chunks(lines, tokenizer, sequence_length):
+        labels, weights = next_token_targets(packed)
+        for row in range(len(labels)):
+            yield {name: value[row] for name, value in packed.items()}, labels[row], weights[row]
 
 
 def token_lists(tokenizer, lines):
@@ -96,14 +114,6 @@ def token_lists(tokenizer, lines):
     if hasattr(token_ids, "to_list"):
         return token_ids.to_list()
     return [np.asarray(ids).tolist() for ids in token_ids]
-
-
-def _pack_chunk(chunk, tokenizer, sequence_length):
-    token_ids = token_lists(tokenizer, chunk)
-    packed = pack_sentences([ids for ids in token_ids if ids], sequence_length)
-    labels, weights = next_token_targets(packed)
-    for row in range(len(labels)):
-        yield {name: value[row] for name, value in packed.items()}, labels[row], weights[row]
 
 
 def language_model_dataset(lines_fn, tokenizer, sequence_length, batch_size, training, seed=0, skip_batches=0):
@@ -137,6 +147,11 @@ def _batched(dataset, batch_size, training, seed, skip_batches, indexed=False):
         dataset = dataset.enumerate()
     if skip_batches:
         dataset = dataset.skip(skip_batches)
+    return _deterministic(dataset)
+
+
+def _deterministic(dataset):
+    """Deterministic element order; sharded by data across workers."""
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.deterministic = True
@@ -194,6 +209,51 @@ def bert_masking(token_ids_BxT, key, vocabulary_size, mask_rate, max_predictions
     return masked_BxT, positions_BxP, labels_BxP, weights_BxP
 
 
+def segment_pair_packer(tokenizer, sequence_length):
+    """A function string pairs [B, 2] -> (token_ids, segment_ids) int [B, sequence_length]:
+    [CLS] A [SEP] B [SEP] by keras-hub's MultiSegmentPacker (round-robin truncation)."""
+    import keras_hub
+
+    packer = keras_hub.layers.MultiSegmentPacker(
+        sequence_length, start_value=tokenizer.token_to_id("[CLS]"), end_value=tokenizer.token_to_id("[SEP]"),
+        pad_value=tokenizer.token_to_id("[PAD]"), truncate="round_robin",
+    )
+    return lambda pairs_Bx2: packer((tokenizer(pairs_Bx2[:, 0]), tokenizer(pairs_Bx2[:, 1])))
+
+
+def segment_pair_chunks(lines, tokenizer, sequence_length):
+    """Yields dicts of unmasked int32 segment-pair rows (token_ids, segment_ids), one per
+    CHUNK_LINES lines; consecutive lines form a pair (an odd last line is dropped)."""
+    pack = segment_pair_packer(tokenizer, sequence_length)
+    for chunk in _chunks(lines):
+        if len(chunk) >= 2:  # CHUNK_LINES is even: only the last chunk can end on an unpaired line
+            token_ids, segment_ids = pack(tf.reshape(tf.constant(chunk[: len(chunk) // 2 * 2]), (-1, 2)))
+            yield {"token_ids": np.asarray(token_ids, "int32"), "segment_ids": np.asarray(segment_ids, "int32")}
+
+
+def masked_examples(tokenizer, sequence_length, batch_size, max_predictions, mask_rate, seed):
+    """A function (batch index, token_ids, segment_ids) -> (inputs, labels, weights) of one
+    batch of unmasked segment-pair rows: the masks of batch i are keyed on (seed, i)."""
+    special = {token: tokenizer.token_to_id(token) for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
+    vocabulary_size = tokenizer.vocabulary_size()
+    unselectable = [special["[PAD]"], special["[CLS]"], special["[SEP]"]]
+
+    def to_example(batch_index, token_ids, segment_ids):
+        key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), batch_index)
+        masked, positions, labels, weights = bert_masking(token_ids, key, vocabulary_size, mask_rate, max_predictions,
+                                                          special["[MASK]"], unselectable)
+        shape = (batch_size, sequence_length)
+        inputs = {
+            "input_word_ids": tf.ensure_shape(masked, shape),
+            "input_mask": tf.ensure_shape(tf.cast(token_ids != special["[PAD]"], tf.int32), shape),
+            "input_type_ids": tf.ensure_shape(tf.cast(segment_ids, tf.int32), shape),
+            "masked_lm_positions": tf.ensure_shape(positions, (batch_size, max_predictions)),
+        }
+        return inputs, labels, weights
+
+    return to_example
+
+
 def masked_lm_dataset(
     lines_fn, tokenizer, sequence_length, batch_size, max_predictions, mask_rate, training, seed=0, skip_batches=0
 ):
@@ -210,31 +270,36 @@ def masked_lm_dataset(
     `input_mask`, `input_type_ids` plus `masked_lm_positions`, int32 (B, T) and (B, P);
     labels the original ids at those positions, weights 1.0 for real predictions.
     """
-    import keras_hub
-
-    special = {token: tokenizer.token_to_id(token) for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
-    packer = keras_hub.layers.MultiSegmentPacker(
-        sequence_length, start_value=special["[CLS]"], end_value=special["[SEP]"], pad_value=special["[PAD]"],
-        truncate="round_robin",
-    )
-    vocabulary_size = tokenizer.vocabulary_size()
-    unselectable = [special["[PAD]"], special["[CLS]"], special["[SEP]"]]
-
-    def to_example(batch_index, pairs_Bx2):
-        token_ids, segment_ids = packer((tokenizer(pairs_Bx2[:, 0]), tokenizer(pairs_Bx2[:, 1])))
-        key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), batch_index)
-        masked, positions, labels, weights = bert_masking(token_ids, key, vocabulary_size, mask_rate, max_predictions,
-                                                          special["[MASK]"], unselectable)
-        shape = (batch_size, sequence_length)
-        inputs = {
-            "input_word_ids": tf.ensure_shape(masked, shape),
-            "input_mask": tf.ensure_shape(tf.cast(token_ids != special["[PAD]"], tf.int32), shape),
-            "input_type_ids": tf.ensure_shape(tf.cast(segment_ids, tf.int32), shape),
-            "masked_lm_positions": tf.ensure_shape(positions, (batch_size, max_predictions)),
-        }
-        return inputs, labels, weights
-
+    pack = segment_pair_packer(tokenizer, sequence_length)
+    mask = masked_examples(tokenizer, sequence_length, batch_size, max_predictions, mask_rate, seed)
     dataset = tf.data.Dataset.from_generator(lines_fn, output_signature=tf.TensorSpec((), tf.string))
     dataset = dataset.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0).batch(2, drop_remainder=True)
     dataset = _batched(dataset, batch_size, training, seed, skip_batches, indexed=True)
-    return dataset.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+    return dataset.map(lambda index, pairs: mask(index, *pack(pairs)), num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+def prepared_dataset(reader, batch_size, skip_batches=0, mask=None):
+    """The batched tf.data pipeline of a prepared split (`training.shards.ShardReader`).
+
+    Batch i is read directly (`ShardReader.batch`): resuming at batch N reads one shard,
+    whatever N is. The train split repeats over epochs in its seeded order; the eval split is
+    read once in its stored order.
+
+    Args:
+        reader: a ShardReader of the split.
+        batch_size: rows per batch (drop_remainder).
+        skip_batches: batches already consumed (the data position of a resumed run).
+        mask: None for causal_lm rows (next-token targets), else `masked_examples(...)`.
+    """
+    length = reader.manifest["sequence_length"]
+    row = tf.TensorSpec((batch_size, length), tf.int32)
+    if mask is None:
+        signature = ({name: row for name in reader.fields}, row, tf.TensorSpec((batch_size, length), tf.float32))
+        dataset = tf.data.Dataset.from_generator(lambda: causal_lm_batches(reader, batch_size, skip_batches), output_signature=signature)
+    else:
+        rows = lambda: ((index, packed["token_ids"], packed["segment_ids"]) for index, packed in reader.batches(batch_size, skip_batches))  # noqa: E731
+        signature = (tf.TensorSpec((), tf.int64), row, row)
+        dataset = tf.data.Dataset.from_generator(rows, output_signature=signature).map(
+            mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return _deterministic(dataset).prefetch(tf.data.AUTOTUNE)

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from training import runs
-from training.objectives import WarmupDecaySchedule
+from training.objectives import make_optimizer
 from training.strategy import choose_strategy
 from training.tasks import make_task
 from training.tokenizer import train_wordpiece
@@ -200,16 +200,6 @@ def initialize_backbone(backbone, source):
         runs.load_weights(backbone, source.weights)
 
 
-def _optimizer(training):
-    return keras.optimizers.AdamW(
-        learning_rate=WarmupDecaySchedule(training.learning_rate, training.warmup_steps, training.decay, training.train_steps),
-        weight_decay=training.weight_decay,
-        beta_1=training.adam_beta_1,
-        beta_2=training.adam_beta_2,
-        epsilon=training.adam_epsilon,
-    )
-
-
 def resolve_steps(training, num_examples):
     """train_steps and warmup_steps from train_epochs and warmup_fraction, when set."""
     steps = training.train_steps
@@ -252,10 +242,8 @@ def _build(config, task, strategy, run, source, checkpoint):
     with strategy.scope():
         backbone = config.build_model()
         model = task.build_model(backbone)
-        model.compile(optimizer=_optimizer(training), steps_per_execution=steps_per_execution(training),
+        model.compile(optimizer=make_optimizer(training), steps_per_execution=steps_per_execution(training),
                       jit_compile=training.jit_compile, **task.compile_arguments())
-        # LayerNorm scales/offsets, biases and Admin's omegas are not decayed.
-        model.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
         if checkpoint.exists():
             model.optimizer.build(model.trainable_variables)
             checkpoint.restore(model)

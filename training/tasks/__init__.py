@@ -22,17 +22,37 @@ a score: STS-B) and `span_qa` (SQuAD v1.1).
 """
 
 import dataclasses
+import importlib
 
 from training.tasks.base import ServingSignature
 from training.tasks.base import Task
 from training.tasks.base import TaskSettings
-from training.tasks.language_model import CausalLMTask
-from training.tasks.language_model import MaskedLMTask
-from training.tasks.sentence import ClassificationTask
-from training.tasks.sentence import RegressionTask
-from training.tasks.span_qa import SpanQATask
 
-TASKS = {task.name: task for task in (CausalLMTask, MaskedLMTask, ClassificationTask, RegressionTask, SpanQATask)}
+# Built-in tasks by module: a task's module is imported when the task is first named, so a
+# process without TensorFlow (the JAX shard trainer) reads a causal_lm config.
+BUILT_IN = {
+    "causal_lm": "training.tasks.language_model:CausalLMTask",
+    "masked_lm": "training.tasks.language_model:MaskedLMTask",
+    "classification": "training.tasks.sentence:ClassificationTask",
+    "regression": "training.tasks.sentence:RegressionTask",
+    "span_qa": "training.tasks.span_qa:SpanQATask",
+}
+# The task classes looked up or registered so far, by name.
+TASKS = {}
+
+
+def task_names():
+    return sorted(set(BUILT_IN) | set(TASKS))
+
+
+def task_class(name):
+    """The task class registered under `name` (a built-in one is imported now)."""
+    if name not in TASKS:
+        if name not in BUILT_IN:
+            raise ValueError(f"`task.name` must be one of {task_names()}. Received: task.name={name!r}")
+        module, attribute = BUILT_IN[name].split(":")
+        TASKS[name] = getattr(importlib.import_module(module), attribute)
+    return TASKS[name]
 
 
 def register_task(task_class):
@@ -47,7 +67,7 @@ def register_task(task_class):
 
 def make_task(config):
     """The task object of a resolved `ExperimentConfig`."""
-    return TASKS[config.task.name](config)
+    return task_class(config.task.name)(config)
 
 
 def serving_signature(config, model):
@@ -63,5 +83,5 @@ def default_task_name(model_type):
     return {"causal_lm": "causal_lm", "bert": "masked_lm"}[model_type]
 
 
-__all__ = ["TASKS", "ServingSignature", "Task", "TaskSettings", "default_task_name", "make_task", "register_task",
-           "serving_signature"]
+__all__ = ["BUILT_IN", "TASKS", "ServingSignature", "Task", "TaskSettings", "default_task_name", "make_task", "register_task",
+           "serving_signature", "task_class", "task_names"]

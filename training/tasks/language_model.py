@@ -1,4 +1,8 @@
-"""Language-modelling tasks: `causal_lm` (next-token) and `masked_lm` (BERT's masked LM)."""
+"""Language-modelling tasks: `causal_lm` (next-token) and `masked_lm` (BERT's masked LM).
+
+The TensorFlow pipelines are imported when data is read, not with the module: a process
+without TensorFlow (the JAX shard trainer) reads these tasks' settings.
+"""
 
 import dataclasses
 import math
@@ -6,11 +10,8 @@ import typing
 
 import keras
 
+from training import shards
 from training.objectives import TokenCrossEntropy
-from training.pipeline import corpus_lines
-from training.pipeline import language_model_dataset
-from training.pipeline import masked_lm_dataset
-from training.pipeline import tokens_per_word
 from training.tasks.base import Task
 from training.tasks.base import TaskSettings
 
@@ -18,27 +19,54 @@ from training.tasks.base import TaskSettings
 @dataclasses.dataclass(frozen=True)
 class LanguageModelSettings(TaskSettings):
     """dataset: "sample" (the shipped corpus), "lm1b" (tensorflow-datasets; data_dir may be
-    gs://...) or "text_files" (every *.txt under data_dir)."""
+    gs://...), "text_files" (every *.txt under data_dir) or "prepared" (the shards
+    `concise-prepare-data` wrote to data_dir: tokenised and packed once, O(1) resume)."""
 
     dataset: str = "sample"
     data_dir: typing.Optional[str] = None
 
     def __post_init__(self):
-        if self.dataset not in ("sample", "lm1b", "text_files"):
-            raise ValueError(f"`task.dataset` must be one of sample, lm1b, text_files. Received: task.dataset={self.dataset!r}")
-        if self.dataset == "text_files" and not self.data_dir:
-            raise ValueError("`task.data_dir` must name the folder of .txt files when task.dataset='text_files'.")
+        if self.dataset not in ("sample", "lm1b", "text_files", "prepared"):
+            raise ValueError(f"`task.dataset` must be one of sample, lm1b, text_files, prepared. Received: task.dataset={self.dataset!r}")
+        if self.dataset in ("text_files", "prepared") and not self.data_dir:
+            raise ValueError(f"`task.data_dir` must name the data folder when task.dataset={self.dataset!r}.")
 
 
 class _TextCorpusTask(Task):
     reports_perplexity = True
 
     def load_data(self):
-        self.train_lines = corpus_lines(self.settings.dataset, self.settings.data_dir, "train")
-        self.eval_lines = corpus_lines(self.settings.dataset, self.settings.data_dir, "eval")
+        import tensorflow as tf
+
+        from training.pipeline import corpus_lines
+
+        settings = self.settings
+        if settings.dataset == "prepared":
+            self.manifest = shards.read_manifest(settings.data_dir, tf.io.gfile.GFile)
+            shards.check_manifest(self.manifest, settings.data_dir, self.name, self.training.sequence_length)
+            return
+        self.train_lines = corpus_lines(settings.dataset, settings.data_dir, "train")
+        self.eval_lines = corpus_lines(settings.dataset, settings.data_dir, "eval")
 
     def vocabulary_text(self):
+        if self.settings.dataset == "prepared":
+            raise ValueError(f"task.dataset='prepared' needs the vocabulary the shards were made with: set "
+                             f"tokenizer.vocabulary={self.settings.data_dir}/{shards.VOCABULARY}.")
         return self.train_lines()
+
+    def prepared_datasets(self, tokenizer, skip_batches, mask=None):
+        """(train, eval) datasets of the prepared shards, checked against the run's vocabulary."""
+        import tensorflow as tf
+
+        from training.pipeline import prepared_dataset
+
+        settings, training = self.settings, self.training
+        shards.check_manifest(self.manifest, settings.data_dir, self.name, training.sequence_length, tokenizer.get_vocabulary(),
+                              {"lowercase": tokenizer.module.lowercase, "strip_accents": tokenizer.module.strip_accents})
+        readers = [shards.ShardReader(settings.data_dir, split, tf.io.gfile.GFile, training.seed, self.manifest)
+                   for split in shards.SPLITS]
+        return (prepared_dataset(readers[0], training.batch_size, skip_batches, mask),
+                prepared_dataset(readers[1], training.batch_size, 0, mask))
 
 
 class CausalLMTask(_TextCorpusTask):
@@ -53,9 +81,22 @@ class CausalLMTask(_TextCorpusTask):
         return {"loss": TokenCrossEntropy(self.training.label_smoothing),
                 "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]}
 
+    def row_chunks(self, lines, tokenizer):
+        """Packed rows of `lines` for `concise-prepare-data` (the rows `datasets` trains on)."""
+        from training.pipeline import packed_chunks
+
+        return packed_chunks(lines, tokenizer, self.training.sequence_length)
+
     def datasets(self, tokenizer, skip_batches):
+        from training.pipeline import EVAL_WORD_LINES
+        from training.pipeline import language_model_dataset
+        from training.pipeline import tokens_per_word
+
         training = self.training
-        self.tokens_per_word = tokens_per_word([line for _, line in zip(range(20_000), self.eval_lines())], tokenizer)
+        if self.settings.dataset == "prepared":
+            self.tokens_per_word = self.manifest["tokens_per_word"]
+            return self.prepared_datasets(tokenizer, skip_batches)
+        self.tokens_per_word = tokens_per_word([line for _, line in zip(range(EVAL_WORD_LINES), self.eval_lines())], tokenizer)
 
         def make(lines, is_training, skip=0):
             return language_model_dataset(lines, tokenizer, training.sequence_length, training.batch_size,
@@ -106,8 +147,21 @@ class MaskedLMTask(_TextCorpusTask):
 
     compile_arguments = CausalLMTask.compile_arguments
 
+    def row_chunks(self, lines, tokenizer):
+        """Unmasked segment-pair rows of `lines` for `concise-prepare-data`."""
+        from training.pipeline import segment_pair_chunks
+
+        return segment_pair_chunks(lines, tokenizer, self.training.sequence_length)
+
     def datasets(self, tokenizer, skip_batches):
+        from training.pipeline import masked_examples
+        from training.pipeline import masked_lm_dataset
+
         training, settings = self.training, self.settings
+        if settings.dataset == "prepared":
+            mask = masked_examples(tokenizer, training.sequence_length, training.batch_size, settings.max_predictions,
+                                   settings.mask_rate, training.seed)
+            return self.prepared_datasets(tokenizer, skip_batches, mask)
 
         def make(lines, is_training, skip=0):
             return masked_lm_dataset(lines, tokenizer, training.sequence_length, training.batch_size, settings.max_predictions,
