@@ -200,14 +200,33 @@ def initialize_backbone(backbone, source):
         runs.load_weights(backbone, source.weights)
 
 
+class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras' dynamic loss scaling (mixed_float16), with the steps it skips counted.
+
+    A step whose scaled gradients overflow is skipped (and the scale halved); Keras 3 then
+    leaves `iterations` behind, where tf.keras counted it. The trainer's step (its resume
+    point, `train_steps`) and the learning-rate schedule count batches, so it is counted.
+    """
+
+    def apply(self, grads, trainable_variables=None):
+        skipped = keras.ops.logical_not(self.check_finite(grads))
+        super().apply(grads, trainable_variables)
+        self.iterations.assign_add(keras.ops.cast(skipped, self.iterations.dtype))
+
+
 def _optimizer(training):
-    return keras.optimizers.AdamW(
+    """AdamW on the schedule; float32 state whatever the precision (the variables are
+    float32), wrapped in dynamic loss scaling for mixed_float16."""
+    optimizer = keras.optimizers.AdamW(
         learning_rate=WarmupDecaySchedule(training.learning_rate, training.warmup_steps, training.decay, training.train_steps),
         weight_decay=training.weight_decay,
         beta_1=training.adam_beta_1,
         beta_2=training.adam_beta_2,
         epsilon=training.adam_epsilon,
     )
+    # LayerNorm scales/offsets, biases and Admin's omegas are not decayed.
+    optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
+    return StepCountingLossScaleOptimizer(optimizer) if training.precision == "mixed_float16" else optimizer
 
 
 def resolve_steps(training, num_examples):
@@ -250,12 +269,11 @@ def _build(config, task, strategy, run, source, checkpoint):
     training = config.training
     keras.utils.set_random_seed(training.seed)
     with strategy.scope():
-        backbone = config.build_model()
+        # The precision is the model's dtype policy (no process-wide policy is set).
+        backbone = config.build_model(dtype=keras.DTypePolicy(training.precision))
         model = task.build_model(backbone)
         model.compile(optimizer=_optimizer(training), steps_per_execution=steps_per_execution(training),
                       jit_compile=training.jit_compile, **task.compile_arguments())
-        # LayerNorm scales/offsets, biases and Admin's omegas are not decayed.
-        model.optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
         if checkpoint.exists():
             model.optimizer.build(model.trainable_variables)
             checkpoint.restore(model)
