@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from training import runs
+from training.objectives import StepCountingLossScaleOptimizer
 from training.objectives import WarmupDecaySchedule
 from training.strategy import choose_strategy
 from training.tasks import make_task
@@ -200,20 +201,6 @@ def initialize_backbone(backbone, source):
         runs.load_weights(backbone, source.weights)
 
 
-class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
-    """Keras' dynamic loss scaling (mixed_float16), with the steps it skips counted.
-
-    A step whose scaled gradients overflow is skipped (and the scale halved); Keras 3 then
-    leaves `iterations` behind, where tf.keras counted it. The trainer's step (its resume
-    point, `train_steps`) and the learning-rate schedule count batches, so it is counted.
-    """
-
-    def apply(self, grads, trainable_variables=None):
-        skipped = keras.ops.logical_not(self.check_finite(grads))
-        super().apply(grads, trainable_variables)
-        self.iterations.assign_add(keras.ops.cast(skipped, self.iterations.dtype))
-
-
 def _optimizer(training):
     """AdamW on the schedule; float32 state whatever the precision (the variables are
     float32), wrapped in dynamic loss scaling for mixed_float16."""
@@ -345,7 +332,8 @@ def _cached_eval(eval_data, training):
     eval_steps = sum(1 for _ in eval_data)
     if eval_steps == 0:
         raise ValueError(
-            f"The evaluation split holds less than one batch of {training.batch_size} rows of {training.sequence_length} tokens."
+            f"The evaluation split holds less than one batch of {training.batch_size} rows of {training.sequence_length} tokens: "
+            "add data, or lower training.batch_size or training.sequence_length."
         )
     return eval_data, eval_steps
 

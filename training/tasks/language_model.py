@@ -7,7 +7,7 @@ import typing
 import keras
 
 from training.objectives import TokenCrossEntropy
-from training.pipeline import corpus_lines
+from training.pipeline import corpus_splits
 from training.pipeline import language_model_dataset
 from training.pipeline import masked_lm_dataset
 from training.pipeline import tokens_per_word
@@ -34,8 +34,7 @@ class _TextCorpusTask(Task):
     reports_perplexity = True
 
     def load_data(self):
-        self.train_lines = corpus_lines(self.settings.dataset, self.settings.data_dir, "train")
-        self.eval_lines = corpus_lines(self.settings.dataset, self.settings.data_dir, "eval")
+        self.train_lines, self.eval_lines = corpus_splits(self.settings.dataset, self.settings.data_dir)
 
     def vocabulary_text(self):
         return self.train_lines()
