@@ -393,7 +393,9 @@ class _MultiWorkerLoop:
             with tf.GradientTape() as tape:
                 loss_sum, _ = self._weighted_loss_sums(inputs, labels, weights, training=True)
                 loss = loss_sum / tf.maximum(total, 1.0)
-            gradients = tape.gradient(loss, self.model.trainable_variables)
+                # Multiplied by the loss scale under mixed_float16 (the optimizer divides it out).
+                scaled_loss = self.model.optimizer.scale_loss(loss)
+            gradients = tape.gradient(scaled_loss, self.model.trainable_variables)
             self.model.optimizer.apply(gradients, self.model.trainable_variables)
             return loss
 
