@@ -101,6 +101,7 @@ MODEL_CONFIGS = {
 
 
 STRATEGIES = ("auto", "cpu", "mirrored", "multi_worker", "tpu")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 SECTIONS = ("description", "model_type", "model", "task", "tokenizer", "training")
 
 
@@ -114,6 +115,10 @@ class TrainingConfig:
     ("constant"). AdamW with the betas, epsilon and decoupled weight decay given;
     `label_smoothing` on the targets. `train_epochs`, when set, replaces `train_steps` by
     that many passes over the task's training examples (fine-tuning recipes).
+
+    `precision` is the Keras dtype policy the model trains under: "float32", or
+    "mixed_bfloat16" / "mixed_float16" (computations in 16 bits; variables, softmax, layer
+    norms, losses and optimizer state in float32; float16 adds dynamic loss scaling).
     """
 
     sequence_length: int = 256
@@ -136,9 +141,10 @@ class TrainingConfig:
     strategy: str = "auto"
     tpu: typing.Optional[str] = None
     seed: int = 0
+    precision: str = "float32"
 
     def __post_init__(self):
-        for name, allowed in (("strategy", STRATEGIES), ("decay", ("rsqrt", "linear", "constant"))):
+        for name, allowed in (("strategy", STRATEGIES), ("decay", ("rsqrt", "linear", "constant")), ("precision", PRECISIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"`training.{name}` must be one of {allowed}. Received: training.{name}={getattr(self, name)!r}")
         for name in ("sequence_length", "batch_size", "train_steps", "steps_per_epoch", "eval_batches", "steps_per_execution"):

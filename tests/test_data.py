@@ -1,4 +1,4 @@
-"""Packing of sentences into LM rows (tensor2tensor style)."""
+"""Text corpora: packing of sentences into LM rows (tensor2tensor style), corpus checks."""
 
 import numpy as np
 import pytest
@@ -7,6 +7,7 @@ from training.data import SAMPLE_CORPUS
 from training.data import next_token_targets
 from training.data import pack_sentences
 from training.data import read_lines
+from training.pipeline import check_utf8
 
 
 def test_packing_keeps_sentences_whole_and_positions_restart():
@@ -45,3 +46,22 @@ def test_bad_corpus_paths(tmp_path):
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(ValueError, match="empty"):
         read_lines(tmp_path / "empty.txt")
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2, 3, 5, 1 << 24])
+def test_utf8_check_names_the_line_whatever_the_chunk_boundaries(tmp_path, monkeypatch, chunk_bytes):
+    """Multi-byte characters split across read chunks are valid; the first bad bytes are
+    reported on the line Python's own per-line decoding finds them."""
+    monkeypatch.setattr("training.pipeline.CHECK_CHUNK_BYTES", chunk_bytes)
+    good = "naïve café\n中文 text 😀\n\nÅngström\n".encode("utf-8")
+    (tmp_path / "good.txt").write_bytes(good * 3)
+    check_utf8(str(tmp_path / "good.txt"))
+    for bad_bytes in (b"\xff", b"\xe4\xb8", b"\xc3(", b"\xed\xa0\x80"):  # invalid, truncated, bad continuation, surrogate
+        data = good * 2 + b"still fine " + bad_bytes + b" here\n" + good
+        line = next(n for n, text in enumerate(data.split(b"\n"), 1) if text.decode("utf-8", "replace") != text.decode("utf-8", "ignore"))
+        (tmp_path / "bad.txt").write_bytes(data)
+        with pytest.raises(ValueError, match=rf"bad\.txt, line {line}: not valid UTF-8"):
+            check_utf8(str(tmp_path / "bad.txt"))
+    (tmp_path / "cut.txt").write_bytes(good + "中".encode("utf-8")[:2])  # a file cut inside its last character
+    with pytest.raises(ValueError, match=r"cut\.txt, line 5: not valid UTF-8"):
+        check_utf8(str(tmp_path / "cut.txt"))

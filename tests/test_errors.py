@@ -5,6 +5,7 @@ import pytest
 
 import configs
 from export import cli as export_cli
+from training.data import SAMPLE_CORPUS
 from training import cli as train_cli
 from training import collaborative_cli
 
@@ -72,3 +73,53 @@ def test_conversion_with_zero_iterations(tmp_path, capsys, minilm_dir):
     _fails(capsys, collaborative_cli.main, ["--hf-dir", str(minilm_dir), "--ratio", "0.5", "--out", str(tmp_path / "out"),
                                             "--iterations", "0"], "--iterations=0")
     assert not (tmp_path / "out").exists()
+
+
+def _corpus(directory, **files):
+    directory.mkdir()
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return directory
+
+
+def _text_files(corpus):
+    return ["--set", "task.dataset=text_files", "--set", f"task.data_dir={corpus}"]
+
+
+@pytest.mark.parametrize("config", ["tiny_lm", "tiny_bert_fixed"])
+def test_invalid_utf8_deep_in_a_corpus_names_the_file_and_line(tmp_path, capsys, config):
+    """Checked before anything is trained or written (it crashed at step ~100, and at every restart)."""
+    lines = SAMPLE_CORPUS.read_bytes().splitlines(keepends=True)
+    bad = b"".join(lines[:700]) + "café in Latin-1\n".encode("latin-1") + b"".join(lines[700:])
+    corpus = _corpus(tmp_path / "corpus", **{"a.txt": SAMPLE_CORPUS.read_bytes(), "b.txt": bad})
+
+    def decodes(line):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    line = next(number for number, text in enumerate(bad.split(b"\n"), start=1) if not decodes(text))
+    assert line == 701
+    _fails(capsys, train_cli.main, ["--config", config, "--run-dir", str(tmp_path / "run"), *_text_files(corpus)],
+           f"{corpus / 'b.txt'}, line {line}: not valid UTF-8")
+    assert not (tmp_path / "run").exists()
+
+
+def test_one_line_corpus_names_its_empty_training_split(tmp_path, capsys):
+    corpus = _corpus(tmp_path / "corpus", **{"one.txt": b"A single line of text.\n\n"})
+    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), *_text_files(corpus)],
+           f"training split of task.data_dir={str(corpus)!r} is empty", "1 non-empty line", "held out for evaluation")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_corpus_under_one_batch_is_named(tmp_path, capsys):
+    """Five lines: the held-out line packs into one row, under a batch of 8: the run stops
+    before training, its weights never written."""
+    corpus = _corpus(tmp_path / "corpus", **{"five.txt": b"".join(SAMPLE_CORPUS.read_bytes().splitlines(keepends=True)[:5])})
+    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), *_text_files(corpus),
+                                    "--set", "model.vocab_size=200"],
+           "evaluation split holds less than one batch of 8 rows of 64 tokens", "training.batch_size")
+    assert not (tmp_path / "run" / "checkpoint").exists() and not (tmp_path / "run" / "model.weights.h5").exists()

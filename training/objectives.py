@@ -1,4 +1,4 @@
-"""The token cross-entropy and learning-rate schedule shared by the LM and MLM training runs."""
+"""The token cross-entropy, learning-rate schedule and loss scaling shared by the training runs."""
 
 import keras
 
@@ -75,3 +75,17 @@ def make_optimizer(training):
     )
     optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
     return optimizer
+
+
+class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras' dynamic loss scaling (mixed_float16), with the steps it skips counted.
+
+    A step whose scaled gradients overflow is skipped (and the scale halved); Keras 3 then
+    leaves `iterations` behind, where tf.keras counted it. The trainer's step (its resume
+    point, `train_steps`) and the learning-rate schedule count batches, so it is counted.
+    """
+
+    def apply(self, grads, trainable_variables=None):
+        skipped = keras.ops.logical_not(self.check_finite(grads))
+        super().apply(grads, trainable_variables)
+        self.iterations.assign_add(keras.ops.cast(skipped, self.iterations.dtype))

@@ -210,7 +210,8 @@ def load_model(path):
         config = configs.config_from_dict({key: value for key, value in raw.items() if key != "name"}, raw.get("name", "run"))
     except ValueError as error:
         raise ValueError(f"{run.file(CONFIG)}: {error}") from error
-    backbone = config.build_model()
+    # Float32 whatever `training.precision` the run trained under (its variables are float32).
+    backbone = config.build_model(dtype="float32")
     model = make_task(config).build_model(backbone)
     weights = run.file(MODEL_WEIGHTS)
     if not tf.io.gfile.exists(weights):

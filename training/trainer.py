@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from training import runs
+from training.objectives import StepCountingLossScaleOptimizer
 from training.objectives import make_optimizer
 from training.strategy import choose_strategy
 from training.tasks import make_task
@@ -200,6 +201,11 @@ def initialize_backbone(backbone, source):
         runs.load_weights(backbone, source.weights)
 
 
+def _with_precision(optimizer, training):
+    """The optimizer, wrapped in dynamic loss scaling for mixed_float16 (its state stays float32)."""
+    return StepCountingLossScaleOptimizer(optimizer) if training.precision == "mixed_float16" else optimizer
+
+
 def resolve_steps(training, num_examples):
     """train_steps and warmup_steps from train_epochs and warmup_fraction, when set."""
     steps = training.train_steps
@@ -240,9 +246,10 @@ def _build(config, task, strategy, run, source, checkpoint):
     training = config.training
     keras.utils.set_random_seed(training.seed)
     with strategy.scope():
-        backbone = config.build_model()
+        # The precision is the model's dtype policy (no process-wide policy is set).
+        backbone = config.build_model(dtype=keras.DTypePolicy(training.precision))
         model = task.build_model(backbone)
-        model.compile(optimizer=make_optimizer(training), steps_per_execution=steps_per_execution(training),
+        model.compile(optimizer=_with_precision(make_optimizer(training), training), steps_per_execution=steps_per_execution(training),
                       jit_compile=training.jit_compile, **task.compile_arguments())
         if checkpoint.exists():
             model.optimizer.build(model.trainable_variables)
@@ -315,7 +322,8 @@ def _cached_eval(eval_data, training):
     eval_steps = sum(1 for _ in eval_data)
     if eval_steps == 0:
         raise ValueError(
-            f"The evaluation split holds less than one batch of {training.batch_size} rows of {training.sequence_length} tokens."
+            f"The evaluation split holds less than one batch of {training.batch_size} rows of {training.sequence_length} tokens: "
+            "add data, or lower training.batch_size or training.sequence_length."
         )
     return eval_data, eval_steps
 
@@ -375,7 +383,9 @@ class _MultiWorkerLoop:
             with tf.GradientTape() as tape:
                 loss_sum, _ = self._weighted_loss_sums(inputs, labels, weights, training=True)
                 loss = loss_sum / tf.maximum(total, 1.0)
-            gradients = tape.gradient(loss, self.model.trainable_variables)
+                # Multiplied by the loss scale under mixed_float16 (the optimizer divides it out).
+                scaled_loss = self.model.optimizer.scale_loss(loss)
+            gradients = tape.gradient(scaled_loss, self.model.trainable_variables)
             self.model.optimizer.apply(gradients, self.model.trainable_variables)
             return loss
 

@@ -38,15 +38,14 @@ class _TextCorpusTask(Task):
     def load_data(self):
         import tensorflow as tf
 
-        from training.pipeline import corpus_lines
+        from training.pipeline import corpus_splits
 
         settings = self.settings
         if settings.dataset == "prepared":
             self.manifest = shards.read_manifest(settings.data_dir, tf.io.gfile.GFile)
             shards.check_manifest(self.manifest, settings.data_dir, self.name, self.training.sequence_length)
             return
-        self.train_lines = corpus_lines(settings.dataset, settings.data_dir, "train")
-        self.eval_lines = corpus_lines(settings.dataset, settings.data_dir, "eval")
+        self.train_lines, self.eval_lines = corpus_splits(settings.dataset, settings.data_dir)
 
     def vocabulary_text(self):
         if self.settings.dataset == "prepared":
