@@ -294,7 +294,7 @@ def fit_segments(step, train_steps, steps_per_epoch):
     segments = []
     epoch, offset = divmod(step, steps_per_epoch)
     full_epochs = train_steps // steps_per_epoch
-    if offset:
+    if offset and step < train_steps:
         end = min((epoch + 1) * steps_per_epoch, train_steps)
         segments.append((step, epoch, epoch + 1, end - step))
         step, epoch = end, epoch + 1
