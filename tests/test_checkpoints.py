@@ -64,6 +64,25 @@ def test_a_checkpoint_restores_weights_optimizer_step_data_position_and_dropout_
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
 
 
+def test_files_of_uncommitted_or_partly_deleted_checkpoints_are_removed_on_restore(tmp_path):
+    run = runs.RunDirectory(tmp_path)
+    model = _model()
+    checkpoints = TrainingCheckpoints(run, model, keep=3)
+    checkpoints.save()
+    model.optimizer.iterations.assign(5)
+    checkpoints.save()
+    directory = tmp_path / "checkpoint"
+    committed = sorted(path.name for path in directory.iterdir())
+    assert committed == ["checkpoint", "ckpt-0.data-00000-of-00001", "ckpt-0.index", "ckpt-5.data-00000-of-00001", "ckpt-5.index"]
+    # What kills leave: a save's temporary shards, a checkpoint written but not named by the pointer file.
+    (directory / "ckpt-10_temp").mkdir()
+    (directory / "ckpt-10_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"half")
+    (directory / "ckpt-10.index").write_bytes(b"not committed")
+    (directory / "ckpt-10.data-00000-of-00001").write_bytes(b"not committed")
+    assert TrainingCheckpoints(run, _model(), keep=3).restore() == 5
+    assert sorted(path.name for path in directory.iterdir()) == committed
+
+
 def test_a_checkpoint_of_the_older_hdf5_format_is_refused_by_name(tmp_path):
     (tmp_path / "checkpoint").mkdir()
     (tmp_path / "checkpoint" / "model.weights.h5").write_bytes(b"\x89HDF")

@@ -40,14 +40,20 @@ def _h5_arrays(path):
 
 
 def _checkpoint_arrays(run_dir):
-    """Every variable of the run's newest checkpoint (weights, optimizer, seed states, data position)."""
+    """Every variable of the run's newest checkpoint (weights, optimizer, seed states, data position),
+    but its save counter (how many saves this run made: a SIGTERM save is one more)."""
     reader = tf.train.load_checkpoint(str(run_dir / "checkpoint"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map() if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name not in ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")}
 
 
 def _max_difference(first, second):
     assert first.keys() == second.keys()
-    return max(float(np.max(np.abs(first[name].astype(np.float64) - second[name].astype(np.float64)), initial=0.0)) for name in first)
+    differences = {name: float(np.max(np.abs(first[name].astype(np.float64) - second[name].astype(np.float64)), initial=0.0))
+                   for name in first}
+    worst = max(differences, key=differences.get)
+    assert differences[worst] == 0.0, (worst, differences[worst])
+    return differences[worst]
 
 
 def _assert_same_run(run_dir, reference_dir):

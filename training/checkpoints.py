@@ -12,7 +12,8 @@ any instant, never sees half of a checkpoint: either the pointer names the new o
 or it still names the previous ones. The last `training.keep_checkpoints` are kept. When the
 newest cannot be read (a truncated or corrupt data or index file), the restore logs one line
 naming it and falls back to the previous one; when none can be read it is an error naming
-the directory. Only the chief writes; the other workers of a multi-worker run restore but
+the directory. Files of checkpoints that the pointer does not name (left by a kill during a
+save or a deletion) are removed at the restart. Only the chief writes; the other workers of a multi-worker run restore but
 never save (their variables are the chief's). A run directory holding a checkpoint of the
 older format (one HDF5 file per epoch, checkpoint/model.weights.h5) is refused: it cannot be
 resumed bit-exactly from it.
@@ -104,6 +105,8 @@ class TrainingCheckpoints:
         if tf.io.gfile.exists(self.run.legacy_checkpoint) and not self.manager.checkpoints:
             raise ValueError(f"{self.run.legacy_checkpoint} is a checkpoint of an older version of the trainer (one HDF5 file), "
                              "which cannot be resumed exactly: start a new run directory.")
+        if self.is_chief:
+            self._remove_leftovers()
         candidates = list(reversed(self.manager.checkpoints))
         if candidates:
             self.model.optimizer.build(self.model.trainable_variables)  # its variables exist to be restored into
@@ -117,6 +120,19 @@ class TrainingCheckpoints:
         if candidates:
             raise ValueError(f"No readable checkpoint in {self.directory} (tried {len(candidates)}): start a new run directory.")
         return None
+
+    def _remove_leftovers(self):
+        """Removes what a killed save or clean-up left: files of checkpoints the pointer file
+        does not name (a save's ckpt-N_temp/ shards, a checkpoint written but not committed,
+        one partly deleted)."""
+        if not tf.io.gfile.isdir(self.directory):
+            return
+        kept = {path.rsplit("/", 1)[-1] for path in self.manager.checkpoints}
+        for name in tf.io.gfile.listdir(self.directory):
+            name = name.rstrip("/")
+            if name.startswith(f"{runs.CHECKPOINT_PREFIX}-") and name.split(".")[0].split("_temp")[0] not in kept:
+                path = runs.join(self.directory, name)
+                (tf.io.gfile.rmtree if tf.io.gfile.isdir(path) else tf.io.gfile.remove)(path)
 
 
 def _first_line(error):
