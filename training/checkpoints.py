@@ -24,6 +24,11 @@ the next end of a training batch, saves a checkpoint at the step reached and rai
 `Preempted` (the CLI exits with `PREEMPTED_EXIT_CODE`, 75 = EX_TEMPFAIL, which
 scripts/cloud_tpu.py restarts on). With `steps_per_execution` > 1 Keras reports batch ends
 once per execution, so the checkpoint is at the last execution boundary reached.
+`tf.distribute.experimental.PreemptionCheckpointHandler` is not used: it wraps the step
+function of a custom training loop and exits the process itself, where `model.fit` offers
+only callbacks. The flag is per process: on Cloud TPU one process drives the TPU; the
+workers of a MultiWorkerMirroredStrategy run are not coordinated (one that stops while the
+others go on leaves them waiting in their collectives), which that handler would do.
 """
 
 import contextlib
