@@ -37,6 +37,7 @@ import signal
 
 import keras
 import tensorflow as tf
+from google.protobuf.message import DecodeError
 
 from training import runs
 
@@ -84,22 +85,20 @@ class TrainingCheckpoints:
                                               dropout_seed_states=dropout_seed_states(model), data_position=self.position)
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=keep,
                                                   checkpoint_name=runs.CHECKPOINT_PREFIX)
+        self.saved_step = None  # the step of the checkpoint this process restored or saved last
 
     @property
     def step(self):
         return int(self.model.optimizer.iterations.numpy())
 
-    def saved_step(self):
-        """The step of the newest committed checkpoint, or None."""
-        latest = self.manager.latest_checkpoint
-        return None if latest is None else int(latest.rsplit("-", 1)[-1])
-
     def save(self):
-        """Commits a checkpoint at the current step (one training batch per step)."""
-        if not self.is_chief or self.saved_step() == self.step:
+        """Commits a checkpoint at the current step (one training batch per step), unless
+        this process restored or saved that step already."""
+        if not self.is_chief or self.saved_step == self.step:
             return
         self.position.assign(self.step)
         self.manager.save(checkpoint_number=self.step)
+        self.saved_step = self.step
 
     def restore(self):
         """Restores the newest readable checkpoint (under the strategy's scope).
@@ -118,9 +117,11 @@ class TrainingCheckpoints:
         for path in candidates:
             try:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
-            except (tf.errors.OpError, AssertionError, ValueError) as error:
+            except (tf.errors.OpError, AssertionError, ValueError, IndexError, DecodeError) as error:
+                # IndexError: TF's reader on a truncated data file; DecodeError: a corrupt object graph.
                 logger.warning("Checkpoint %s cannot be read (%s); trying the previous one.", path, _first_line(error))
                 continue
+            self.saved_step = self.step
             return int(self.position.numpy())
         if candidates:
             raise ValueError(f"No readable checkpoint in {self.directory} (tried {len(candidates)}): start a new run directory.")
