@@ -13,7 +13,8 @@
 
 A run directory may be local or any `tf.io.gfile` path (gs://...): every file goes through
 `tf.io.gfile`, and Keras' HDF5 weights are written to a local temporary file first and
-copied (checkpoints are written by the TF runtime itself). Every file is written whole under a temporary name and renamed, so a reader never
+copied; checkpoints are written by the TF runtime (committed by their pointer file last).
+Every other file is written whole under a temporary name and renamed, so a reader never
 sees half of one. A `concise-collaborative` output and a Hugging Face BERT folder are read
 through the same functions (`read_source`), so anything that starts from a trained model
 (fine-tuning, export, conversion) accepts all three.
