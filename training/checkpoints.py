@@ -13,8 +13,8 @@ or it still names the previous ones. The last `training.keep_checkpoints` are ke
 newest cannot be read (a truncated or corrupt data or index file), the restore logs one line
 naming it and falls back to the previous one; when none can be read it is an error naming
 the directory. Files of checkpoints that the pointer does not name (left by a kill during a
-save or a deletion) are removed at the restart. Only the chief writes; the other workers of a multi-worker run restore but
-never save (their variables are the chief's). A run directory holding a checkpoint of the
+save or a deletion) are removed at the restart. Only the chief writes; the other workers of
+a multi-worker run restore but never save (their variables are the chief's). A run directory holding a checkpoint of the
 older format (one HDF5 file per epoch, checkpoint/model.weights.h5) is refused: it cannot be
 resumed bit-exactly from it.
 
