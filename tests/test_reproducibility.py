@@ -3,7 +3,6 @@ right after a checkpoint commit, or stopped by SIGTERM inside an epoch, or resta
 checkpoint, ends with the uninterrupted run's weights, dropout seed states, optimizer state and metrics;
 train_steps is honoured exactly when steps_per_epoch does not divide it."""
 
-import json
 import random
 import shutil
 import signal
