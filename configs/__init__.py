@@ -114,7 +114,8 @@ class TrainingConfig:
     LM recipe), linearly to 0 at the last step ("linear", the BERT recipe) or stays
     ("constant"). AdamW with the betas, epsilon and decoupled weight decay given;
     `label_smoothing` on the targets. `train_epochs`, when set, replaces `train_steps` by
-    that many passes over the task's training examples (fine-tuning recipes).
+    that many passes over the task's training examples (fine-tuning recipes). A checkpoint
+    is saved every `steps_per_epoch` steps (and on SIGTERM); the last `keep_checkpoints` are kept.
 
     `precision` is the Keras dtype policy the model trains under: "float32", or
     "mixed_bfloat16" / "mixed_float16" (computations in 16 bits; variables, softmax, layer
@@ -142,12 +143,14 @@ class TrainingConfig:
     tpu: typing.Optional[str] = None
     seed: int = 0
     precision: str = "float32"
+    keep_checkpoints: int = 3
 
     def __post_init__(self):
         for name, allowed in (("strategy", STRATEGIES), ("decay", ("rsqrt", "linear", "constant")), ("precision", PRECISIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"`training.{name}` must be one of {allowed}. Received: training.{name}={getattr(self, name)!r}")
-        for name in ("sequence_length", "batch_size", "train_steps", "steps_per_epoch", "eval_batches", "steps_per_execution"):
+        for name in ("sequence_length", "batch_size", "train_steps", "steps_per_epoch", "eval_batches", "steps_per_execution",
+                     "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}")
         for name in ("adam_epsilon",) + (("train_epochs",) if self.train_epochs is not None else ()):

@@ -31,6 +31,7 @@ def test_unknown_preset(capsys):
         ("training.learning_rate=-1", "training.learning_rate=-1"),
         ("training.warmup_steps=-5", "training.warmup_steps=-5"),
         ("training.batch_size=0", "training.batch_size=0"),
+        ("training.keep_checkpoints=0", "training.keep_checkpoints=0"),
         ("task.mask_rate=1.5", "task.mask_rate=1.5"),
     ],
 )

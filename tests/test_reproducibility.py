@@ -1,10 +1,10 @@
-"""Bit-identical training with dropout on: two runs agree, a killed and resumed run agrees with an
-uninterrupted one (dropout seed states and masks in the checkpoint / keyed on the batch), and
+"""Bit-identical training with dropout on: two runs agree; a run killed (SIGKILL) at random moments and
+right after a checkpoint commit, or stopped by SIGTERM inside an epoch, or restarted from a corrupt
+checkpoint, ends with the uninterrupted run's weights, dropout seed states, optimizer state and metrics;
 train_steps is honoured exactly when steps_per_epoch does not divide it."""
 
-import json
-import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,21 +13,24 @@ import time
 import h5py
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import configs
+from training import cli
 from training.data import SAMPLE_CORPUS
 from training.data import read_lines
 from training.tokenizer import train_wordpiece
 from training.trainer import train
 
 DROPOUT = ["model.dropout=0.1", "model.attention_dropout=0.1", "training.jit_compile=false"]
-# 28 = 5 epochs of 5 steps + a last epoch of 3: resumes cross the shorter epoch too.
-STEPS = ["training.train_steps=28", "training.steps_per_epoch=5", "training.steps_per_execution=5",
-         "training.warmup_steps=5", "training.eval_batches=1"]
+# 28 = 2 epochs of 10 steps + a last epoch of 8, in executions of 2 steps: a SIGTERM lands inside
+# an epoch, and resumes cross the shorter last epoch. Only the last 2 checkpoints are kept.
+STEPS = ["training.train_steps=28", "training.steps_per_epoch=10", "training.steps_per_execution=2",
+         "training.warmup_steps=5", "training.eval_batches=1", "training.keep_checkpoints=2"]
+ITERATIONS = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
 
 
-def _arrays(path):
-    """Every dataset of an .h5 file (weights, and optimizer state where saved), by name."""
+def _h5_arrays(path):
     arrays = {}
     with h5py.File(path, "r") as f:
         f.visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
@@ -35,33 +38,65 @@ def _arrays(path):
     return arrays
 
 
+def _checkpoint_arrays(run_dir):
+    """Every variable of the run's newest checkpoint (weights, optimizer, seed states, data position),
+    but its save counter (how many saves this run made: a SIGTERM save is one more)."""
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoint"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name not in ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")}
+
+
 def _max_difference(first, second):
-    a, b = _arrays(first), _arrays(second)
-    assert a.keys() == b.keys()
-    return max(float(np.max(np.abs(a[name].astype(np.float64) - b[name].astype(np.float64)), initial=0.0)) for name in a)
+    assert first.keys() == second.keys()
+    differences = {name: float(np.max(np.abs(first[name].astype(np.float64) - second[name].astype(np.float64)), initial=0.0))
+                   for name in first}
+    worst = max(differences, key=differences.get)
+    assert differences[worst] == 0.0, (worst, differences[worst])
+    return differences[worst]
 
 
-def _cli(config, run_dir, overrides):
+def _assert_same_run(run_dir, reference_dir):
+    """The final weights and the newest checkpoint (dropout seed states included) are bit-identical."""
+    assert _max_difference(_h5_arrays(run_dir / "model.weights.h5"), _h5_arrays(reference_dir / "model.weights.h5")) == 0.0
+    mine, theirs = _checkpoint_arrays(run_dir), _checkpoint_arrays(reference_dir)
+    assert any(name.startswith("dropout_seed_states/") for name in mine)
+    assert _max_difference(mine, theirs) == 0.0
+
+
+def _step_of(run_dir):
+    """The step of the newest committed checkpoint, read from its optimizer's counter."""
+    return int(tf.train.load_checkpoint(str(run_dir / "checkpoint")).get_tensor(ITERATIONS))
+
+
+def _pointer(run_dir):
+    """The checkpoint pointer file's text (changes when a checkpoint commits)."""
+    path = run_dir / "checkpoint" / "checkpoint"
+    return path.read_text() if path.is_file() else ""
+
+
+def _training_started(run_dir, before):
+    """Whether a new TensorBoard training log appeared (a fit call began) since `before` were listed."""
+    return lambda: len(list((run_dir / "logs" / "train").glob("events.out.tfevents.*"))) > before
+
+
+def _start(config, run_dir, overrides):
     command = [sys.executable, "-m", "training.cli", "--config", config, "--run-dir", str(run_dir), "--quiet"]
     for override in overrides:
         command += ["--set", override]
-    return command
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _step_of(checkpoint):
-    with h5py.File(checkpoint, "r") as f:  # the optimizer's step counter is saved with the weights
-        return int(f["optimizer"]["vars"]["0"][()])
-
-
-def _kill_when(process, ready, delay):
-    """SIGKILLs `process` `delay` seconds after `ready()` holds; True if it was still running."""
+def _wait_for(process, ready):
     deadline = time.time() + 300
     while not ready() and process.poll() is None and time.time() < deadline:
         time.sleep(0.01)
-    assert ready(), "no (new) checkpoint was written"
-    time.sleep(delay)
+    return ready()
+
+
+def _kill(process):
+    """SIGKILL: no chance to clean up. True if it was still running."""
     running = process.poll() is None
-    process.send_signal(signal.SIGKILL)  # no chance to clean up
+    process.send_signal(signal.SIGKILL)
     process.wait()
     return running
 
@@ -72,36 +107,132 @@ def vocabulary(tmp_path_factory):
     return train_wordpiece(read_lines(SAMPLE_CORPUS), 1000, tmp_path_factory.mktemp("vocab") / "vocab.txt")
 
 
+def _overrides(vocabulary):
+    return [*DROPOUT, *STEPS, f"tokenizer.vocabulary={vocabulary}"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, vocabulary):
+    """The uninterrupted run of a config, trained once for every test here: (metrics, run directory)."""
+    runs = {}
+
+    def get(config):
+        if config not in runs:
+            run_dir = tmp_path_factory.mktemp(f"straight-{config}")
+            runs[config] = train(configs.load_config(config, _overrides(vocabulary)), run_dir, verbose=0), run_dir
+        return runs[config]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["tiny_lm", "tiny_bert_fixed"])
-def test_two_runs_and_a_twice_killed_run_end_bit_identical_with_dropout(tmp_path, config, vocabulary):
-    """Two uninterrupted runs agree; a run killed at a random moment after its first checkpoint,
-    restarted, killed right after a checkpoint's rename and restarted to the end agrees too:
-    every array of the weights (and of the last checkpoint) and every metric."""
-    overrides = [*DROPOUT, *STEPS, f"tokenizer.vocabulary={vocabulary}"]
-    reference = train(configs.load_config(config, overrides), tmp_path / "straight", verbose=0)
-    again = train(configs.load_config(config, overrides), tmp_path / "again", verbose=0)
-    assert again == reference and reference["step"] == 28
-    for name in ("model.weights.h5", "checkpoint/model.weights.h5"):
-        assert _max_difference(tmp_path / "straight" / name, tmp_path / "again" / name) == 0.0, name
+def test_two_runs_end_bit_identical_with_dropout(tmp_path, config, vocabulary, reference):
+    metrics, reference_dir = reference(config)
+    assert train(configs.load_config(config, _overrides(vocabulary)), tmp_path / "again", verbose=0) == metrics
+    assert metrics["step"] == 28
+    _assert_same_run(tmp_path / "again", reference_dir)
+    # training.keep_checkpoints=2: of the checkpoints at steps 10, 20 and 28 the last two are kept.
+    assert sorted(path.name for path in (reference_dir / "checkpoint").glob("*.index")) == ["ckpt-20.index", "ckpt-28.index"]
 
-    checkpoint = tmp_path / "killed" / "checkpoint" / "model.weights.h5"
-    first = subprocess.Popen(_cli(config, tmp_path / "killed", overrides), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert _kill_when(first, checkpoint.is_file, random.uniform(0.0, 0.5)), "the run ended before the random kill"
-    first_step = _step_of(checkpoint)
-    assert first_step < 28
-    inode = os.stat(checkpoint).st_ino
-    second = subprocess.Popen(_cli(config, tmp_path / "killed", overrides), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # The rename replaces the file: a new inode is a new checkpoint.
-    assert _kill_when(second, lambda: os.stat(checkpoint).st_ino != inode, 0.0)
-    assert first_step < _step_of(checkpoint) < 28
 
-    result = subprocess.run(_cli(config, tmp_path / "killed", overrides), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    resumed = json.loads(result.stdout[result.stdout.index("{"):])
-    assert resumed == reference
-    for name in ("model.weights.h5", "checkpoint/model.weights.h5"):
-        assert _max_difference(tmp_path / "straight" / name, tmp_path / "killed" / name) == 0.0, name
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["tiny_lm", "tiny_bert_fixed"])
+def test_killed_four_times_ends_bit_identical_with_dropout(tmp_path, config, vocabulary, reference):
+    """SIGKILL at three seeded random moments of training and once right after a checkpoint commit,
+    restarted each time: the uninterrupted run's weights, checkpoint and metrics, bit for bit."""
+    run_dir, overrides = tmp_path / "killed", _overrides(vocabulary)
+    rng = random.Random(f"kill-{config}")
+    for kill in ("random", "random", "after commit", "random"):
+        before, logs = _pointer(run_dir), len(list((run_dir / "logs" / "train").glob("events.out.tfevents.*")))
+        process = _start(config, run_dir, overrides)
+        if kill == "after commit":
+            assert _wait_for(process, lambda: _pointer(run_dir) != before), process.stderr.read()[-4000:]
+        else:
+            assert _wait_for(process, _training_started(run_dir, logs)), process.stderr.read()[-4000:]
+            time.sleep(rng.uniform(0.0, 1.5))  # from the start of its first fit call: tracing, steps, validation
+        assert _kill(process), f"the run ended before the {kill} kill"
+    assert 0 < _step_of(run_dir) < 28
+    metrics, reference_dir = reference(config)
+    assert train(configs.load_config(config, overrides), run_dir, verbose=0) == metrics
+    _assert_same_run(run_dir, reference_dir)
+
+
+@pytest.mark.slow
+def test_sigterm_inside_an_epoch_saves_that_step_exits_75_and_resumes_exactly(tmp_path, vocabulary, reference):
+    run_dir, overrides = tmp_path / "preempted", _overrides(vocabulary)
+    process = _start("tiny_lm", run_dir, overrides)
+    assert _wait_for(process, _training_started(run_dir, 0)), process.stderr.read()[-4000:]
+    process.send_signal(signal.SIGTERM)  # during the first execution: saved at its end, step 2
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 75, stderr[-4000:]
+    step = _step_of(run_dir)
+    assert 0 < step < 28 and step % 10 != 0, step  # inside an epoch
+    assert f"saved a checkpoint at step {step}" in stderr and "Traceback" not in stderr
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoint"))
+    assert reader.get_tensor("data_position/.ATTRIBUTES/VARIABLE_VALUE") == step
+    assert tf.train.latest_checkpoint(str(run_dir / "checkpoint")).endswith(f"ckpt-{step}")
+
+    metrics, reference_dir = reference("tiny_lm")
+    resumed = train(configs.load_config("tiny_lm", overrides), run_dir, verbose=0)
+    assert resumed == metrics and resumed["step"] == 28  # the optimizer's iterations: no step lost or repeated
+    _assert_same_run(run_dir, reference_dir)
+    # The epoch the SIGTERM cut is logged again as the same epoch (its last 10 - step steps), not as a new one.
+    epochs = _logged_epochs(run_dir / "logs" / "validation")
+    assert sorted(set(epochs)) == [0, 1, 2] and epochs.count(0) == 1
+
+
+def _logged_epochs(directory):
+    steps = []
+    for path in directory.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            steps += [event.step for value in event.summary.value if value.tag == "epoch_loss"]
+    return steps
+
+
+@pytest.mark.slow
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, vocabulary, reference, caplog, capsys):
+    metrics, reference_dir = reference("tiny_lm")
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_dir, run_dir)
+    newest = run_dir / "checkpoint" / "ckpt-28.data-00000-of-00001"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    with caplog.at_level("WARNING", logger="training.checkpoints"):
+        assert train(configs.load_config("tiny_lm", _overrides(vocabulary)), run_dir, verbose=0) == metrics
+    fallbacks = [record.getMessage() for record in caplog.records if "cannot be read" in record.getMessage()]
+    assert len(fallbacks) == 1 and str(run_dir / "checkpoint" / "ckpt-28") in fallbacks[0]
+    _assert_same_run(run_dir, reference_dir)  # resumed from step 20 and retrained 20..28
+
+    # None readable (a truncated data file, a truncated index): one line naming the directory, exit 2.
+    for path in (newest, run_dir / "checkpoint" / "ckpt-20.index"):
+        path.write_bytes(path.read_bytes()[:40])
+    argv = ["--config", "tiny_lm", "--run-dir", str(run_dir), "--quiet"]
+    for override in _overrides(vocabulary):
+        argv += ["--set", override]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in error, error
+    assert f"No readable checkpoint in {run_dir / 'checkpoint'}" in error.strip().splitlines()[-1], error
+
+
+@pytest.mark.slow
+def test_fine_tuning_killed_after_a_checkpoint_ends_bit_identical(tmp_path, vocabulary):
+    """classification on the shipped WordNet topics, a tiny BERT, dropout on."""
+    overrides = [
+        "model_type=bert", "model.vocab_size=1000", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
+        "model.intermediate_size=64", "model.max_sequence_length=64", "model.dropout=0.1", "model.attention_dropout=0.1",
+        "training.sequence_length=32", "training.batch_size=8", "training.train_epochs=null", "training.train_steps=12",
+        "training.steps_per_epoch=5", "training.steps_per_execution=1", "training.warmup_fraction=null",
+        "training.warmup_steps=2", "training.jit_compile=false", f"tokenizer.vocabulary={vocabulary}",
+    ]
+    metrics = train(configs.load_config("wordnet_topics", overrides), tmp_path / "straight", verbose=0)
+    process = _start("wordnet_topics", tmp_path / "killed", overrides)
+    assert _wait_for(process, lambda: _pointer(tmp_path / "killed") != ""), process.stderr.read()[-4000:]
+    assert _kill(process)
+    assert 0 < _step_of(tmp_path / "killed") < 12
+    assert train(configs.load_config("wordnet_topics", overrides), tmp_path / "killed", verbose=0) == metrics
+    _assert_same_run(tmp_path / "killed", tmp_path / "straight")
 
 
 @pytest.mark.slow
@@ -109,10 +240,10 @@ def test_train_steps_not_a_multiple_of_steps_per_epoch_are_honoured(tmp_path, vo
     overrides = [f"tokenizer.vocabulary={vocabulary}", "training.train_steps=7", "training.steps_per_epoch=5", "training.steps_per_execution=5",
                  "training.warmup_steps=2", "training.eval_batches=1"]
     metrics = train(configs.load_config("tiny_lm", overrides), tmp_path / "run", verbose=0)
-    assert metrics["step"] == 7 and _step_of(tmp_path / "run" / "checkpoint" / "model.weights.h5") == 7
+    assert metrics["step"] == 7 and _step_of(tmp_path / "run") == 7
     # 4 steps per execution do not divide 2 steps per epoch: each epoch still stops at its step.
     with pytest.warns(UserWarning, match="steps_per_execution=4 does not divide training.steps_per_epoch=2"):
         metrics = train(configs.load_config("tiny_lm", [f"tokenizer.vocabulary={vocabulary}", "training.train_steps=3", "training.steps_per_epoch=2",
                                                         "training.steps_per_execution=4", "training.warmup_steps=1",
                                                         "training.eval_batches=1"]), tmp_path / "run2", verbose=0)
-    assert metrics["step"] == 3 and _step_of(tmp_path / "run2" / "checkpoint" / "model.weights.h5") == 3
+    assert metrics["step"] == 3 and _step_of(tmp_path / "run2") == 3

@@ -24,6 +24,9 @@ def main(argv=None):
         overrides.append(f"training.strategy={args.strategy}")
     if args.tpu:
         overrides.append(f"training.tpu={args.tpu}")
+    from training.checkpoints import PREEMPTED_EXIT_CODE
+    from training.checkpoints import Preempted
+
     try:
         config = configs.load_config(args.config, overrides)
         from training.trainer import train
@@ -31,6 +34,8 @@ def main(argv=None):
         metrics = train(config, args.run_dir, verbose=0 if args.quiet else "auto")
     except ValueError as error:
         parser.exit(2, f"concise-train-lm: error: {error}\n")
+    except Preempted as preempted:
+        parser.exit(PREEMPTED_EXIT_CODE, f"concise-train-lm: {preempted}\n")
     print(json.dumps(metrics, indent=1))
     return 0
 

@@ -6,12 +6,15 @@
                                  the exporters and the converter start from
     RUN/model.weights.h5         the whole task model (backbone + head)
     RUN/metrics.json             the final evaluation
-    RUN/checkpoint/              the trainer's checkpoints
+    RUN/checkpoint/              the trainer's `tf.train.Checkpoint`s: ckpt-STEP.index and
+                                 ckpt-STEP.data-*-of-* per checkpoint, the `checkpoint` pointer
+                                 file naming the kept ones (`training.checkpoints`)
     RUN/logs/                    TensorBoard
 
 A run directory may be local or any `tf.io.gfile` path (gs://...): every file goes through
 `tf.io.gfile`, and Keras' HDF5 weights are written to a local temporary file first and
-copied. Every file is written whole under a temporary name and renamed, so a reader never
+copied; checkpoints are written by the TF runtime (committed by their pointer file last).
+Every other file is written whole under a temporary name and renamed, so a reader never
 sees half of one. A `concise-collaborative` output and a Hugging Face BERT folder are read
 through the same functions (`read_source`), so anything that starts from a trained model
 (fine-tuning, export, conversion) accepts all three.
@@ -32,6 +35,7 @@ VOCABULARY = "vocab.txt"
 BACKBONE_WEIGHTS = "backbone.weights.h5"
 MODEL_WEIGHTS = "model.weights.h5"
 METRICS = "metrics.json"
+CHECKPOINT_PREFIX = "ckpt"  # RUN/checkpoint/ckpt-STEP.*
 
 
 def join(directory, name):
@@ -151,6 +155,11 @@ class RunDirectory:
     @property
     def checkpoint_dir(self):
         return self.file("checkpoint")
+
+    @property
+    def legacy_checkpoint(self):
+        """The single HDF5 checkpoint of earlier versions (refused on resume)."""
+        return join(self.checkpoint_dir, MODEL_WEIGHTS)
 
     @property
     def logs_dir(self):

@@ -6,28 +6,27 @@ run directory (`training.runs`), the vocabulary, initialisation from a trained m
 (`task.init`: a run directory, a `concise-collaborative` output or a Hugging Face BERT
 folder), the optimizer and schedule, checkpoints, TensorBoard and the strategy.
 
-Checkpoints are written at epoch ends (every `steps_per_epoch` steps; the last epoch is
-shorter when that does not divide `train_steps`) under a temporary name and renamed, so a
-run killed at any moment leaves the previous checkpoint intact. They hold the weights, the
-optimizer state and the dropout seed states. A restarted run loads it, skips the batches
-already consumed (the seeded pipeline replays the same order and the same masks) and
-continues from the same step: no step is counted twice, and the result is bit-identical to
+Checkpoints (`training.checkpoints`: `tf.train.Checkpoint`s, committed by their pointer
+file) are written at epoch ends (every `steps_per_epoch` steps; the last epoch is shorter
+when that does not divide `train_steps`) and, on SIGTERM, at the step reached. They hold the
+weights, the optimizer state (its step), the dropout seed states and the data position. A
+restarted run restores the newest readable one, skips the batches already consumed (the
+seeded pipeline replays the same order and the same masks) and continues from that step,
+even inside an epoch: no step is lost or counted twice, and the result is bit-identical to
 an uninterrupted run's.
 """
 
 import dataclasses
-import functools
 import math
-import os
-import tempfile
 import warnings
 
-import h5py
 import keras
-import numpy as np
 import tensorflow as tf
 
 from training import runs
+from training.checkpoints import CheckpointCallback
+from training.checkpoints import TrainingCheckpoints
+from training.checkpoints import handle_preemption
 from training.objectives import StepCountingLossScaleOptimizer
 from training.objectives import make_optimizer
 from training.strategy import choose_strategy
@@ -37,66 +36,6 @@ from training.tokenizer import wordpiece_tokenizer
 
 # Lines of a streaming corpus (LM1B) read to learn the vocabulary.
 VOCABULARY_TRAINING_LINES = 200_000
-
-
-def dropout_seed_states(model):
-    """The state variables of the model's random seed generators (dropout), in model order.
-
-    Keras keeps them in `model.variables` but not in `model.weights`, so `save_weights`
-    leaves them out: a resumed run would draw other dropout masks than an uninterrupted one.
-    They are matched by order, as Keras matches weights: their names carry process-wide
-    counters (seed_generator_7) that differ between processes building other models first.
-    """
-    weights = {id(variable) for variable in model.weights}
-    return [variable for variable in model.variables
-            if id(variable) not in weights and variable.path.endswith("seed_generator_state")]
-
-
-class AtomicCheckpoint(keras.callbacks.Callback):
-    """Writes weights + optimizer state (its step included) + the dropout seed states at
-    each epoch end, as one file (the group SEED_STATES beside Keras' own)."""
-
-    SEED_STATES = "dropout_seed_states"
-
-    def __init__(self, run, is_chief=True):
-        super().__init__()
-        self.path = runs.join(run.checkpoint_dir, "model.weights.h5")
-        self.is_chief = is_chief
-
-    def exists(self):
-        return tf.io.gfile.exists(self.path)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if not self.is_chief:
-            return
-        with tempfile.TemporaryDirectory() as local:
-            local_path = os.path.join(local, "checkpoint.weights.h5")
-            self.model.save_weights(local_path)
-            with h5py.File(local_path, "a") as file:
-                group = file.create_group(self.SEED_STATES)
-                for index, variable in enumerate(dropout_seed_states(self.model)):
-                    group.create_dataset(str(index), data=np.asarray(variable.numpy()))
-            with open(local_path, "rb") as file:
-                runs.write_bytes_atomically(self.path, file.read())
-
-    def restore(self, model):
-        """Loads weights, optimizer state and dropout seed states into `model` (optimizer built)."""
-        runs.load_weights(model, self.path)
-        states = dropout_seed_states(model)
-        with tempfile.TemporaryDirectory() as local:
-            local_path = os.path.join(local, "checkpoint.weights.h5")
-            tf.io.gfile.copy(self.path, local_path, overwrite=True)
-            with h5py.File(local_path, "r") as file:
-                group = file.get(self.SEED_STATES)
-                saved = None if group is None else [group[str(index)][()] for index in range(len(group))]
-        if saved is None:
-            warnings.warn(f"The checkpoint {self.path} holds no dropout seed states (written before they were saved): "
-                          "the resumed run draws other dropout masks than an uninterrupted one.")
-            return
-        if len(saved) != len(states):
-            raise ValueError(f"The checkpoint {self.path} holds {len(saved)} dropout seed states, the model has {len(states)}.")
-        for variable, value in zip(states, saved):
-            variable.assign(value)
 
 
 class PerplexityLogger(keras.callbacks.Callback):
@@ -240,9 +179,9 @@ def _check_sequence_length(config):
         )
 
 
-def _build(config, task, strategy, run, source, checkpoint):
-    """The compiled task model under the strategy, restored from the checkpoint or task.init;
-    returns (model, backbone, step)."""
+def _build(config, task, strategy, run, source, is_chief):
+    """The compiled task model under the strategy, restored from the newest readable
+    checkpoint or task.init; returns (model, backbone, checkpoints, data position)."""
     training = config.training
     keras.utils.set_random_seed(training.seed)
     with strategy.scope():
@@ -251,12 +190,11 @@ def _build(config, task, strategy, run, source, checkpoint):
         model = task.build_model(backbone)
         model.compile(optimizer=_with_precision(make_optimizer(training), training), steps_per_execution=steps_per_execution(training),
                       jit_compile=training.jit_compile, **task.compile_arguments())
-        if checkpoint.exists():
-            model.optimizer.build(model.trainable_variables)
-            checkpoint.restore(model)
-        elif source is not None:
+        checkpoints = TrainingCheckpoints(run, model, training.keep_checkpoints, is_chief)
+        position = checkpoints.restore()
+        if position is None and source is not None:
             initialize_backbone(backbone, source)
-    return model, backbone, int(model.optimizer.iterations.numpy())
+    return model, backbone, checkpoints, position or 0
 
 
 def train(config, run_dir, verbose="auto"):
@@ -269,7 +207,15 @@ def train(config, run_dir, verbose="auto"):
 
     Returns:
         dict of final metrics: the step and the task's evaluation.
+
+    Raises:
+        training.checkpoints.Preempted: on SIGTERM, once a checkpoint at the step reached is saved.
     """
+    with handle_preemption() as preemption:
+        return _train(config, run_dir, verbose, preemption)
+
+
+def _train(config, run_dir, verbose, preemption):
     config, source = resolve_config(config)
     task = make_task(config)
     task.check()
@@ -286,9 +232,9 @@ def train(config, run_dir, verbose="auto"):
         run.start(config.to_dict() | {"name": config.name, "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)}})
     vocabulary = prepare_vocabulary(config, run, task, source)
     tokenizer = wordpiece_tokenizer(vocabulary, **tokenizer_settings(config))
-    checkpoint = AtomicCheckpoint(run, is_chief=is_chief)
-    model, backbone, step = _build(config, task, strategy, run, source, checkpoint)
-    train_data, eval_data = task.datasets(tokenizer, skip_batches=step)
+    model, backbone, checkpoints, position = _build(config, task, strategy, run, source, is_chief)
+    step = checkpoints.step
+    train_data, eval_data = task.datasets(tokenizer, skip_batches=position)
     batches_from = lambda skip: task.datasets(tokenizer, skip_batches=skip)[0]  # noqa: E731
     if step == 0 and config.model.residual_scaling == "admin" and source is None:
         # Admin's profiling pass on the first training batch sets the residual scalings. A
@@ -297,9 +243,10 @@ def train(config, run_dir, verbose="auto"):
         with strategy.scope():
             backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
     eval_data, eval_steps = _cached_eval(eval_data, training)
-    callbacks = [checkpoint, keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch")]
+    # Last: an epoch is logged before its checkpoint commits (a kill in between logs it twice, never loses it).
+    callbacks = [keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch"), CheckpointCallback(checkpoints, preemption)]
     if task.reports_perplexity:
-        callbacks.insert(1, PerplexityLogger(task))
+        callbacks.insert(0, PerplexityLogger(task))
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     loop = _MultiWorkerLoop(model, strategy, train_data, eval_data) if multi_worker else None
     if step < training.train_steps:
@@ -308,7 +255,7 @@ def train(config, run_dir, verbose="auto"):
             warnings.filterwarnings("ignore", message=r"Gradients do not exist for variables")
             _fit(model, loop, (train_data, batches_from), eval_data, eval_steps, callbacks, training, step, verbose)
     evaluation = {"eval_loss": loop.evaluate()} if loop else task.evaluate(model, eval_data, eval_steps)
-    metrics = {"task": config.task.name, "step": int(model.optimizer.iterations.numpy()), **evaluation}
+    metrics = {"task": config.task.name, "step": checkpoints.step, **evaluation}
     # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
     output = run if is_chief else runs.RunDirectory(runs.join(run.path, f"worker_{strategy.cluster_resolver.task_id}"))
     output.save_models(backbone, model)
@@ -328,27 +275,52 @@ def _cached_eval(eval_data, training):
     return eval_data, eval_steps
 
 
+def fit_segments(step, train_steps, steps_per_epoch):
+    """The `model.fit` calls that train from `step` to exactly `train_steps`.
+
+    Keras' epoch e is steps [e * steps_per_epoch, (e + 1) * steps_per_epoch), the last one
+    shorter when steps_per_epoch does not divide train_steps. A run resumed inside an epoch
+    (after SIGTERM) first finishes that epoch, as epoch e again with fewer steps, so the
+    epoch numbers of TensorBoard stay those of an uninterrupted run.
+
+    Returns:
+        a list of (first step, initial_epoch, epochs, steps_per_epoch), at most three: the
+        rest of a started epoch, the whole epochs, the shorter last epoch.
+    """
+    segments = []
+    epoch, offset = divmod(step, steps_per_epoch)
+    full_epochs = train_steps // steps_per_epoch
+    if offset and step < train_steps:
+        end = min((epoch + 1) * steps_per_epoch, train_steps)
+        segments.append((step, epoch, epoch + 1, end - step))
+        step, epoch = end, epoch + 1
+    if epoch < full_epochs:
+        segments.append((step, epoch, full_epochs, steps_per_epoch))
+        step, epoch = full_epochs * steps_per_epoch, full_epochs
+    if step < train_steps:
+        segments.append((step, epoch, epoch + 1, train_steps - step))
+    return segments
+
+
 def _fit(model, loop, train_data, eval_data, eval_steps, callbacks, training, step, verbose):
-    """Trains from `step` to exactly training.train_steps, in epochs of steps_per_epoch steps
-    and a shorter last one when steps_per_epoch does not divide train_steps.
+    """Trains from `step` to exactly training.train_steps (`fit_segments`).
 
     train_data: (the training batches from `step` on, a function of a skip count giving
     them from that batch on).
     """
     batches, batches_from = train_data
-    full_epochs, last_epoch_steps = divmod(training.train_steps, training.steps_per_epoch)
+    segments = fit_segments(step, training.train_steps, training.steps_per_epoch)
     if loop is not None:
-        loop.fit(training.train_steps, training.steps_per_epoch, step // training.steps_per_epoch, callbacks, verbose)
+        loop.fit(segments, callbacks, verbose)
         return
-    fit = functools.partial(model.fit, validation_data=eval_data, validation_steps=eval_steps, callbacks=callbacks,
-                            shuffle=False, verbose=verbose)
-    if step < full_epochs * training.steps_per_epoch:
-        fit(batches, epochs=full_epochs, initial_epoch=step // training.steps_per_epoch, steps_per_epoch=training.steps_per_epoch)
-        # A new iterator of the same dataset may shuffle differently: the last epoch reads a fresh pipeline.
-        batches = batches_from(full_epochs * training.steps_per_epoch)
-    if last_epoch_steps:
-        # A finite dataset: an execution of steps_per_execution steps stops where it ends.
-        fit(batches.take(last_epoch_steps), epochs=full_epochs + 1, initial_epoch=full_epochs, steps_per_epoch=last_epoch_steps)
+    for first, initial_epoch, epochs, steps in segments:
+        # A new iterator of the same dataset may shuffle differently: each call reads a fresh pipeline.
+        data = batches if first == step else batches_from(first)
+        if first + (epochs - initial_epoch) * steps == training.train_steps:
+            # Finite: an execution of steps_per_execution steps stops where the data ends.
+            data = data.take(training.train_steps - first)
+        model.fit(data, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps, validation_data=eval_data,
+                  validation_steps=eval_steps, callbacks=callbacks, shuffle=False, verbose=verbose)
 
 
 class _MultiWorkerLoop:
@@ -403,18 +375,22 @@ class _MultiWorkerLoop:
             loss_sum, weight_sum = loss_sum + float(batch_loss), weight_sum + float(batch_weight)
         return loss_sum / max(weight_sum, 1.0)
 
-    def fit(self, train_steps, steps_per_epoch, initial_epoch, callbacks, verbose):
+    def fit(self, segments, callbacks, verbose):
+        """Runs the `fit_segments` with one iterator (from the run's first step on)."""
         callbacks = keras.callbacks.CallbackList(callbacks, model=self.model)
         callbacks.on_train_begin()
-        epochs = math.ceil(train_steps / steps_per_epoch)
-        for epoch in range(initial_epoch, epochs):
-            callbacks.on_epoch_begin(epoch)
-            epoch_steps = min(steps_per_epoch, train_steps - epoch * steps_per_epoch)
-            losses = [float(self._train_step()) for _ in range(epoch_steps)]
-            logs = {"loss": sum(losses) / len(losses), "val_loss": self.evaluate()}
-            callbacks.on_epoch_end(epoch, logs)
-            if verbose:
-                print(f"epoch {epoch + 1}/{epochs}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
+        last_epoch = segments[-1][2]
+        for _, initial_epoch, epochs, steps in segments:
+            for epoch in range(initial_epoch, epochs):
+                callbacks.on_epoch_begin(epoch)
+                losses = []
+                for batch in range(steps):
+                    losses.append(float(self._train_step()))
+                    callbacks.on_train_batch_end(batch)
+                logs = {"loss": sum(losses) / len(losses), "val_loss": self.evaluate()}
+                callbacks.on_epoch_end(epoch, logs)
+                if verbose:
+                    print(f"epoch {epoch + 1}/{last_epoch}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
         callbacks.on_train_end()
 
 
