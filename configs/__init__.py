@@ -31,6 +31,7 @@ import yaml
 from models.bert import BertEncoder
 from models.lm import CausalLM
 from models.attention import attention_config
+from models.attention import make_attention
 from models.transformer import head_size_of
 
 PRESET_DIRECTORY = pathlib.Path(__file__).parent
@@ -68,8 +69,16 @@ def _model_dataclass(name, builder):
 
 
 def _check_attention(model):
-    """Holds the nested attention config in its canonical form, checked (errors name `model.attention.*`)."""
+    """Holds the nested attention config in its canonical form, checked (errors name `model.attention.*`).
+
+    The variant is also constructed once (no weights: cheap), so that its constructor checks
+    the values now, before a run directory is written, not when the trainer builds the model.
+    """
     object.__setattr__(model, "attention", attention_config(model.attention, prefix="model.attention"))
+    try:
+        make_attention(model.attention, model.num_heads)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"model.attention={model.attention!r}: {error}") from error
 
 
 # The flat fields of the attention before it was one nested config (run directories written then).
