@@ -42,6 +42,7 @@ setuptools.setup(
             "concise-export = export.cli:main",
             "concise-quickstart = training.quickstart:main",
             "concise-collaborative = training.collaborative_cli:main",
+            "concise-evaluate = training.evaluate_cli:main",
         ]
     },
     extras_require={

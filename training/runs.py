@@ -97,7 +97,9 @@ class Source:
     kind: "run" (a run directory or a `concise-collaborative` output) or "hf" (a Hugging
         Face BERT folder); model_type and model: the builder and its arguments;
     weights: the backbone weights file; vocabulary: vocab.txt; tokenizer: dict(lowercase,
-        strip_accents); task: the task section of the run that wrote it (None for HF).
+        strip_accents); task: the task section of the run that wrote it (None for HF);
+    model_weights: the whole task model's weights (backbone + head) where the run has them
+        (a finished run, or a conversion of one), else None.
     """
 
     path: str
@@ -108,6 +110,7 @@ class Source:
     vocabulary: str
     tokenizer: dict
     task: dict = None
+    model_weights: str = None
 
 
 def is_hf_folder(path):
@@ -132,8 +135,10 @@ def read_source(path):
     weights = join(path, BACKBONE_WEIGHTS)
     if not tf.io.gfile.exists(weights):
         raise ValueError(f"{path} has no {BACKBONE_WEIGHTS}: the run has not finished (or is not a run directory).")
+    model_weights = join(path, MODEL_WEIGHTS)
     return Source(path, "run", config["model_type"], config["model"], weights, join(path, VOCABULARY),
-                  config.get("tokenizer") or {"lowercase": True, "strip_accents": None}, config.get("task"))
+                  config.get("tokenizer") or {"lowercase": True, "strip_accents": None}, config.get("task"),
+                  model_weights if tf.io.gfile.exists(model_weights) else None)
 
 
 class RunDirectory:

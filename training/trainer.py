@@ -200,6 +200,18 @@ def initialize_backbone(backbone, source):
         runs.load_weights(backbone, source.weights)
 
 
+def initialize_model(model, backbone, source, task_settings):
+    """Starts from task.init: the whole task model (head included) when `source` was trained
+    for the same task with the same labels (a fine-tuned run, or its `concise-collaborative`
+    conversion: fine-tuning goes on with its head), else the backbone alone."""
+    head_fits = (source.model_weights is not None and (source.task or {}).get("name") == task_settings.name
+                 and (source.task or {}).get("labels") == getattr(task_settings, "labels", None))
+    if head_fits:
+        runs.load_weights(model, source.model_weights)
+    else:
+        initialize_backbone(backbone, source)
+
+
 def _optimizer(training):
     return keras.optimizers.AdamW(
         learning_rate=WarmupDecaySchedule(training.learning_rate, training.warmup_steps, training.decay, training.train_steps),
@@ -260,7 +272,7 @@ def _build(config, task, strategy, run, source, checkpoint):
             model.optimizer.build(model.trainable_variables)
             checkpoint.restore(model)
         elif source is not None:
-            initialize_backbone(backbone, source)
+            initialize_model(model, backbone, source, config.task)
     return model, backbone, int(model.optimizer.iterations.numpy())
 
 
@@ -301,7 +313,7 @@ def train(config, run_dir, verbose="auto"):
         profiling_inputs, _, _ = next(iter(batches_from(0)))
         with strategy.scope():
             backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
-    eval_data, eval_steps = _cached_eval(eval_data, training)
+    eval_data, eval_steps = cached_eval(eval_data, training)
     callbacks = [checkpoint, keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch")]
     if task.reports_perplexity:
         callbacks.insert(1, PerplexityLogger(task))
@@ -321,7 +333,7 @@ def train(config, run_dir, verbose="auto"):
     return metrics
 
 
-def _cached_eval(eval_data, training):
+def cached_eval(eval_data, training):
     # Cached: the evaluation rows (and their masks) are the same at every evaluation.
     eval_data = eval_data.take(training.eval_batches).cache()
     eval_steps = sum(1 for _ in eval_data)
