@@ -207,7 +207,10 @@ def initialize_model(model, backbone, source, task_settings):
     head_fits = (source.model_weights is not None and (source.task or {}).get("name") == task_settings.name
                  and (source.task or {}).get("labels") == getattr(task_settings, "labels", None))
     if head_fits:
-        runs.load_weights(model, source.model_weights)
+        with warnings.catch_warnings():
+            # The file also holds the source's optimizer state: this run starts a fresh optimizer.
+            warnings.filterwarnings("ignore", message=r"Skipping variable loading for optimizer")
+            runs.load_weights(model, source.model_weights)
     else:
         initialize_backbone(backbone, source)
 
