@@ -4,7 +4,8 @@
     RUN/vocab.txt                the WordPiece vocabulary
     RUN/backbone.weights.h5      the backbone alone (BertEncoder or CausalLM): what a later run,
                                  the exporters and the converter start from
-    RUN/model.weights.h5         the whole task model (backbone + head)
+    RUN/model.weights.h5         the whole task model (backbone + head); a `concise-collaborative`
+                                 conversion of a run holds it too (the converted task model)
     RUN/metrics.json             the final evaluation
     RUN/checkpoint/              the trainer's checkpoints
     RUN/logs/                    TensorBoard
