@@ -11,6 +11,7 @@ import pytest
 import sklearn.metrics
 
 from test_finetuning import SHORT
+from test_finetuning import _dev_predictions
 from test_finetuning import TINY_BERT
 from training import cli
 from training import collaborative_cli
@@ -67,20 +68,8 @@ def _evaluate(run, capsys):
 
 
 def _logits(run, rows):
-    """The reloaded task model's logits on `rows`, tokenised as BERT by HF `tokenizers`."""
-    import tokenizers
-
-    config, model, _, vocabulary = runs.load_model(run)
-    tokenizer = tokenizers.BertWordPieceTokenizer(vocabulary, lowercase=True)
-    tokenizer.enable_truncation(config.training.sequence_length)
-    tokenizer.enable_padding(length=config.training.sequence_length)
-    encodings = [tokenizer.encode(row[0]) for row in rows]
-    inputs = {
-        "input_word_ids": np.array([e.ids for e in encodings], "int32"),
-        "input_mask": np.array([e.attention_mask for e in encodings], "int32"),
-        "input_type_ids": np.array([e.type_ids for e in encodings], "int32"),
-    }
-    return config, np.asarray(model.predict(inputs, verbose=0)["logits"])
+    """The reloaded task model's logits on the texts of `rows`, tokenised by HF `tokenizers`."""
+    return _dev_predictions(run, [(row[0],) for row in rows])
 
 
 @pytest.mark.slow
