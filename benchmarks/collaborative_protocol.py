@@ -6,8 +6,13 @@ classes), then for each D~k: `concise-collaborative` converts the fine-tuned cla
 carried), `concise-evaluate` measures it at once, and `concise-train` fine-tunes it again. Each
 step calls the command's own `main(argv)`, so this is exactly what the README's commands do.
 
-    python benchmarks/collaborative_protocol.py                       # ~30 min on 2 CPU cores
+    python benchmarks/collaborative_protocol.py                       # ~30 min on 2 idle CPU cores
     python benchmarks/collaborative_protocol.py --markdown            # reprint the committed table
+
+Each finished step leaves its result and time in WORK/<step>.step.json: started again with the same
+--work, an interrupted run resumes after its last finished step (the trainer resumes a fine-tuning
+from its checkpoint), and several processes may work on different --ranks of one WORK at once;
+`seconds` in the record is the sum of the steps' times.
 
 Writes benchmarks/results/collaborative_protocol.json (dev accuracy and loss before conversion,
 right after it and after the second fine-tuning, per D~k; the majority-class baseline; the
@@ -37,12 +42,19 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 RECORD = RESULTS / "collaborative_protocol.json"
 
 
-def _timed(function, *arguments):
-    """(what `function(*arguments)` returns, seconds); the commands' stdout is kept quiet."""
+def _step(work, name, function, *arguments):
+    """(what `function(*arguments)` returns, its seconds), run once per work directory: a finished
+    step left its result and time in WORK/NAME.step.json and is not run again (resume)."""
+    path = work / f"{name}.step.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        return saved["result"], saved["seconds"]
     start = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()):  # the commands' own printing
         result = function(*arguments)
-    return result, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    runs.write_json_atomically(path, {"result": result, "seconds": seconds})
+    return result, seconds
 
 
 def _fine_tune(run_dir, init, epochs):
@@ -55,19 +67,20 @@ def _fine_tune(run_dir, init, epochs):
 
 def _convert_and_evaluate(tuned, out, shared_key_dim, iterations):
     """Converts the fine-tuned run at D~k and evaluates the result; returns (metrics, CP reports)."""
+    shutil.rmtree(out, ignore_errors=True)  # a conversion interrupted before its step finished
     argv = ["--run", str(tuned), "--shared-key-dim", str(shared_key_dim), "--out", str(out), "--iterations", str(iterations)]
     if collaborative_cli.main(argv) != 0:
         raise SystemExit(f"converting {tuned} failed")
     metrics_path = out.parent / f"{out.name}_metrics.json"
     if evaluate_cli.main(["--run", str(out), "--output", str(metrics_path)]) != 0:
         raise SystemExit(f"evaluating {out} failed")
-    return runs.read_json(metrics_path), json.loads((out / "conversion_report.json").read_text())
+    return [runs.read_json(metrics_path), json.loads((out / "conversion_report.json").read_text())]
 
 
 def run_protocol(work, init, ranks, epochs, again_epochs, iterations):
     """Fine-tune, then per D~k convert + evaluate + fine-tune again; returns the record."""
-    start = time.perf_counter()
-    tuned, seconds = _timed(_fine_tune, work / "tuned", init, epochs)
+    tuned, seconds = _step(work, "tuned", _fine_tune, work / "tuned", init, epochs)
+    total = seconds
     model = runs.RunDirectory(work / "tuned").read_config()["model"]
     full = model["num_heads"] * (model.get("head_size") or model["hidden_size"] // model["num_heads"])
     record = {"key_dim": full, "fine_tuned": {"eval_accuracy": tuned["eval_accuracy"], "eval_loss": tuned["eval_loss"], "steps": tuned["step"],
@@ -75,8 +88,10 @@ def run_protocol(work, init, ranks, epochs, again_epochs, iterations):
               "majority_class_accuracy": tuned["majority_class_accuracy"], "rows": []}
     print(f"fine-tuned: dev accuracy {tuned['eval_accuracy']:.4f} ({tuned['step']} steps, {seconds:.0f} s)", flush=True)
     for rank in ranks:
-        (converted, reports), convert_seconds = _timed(_convert_and_evaluate, work / "tuned", work / f"k{rank}", rank, iterations)
-        again, again_seconds = _timed(_fine_tune, work / f"k{rank}_tuned", work / f"k{rank}", again_epochs)
+        (converted, reports), convert_seconds = _step(work, f"k{rank}", _convert_and_evaluate, work / "tuned", work / f"k{rank}",
+                                                      rank, iterations)
+        again, again_seconds = _step(work, f"k{rank}_tuned", _fine_tune, work / f"k{rank}_tuned", work / f"k{rank}", again_epochs)
+        total += convert_seconds + again_seconds
         record["rows"].append({
             "shared_key_dim": rank, "mean_cp_relative_error": sum(r["relative_error"] for r in reports) / len(reports),
             "query_key_parameters_per_layer": reports[0]["query_key_parameters_after"],
@@ -86,7 +101,7 @@ def run_protocol(work, init, ranks, epochs, again_epochs, iterations):
         })
         print(json.dumps(record["rows"][-1]), flush=True)
     record["query_key_parameters_per_layer_before"] = reports[0]["query_key_parameters_before"]
-    record["seconds"] = time.perf_counter() - start
+    record["seconds"] = total
     return record
 
 
@@ -114,7 +129,8 @@ def main():
     parser.add_argument("--again-epochs", type=float, default=0.5, help="second fine-tuning, after the conversion")
     parser.add_argument("--iterations", type=int, default=100, help="ALS iterations per layer")
     parser.add_argument("--init", default=None, help="the model to fine-tune (default: all-MiniLM-L6-v2)")
-    parser.add_argument("--work", default="runs/collaborative_protocol", help="run directories (replaced)")
+    parser.add_argument("--work", default="runs/collaborative_protocol",
+                        help="run directories; an interrupted run started again with the same WORK resumes")
     parser.add_argument("--out", default=str(RECORD), help="the JSON record (the table goes beside it, .md)")
     parser.add_argument("--markdown", action="store_true", help="print the committed table and exit")
     args = parser.parse_args()
@@ -122,8 +138,7 @@ def main():
         print(markdown(json.loads(RECORD.read_text())))
         return
     work = pathlib.Path(args.work)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     record = run_protocol(work, args.init or _minilm(), args.ranks, args.epochs, args.again_epochs, args.iterations)
     record.update(args={key: value for key, value in vars(args).items() if key not in ("markdown", "out")}, model=args.init or "all-MiniLM-L6-v2",
                   data="wordnet_topics", date=time.strftime("%Y-%m-%d"), machine=platform.processor() or platform.machine(),
