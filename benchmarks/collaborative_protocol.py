@@ -83,9 +83,8 @@ def run_protocol(work, init, ranks, epochs, again_epochs, iterations):
     total = seconds
     model = runs.RunDirectory(work / "tuned").read_config()["model"]
     full = model["num_heads"] * (model.get("head_size") or model["hidden_size"] // model["num_heads"])
-    record = {"key_dim": full, "fine_tuned": {"eval_accuracy": tuned["eval_accuracy"], "eval_loss": tuned["eval_loss"], "steps": tuned["step"],
-                             "seconds": seconds},
-              "majority_class_accuracy": tuned["majority_class_accuracy"], "rows": []}
+    fine_tuned = {"eval_accuracy": tuned["eval_accuracy"], "eval_loss": tuned["eval_loss"], "steps": tuned["step"], "seconds": seconds}
+    record = {"key_dim": full, "fine_tuned": fine_tuned, "majority_class_accuracy": tuned["majority_class_accuracy"], "rows": []}
     print(f"fine-tuned: dev accuracy {tuned['eval_accuracy']:.4f} ({tuned['step']} steps, {seconds:.0f} s)", flush=True)
     for rank in ranks:
         (converted, reports), convert_seconds = _step(work, f"k{rank}", _convert_and_evaluate, work / "tuned", work / f"k{rank}",
@@ -109,12 +108,14 @@ def markdown(record):
     """The README's table of a record."""
     full = record["key_dim"]
     before = record["fine_tuned"]["eval_accuracy"]
-    lines = ["| D~k | of D_k | mean CP error | dev accuracy: fine-tuned | right after conversion | after fine-tuning again |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| D~k | of D_k | query/key parameters per layer (before: {record['query_key_parameters_per_layer_before']:,}) | "
+             "mean CP error | dev accuracy: fine-tuned | right after conversion | after fine-tuning again |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for row in record["rows"]:
-        lines.append(f"| {row['shared_key_dim']} | {row['shared_key_dim'] / full:.2f} | {row['mean_cp_relative_error']:.3f} | "
-                     f"{100 * before:.1f}% | {100 * row['converted_accuracy']:.1f}% | {100 * row['again_accuracy']:.1f}% |")
-    lines.append(f"| majority class | | | {100 * record['majority_class_accuracy']:.1f}% | | |")
+        lines.append(f"| {row['shared_key_dim']} | {row['shared_key_dim'] / full:.2f} | {row['query_key_parameters_per_layer']:,} | "
+                     f"{row['mean_cp_relative_error']:.3f} | {100 * before:.1f}% | {100 * row['converted_accuracy']:.1f}% | "
+                     f"{100 * row['again_accuracy']:.1f}% |")
+    lines.append(f"| majority class | | | | {100 * record['majority_class_accuracy']:.1f}% | | |")
     return "\n".join(lines)
 
 
@@ -140,7 +141,7 @@ def main():
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     record = run_protocol(work, args.init or _minilm(), args.ranks, args.epochs, args.again_epochs, args.iterations)
-    record.update(args={key: value for key, value in vars(args).items() if key not in ("markdown", "out")}, model=args.init or "all-MiniLM-L6-v2",
+    record.update(args={key: value for key, value in vars(args).items() if key not in ("markdown", "out", "work")}, model=args.init or "all-MiniLM-L6-v2",
                   data="wordnet_topics", date=time.strftime("%Y-%m-%d"), machine=platform.processor() or platform.machine(),
                   cpu_count=os.cpu_count())
     out = pathlib.Path(args.out)
