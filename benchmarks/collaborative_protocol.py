@@ -33,6 +33,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import configs  # noqa: E402
+from models.transformer import head_size_of  # noqa: E402
 from training import cli  # noqa: E402
 from training import collaborative_cli  # noqa: E402
 from training import evaluate_cli  # noqa: E402
@@ -81,8 +83,9 @@ def run_protocol(work, init, ranks, epochs, again_epochs, iterations):
     """Fine-tune, then per D~k convert + evaluate + fine-tune again; returns the record."""
     tuned, seconds = _step(work, "tuned", _fine_tune, work / "tuned", init, epochs)
     total = seconds
-    model = runs.RunDirectory(work / "tuned").read_config()["model"]
-    full = model["num_heads"] * (model.get("head_size") or model["hidden_size"] // model["num_heads"])
+    saved = runs.RunDirectory(work / "tuned").read_config()
+    model = configs.MODEL_CONFIGS[saved["model_type"]](**saved["model"])
+    full = model.num_heads * head_size_of(model)  # D_k
     fine_tuned = {"eval_accuracy": tuned["eval_accuracy"], "eval_loss": tuned["eval_loss"], "steps": tuned["step"], "seconds": seconds}
     record = {"key_dim": full, "fine_tuned": fine_tuned, "majority_class_accuracy": tuned["majority_class_accuracy"], "rows": []}
     print(f"fine-tuned: dev accuracy {tuned['eval_accuracy']:.4f} ({tuned['step']} steps, {seconds:.0f} s)", flush=True)
