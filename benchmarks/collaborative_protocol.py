@@ -6,7 +6,7 @@ classes), then for each D~k: `concise-collaborative` converts the fine-tuned cla
 carried), `concise-evaluate` measures it at once, and `concise-train` fine-tunes it again. Each
 step calls the command's own `main(argv)`, so this is exactly what the README's commands do.
 
-    python benchmarks/collaborative_protocol.py                       # ~30 min on 2 idle CPU cores
+    python benchmarks/collaborative_protocol.py                       # 56 min on a busy 2-core CPU
     python benchmarks/collaborative_protocol.py --markdown            # reprint the committed table
 
 Each finished step leaves its result and time in WORK/<step>.step.json: started again with the same
