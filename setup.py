@@ -43,6 +43,7 @@ setuptools.setup(
             "concise-quickstart = training.quickstart:main",
             "concise-collaborative = training.collaborative_cli:main",
             "concise-prepare-data = training.prepare_data:main",
+            "concise-evaluate = training.evaluate_cli:main",
         ]
     },
     extras_require={

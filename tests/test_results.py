@@ -2,7 +2,9 @@
 
 The tables of the studies are regenerated from benchmarks/results/studies/*.csv by
 `python benchmarks/studies.py --markdown`; the speed figures come from the benchmark JSON
-files. A README edited by hand, or data re-run without updating the README, fails here.
+files; the fine-tuning figure and the collaborative protocol's table from
+benchmarks/results/collaborative_protocol.json (`python benchmarks/collaborative_protocol.py
+--markdown`). A README edited by hand, or data re-run without updating the README, fails here.
 """
 
 import importlib.util
@@ -16,8 +18,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 README = (ROOT / "README.md").read_text()
 
 
-def _studies_module():
-    spec = importlib.util.spec_from_file_location("studies", ROOT / "benchmarks" / "studies.py")
+def _benchmark_module(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -25,7 +27,7 @@ def _studies_module():
 
 @pytest.mark.parametrize("study", ["heads", "collaborative", "depth"])
 def test_readme_study_table_is_the_committed_data(study):
-    studies = _studies_module()
+    studies = _benchmark_module("studies")
     rows = studies.read_rows(study)
     assert rows, f"no committed results for the {study} study"
     assert {row["label"] for row in rows} == set(studies.STUDIES[study]), "a configuration of the study has no result"
@@ -51,3 +53,17 @@ def test_readme_retrieval_table_is_the_committed_data():
     for row in record["rows"]:
         expected = f"| {row['dim']} | {row['index_mb']:.1f} | {row['p50_ms']:.1f} | {row['queries_per_s']:.0f} |"
         assert expected in README, expected
+
+
+def test_readme_collaborative_protocol_and_fine_tuning_figures_are_the_committed_data():
+    protocol = _benchmark_module("collaborative_protocol")
+    record = json.loads((RESULTS / "collaborative_protocol.json").read_text())
+    assert [row["shared_key_dim"] for row in record["rows"]] == [384, 192, 128]
+    table = protocol.markdown(record)
+    assert (RESULTS / "collaborative_protocol.md").read_text() == table + "\n"
+    assert table in README, "README's protocol table differs from `collaborative_protocol.py --markdown`"
+    # The fine-tuning section quotes the protocol's first step, and its budget.
+    tuned = record["fine_tuned"]
+    figure = f"dev accuracy **{100 * tuned['eval_accuracy']:.1f}%** against {100 * record['majority_class_accuracy']:.1f}%"
+    assert figure in README, figure
+    assert f"{tuned['steps']} steps" in README and f"{record['seconds'] / 60:.0f} min" in README

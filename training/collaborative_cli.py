@@ -8,9 +8,16 @@ the source's task and tokenizer settings), vocab.txt, backbone.weights.h5, plus
 conversion_report.json, all into a temporary folder renamed at the end: a failed or refused
 conversion leaves nothing behind, and an existing OUT is kept unless --overwrite. OUT then
 starts a fine-tuning run (`--set task.init=OUT`) like any run directory.
+
+A run with a task model (a fine-tuned classifier, regressor, span labeler, or a pretraining
+run) is converted head included: OUT also holds model.weights.h5 (the task model with the
+converted attention, the head's weights copied) and the source's training section, so
+`concise-evaluate --run OUT` measures it at once and fine-tuning it for the same task goes on
+from its head (Cordonnier et al.'s fine-tune -> convert -> fine-tune again).
 """
 
 import argparse
+import dataclasses
 import os
 import pathlib
 import shutil
@@ -21,29 +28,70 @@ from models.transformer import head_size_of
 
 
 def _load_source(path):
-    """The source's `runs.Source` and its backbone (the BERT encoder or the causal LM), weights loaded."""
+    """The source's `runs.Source`, its backbone (the BERT encoder or the causal LM) and, for a run
+    with a task model (a fine-tuned classifier, ...), its config and task model; weights loaded."""
     import configs
     from training import runs
     from training.trainer import initialize_backbone
 
     source = runs.read_source(path)
+    if source.model_weights is not None:
+        config, task_model, backbone, _ = runs.load_model(path)
+        return source, backbone, (config, task_model)
     backbone = configs.BUILDERS[source.model_type](**source.model)
     initialize_backbone(backbone, source)
-    return source, backbone
+    return source, backbone, None
 
 
-def _write_run(directory, source, converted, reports):
+def _converted_task_model(task_source, backbone, converted):
+    """The source's task model rebuilt around the converted backbone, its head weights copied.
+
+    Returns:
+        (config, task model): the source's config with the converted architecture.
+    """
+    import configs
+    from training.tasks import make_task
+
+    config, task_model = task_source
+    config = dataclasses.replace(config, model=configs.MODEL_CONFIGS[config.model_type](**_arguments(converted)))
+    result = make_task(config).build_model(converted)
+    source_head, result_head = _head_weights(task_model, backbone), _head_weights(result, converted)
+    for variable, value in zip(result_head, source_head, strict=True):
+        variable.assign(value)
+    return config, result
+
+
+def _arguments(backbone):
+    """The builder arguments of a backbone (its config without Keras' own keys)."""
+    return {k: v for k, v in backbone.get_config().items() if k not in ("name", "trainable", "dtype")}
+
+
+def _head_weights(model, backbone):
+    """The task model's weights outside its backbone (the head), in model order."""
+    inside = {id(variable) for variable in backbone.weights}
+    return [variable for variable in model.weights if id(variable) not in inside]
+
+
+def _write_run(directory, source, converted, reports, task=None):
+    """OUT: config.json, vocab.txt, backbone.weights.h5, conversion_report.json and, for a source
+    with a task model, model.weights.h5 (the converted task model) and the source's training
+    section (what `concise-evaluate` evaluates with)."""
     from training import runs
 
     run = runs.RunDirectory(directory)
-    arguments = {k: v for k, v in converted.get_config().items() if k not in ("name", "trainable", "dtype")}
+    arguments = _arguments(converted)
     shared_key_dim = arguments["attention"]["shared_key_dim"]
-    runs.write_json_atomically(run.file(runs.CONFIG), {
+    config = {
         "name": f"{pathlib.Path(source.path).name}_collaborative_k{shared_key_dim}", "model_type": source.model_type,
         "model": arguments, "task": source.task, "tokenizer": source.tokenizer,
-        "description": f"{source.path} converted to collaborative attention (D~k={shared_key_dim})"})
+        "description": f"{source.path} converted to collaborative attention (D~k={shared_key_dim})"}
+    if task is not None and task[0].training is not None:
+        config["training"] = dataclasses.asdict(task[0].training)
+    runs.write_json_atomically(run.file(runs.CONFIG), config)
     run.write_vocabulary(runs.read_vocabulary(source.vocabulary))
     runs.save_weights(converted, run.file(runs.BACKBONE_WEIGHTS))
+    if task is not None:
+        runs.save_weights(task[1], run.file(runs.MODEL_WEIGHTS))
     runs.write_json_atomically(run.file("conversion_report.json"), reports)
 
 
@@ -66,19 +114,20 @@ def main(argv=None):
             raise ValueError(f"{out} exists; pass --overwrite to replace it.")
         if args.iterations < 1:
             raise ValueError(f"--iterations must be a positive integer. Received: --iterations={args.iterations}")
-        source, model = _load_source(args.hf_dir or args.run)
+        source, model, task_source = _load_source(args.hf_dir or args.run)
         head_size = head_size_of(model)
         full = model.num_heads * head_size
         shared_key_dim = args.shared_key_dim if args.shared_key_dim is not None else round(args.ratio * full)
         from models.collaborative import convert_model
 
         converted, reports = convert_model(model, shared_key_dim, seed=args.seed, n_iter_max=args.iterations)
+        task = None if task_source is None else _converted_task_model(task_source, model, converted)
     except ValueError as error:
         parser.exit(2, f"concise-collaborative: error: {error}\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        _write_run(staging, source, converted, reports)
+        _write_run(staging, source, converted, reports, task)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)

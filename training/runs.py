@@ -4,7 +4,8 @@
     RUN/vocab.txt                the WordPiece vocabulary
     RUN/backbone.weights.h5      the backbone alone (BertEncoder or CausalLM): what a later run,
                                  the exporters and the converter start from
-    RUN/model.weights.h5         the whole task model (backbone + head)
+    RUN/model.weights.h5         the whole task model (backbone + head); a `concise-collaborative`
+                                 conversion of a run holds it too (the converted task model)
     RUN/metrics.json             the final evaluation
     RUN/checkpoint/              the trainer's `tf.train.Checkpoint`s: ckpt-STEP.index and
                                  ckpt-STEP.data-*-of-* per checkpoint, the `checkpoint` pointer
@@ -101,7 +102,9 @@ class Source:
     kind: "run" (a run directory or a `concise-collaborative` output) or "hf" (a Hugging
         Face BERT folder); model_type and model: the builder and its arguments;
     weights: the backbone weights file; vocabulary: vocab.txt; tokenizer: dict(lowercase,
-        strip_accents); task: the task section of the run that wrote it (None for HF).
+        strip_accents); task: the task section of the run that wrote it (None for HF);
+    model_weights: the whole task model's weights (backbone + head) where the run has them
+        (a finished run, or a conversion of one), else None.
     """
 
     path: str
@@ -112,6 +115,7 @@ class Source:
     vocabulary: str
     tokenizer: dict
     task: dict = None
+    model_weights: str = None
 
 
 def is_hf_folder(path):
@@ -139,8 +143,10 @@ def read_source(path):
     import configs
 
     model = configs.nest_legacy_attention(config["model"])  # runs written before the nested attention config
+    model_weights = join(path, MODEL_WEIGHTS)
     return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
-                  config.get("tokenizer") or {"lowercase": True, "strip_accents": None}, config.get("task"))
+                  config.get("tokenizer") or {"lowercase": True, "strip_accents": None}, config.get("task"),
+                  model_weights if tf.io.gfile.exists(model_weights) else None)
 
 
 class RunDirectory:

@@ -145,6 +145,21 @@ def _with_precision(optimizer, training):
     return StepCountingLossScaleOptimizer(optimizer) if training.precision == "mixed_float16" else optimizer
 
 
+def initialize_model(model, backbone, source, task_settings):
+    """Starts from task.init: the whole task model (head included) when `source` was trained
+    for the same task with the same labels (a fine-tuned run, or its `concise-collaborative`
+    conversion: fine-tuning goes on with its head), else the backbone alone."""
+    head_fits = (source.model_weights is not None and (source.task or {}).get("name") == task_settings.name
+                 and (source.task or {}).get("labels") == getattr(task_settings, "labels", None))
+    if head_fits:
+        with warnings.catch_warnings():
+            # The file also holds the source's optimizer state: this run starts a fresh optimizer.
+            warnings.filterwarnings("ignore", message=r"Skipping variable loading for optimizer")
+            runs.load_weights(model, source.model_weights)
+    else:
+        initialize_backbone(backbone, source)
+
+
 def resolve_steps(training, num_examples):
     """train_steps and warmup_steps from train_epochs and warmup_fraction, when set."""
     steps = training.train_steps
@@ -193,7 +208,7 @@ def _build(config, task, strategy, run, source, is_chief):
         checkpoints = TrainingCheckpoints(run, model, training.keep_checkpoints, is_chief)
         position = checkpoints.restore()
         if position is None and source is not None:
-            initialize_backbone(backbone, source)
+            initialize_model(model, backbone, source, config.task)
     return model, backbone, checkpoints, position or 0
 
 
@@ -242,7 +257,7 @@ def _train(config, run_dir, verbose, preemption):
         profiling_inputs, _, _ = next(iter(batches_from(0)))
         with strategy.scope():
             backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
-    eval_data, eval_steps = _cached_eval(eval_data, training)
+    eval_data, eval_steps = cached_eval(eval_data, training)
     # Last: an epoch is logged before its checkpoint commits (a kill in between logs it twice, never loses it).
     callbacks = [keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch"), CheckpointCallback(checkpoints, preemption)]
     if task.reports_perplexity:
@@ -263,7 +278,7 @@ def _train(config, run_dir, verbose, preemption):
     return metrics
 
 
-def _cached_eval(eval_data, training):
+def cached_eval(eval_data, training):
     # Cached: the evaluation rows (and their masks) are the same at every evaluation.
     eval_data = eval_data.take(training.eval_batches).cache()
     eval_steps = sum(1 for _ in eval_data)

@@ -11,7 +11,9 @@ class TaskSettings:
     init: a run directory of this project (pretraining, fine-tuning or a
         `concise-collaborative` output) or a Hugging Face BERT folder; its backbone weights,
         vocabulary and tokenizer settings start the run (and its architecture fills the
-        config's model section when that is left out). Ignored once the run has a checkpoint.
+        config's model section when that is left out). When it was trained for the same task
+        with the same labels, its whole task model (head included) starts the run. Ignored
+        once the run has a checkpoint.
     """
 
     name: str
