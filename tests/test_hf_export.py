@@ -352,3 +352,49 @@ def test_model_max_length_above_the_positions_is_not_a_disagreement(tmp_path):
     _change_json("tokenizer_config.json", model_max_length=100_000)(directory)
     source = runs.read_source(directory, "hf")
     assert source.model["max_sequence_length"] == POSITIONS and source.tokenizer == {"lowercase": False, "strip_accents": False}
+
+
+@pytest.mark.slow
+def test_a_converted_collaborative_minilm_exports_serves_and_fine_tunes_with_its_tokenizer(minilm_dir, tmp_path, capsys):
+    """all-MiniLM-L6-v2 with strip_accents=false in its tokenizer_config.json (not the
+    uncased default, so a silent fallback shows), converted to collaborative attention at
+    full rank (D~k = 384: exact), exported with `concise-export --run` and served; a
+    fine-tuning run from the converted output keeps lowercase and strip_accents."""
+    import tensorflow as tf
+
+    from training import cli as train_cli
+    from training import collaborative_cli
+
+    source = tmp_path / "minilm_accents_kept"
+    source.mkdir()
+    for name in ("config.json", "vocab.txt", "model.safetensors"):
+        (source / name).symlink_to(minilm_dir / name)
+    settings = json.loads((minilm_dir / "tokenizer_config.json").read_text()) | {"strip_accents": False}
+    (source / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert collaborative_cli.main(["--hf-dir", str(source), "--shared-key-dim", "384", "--out", str(tmp_path / "converted")]) == 0
+    assert not (tmp_path / "converted" / "model.weights.h5").exists()  # the converter keeps the backbone only
+    assert main(["--run", str(tmp_path / "converted"), "--out", str(tmp_path / "out")]) == 0
+
+    texts = ["Café naïve résumé, crème brûlée.", "A man is playing a guitar.", "Ærøskøbing à Zürich"]
+    ids = hugging_face_ids(minilm_dir / "vocab.txt", texts, 128, strip_accents=False)
+    assert ids != hugging_face_ids(minilm_dir / "vocab.txt", texts, 128)  # stripping accents would give other ids
+    serving = tf.saved_model.load(str(tmp_path / "out" / "serving" / "1"))
+    assert [[i for i in row if i] for row in serving.signatures["tokenize"](text=tf.constant(texts))["input_word_ids"].numpy()] == ids
+    served = serving.signatures["serving_default"](text=tf.constant(texts))["embedding"].numpy()
+    assert cosines(served, reference_embeddings(minilm_dir, ids)).min() >= 0.9999
+    assert json.loads((tmp_path / "out" / "hub" / "1" / "export.json").read_text())["config"]["model"]["attention_type"] == "collaborative"
+
+    argv = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "tuned"), "--quiet"]
+    for override in (f"task.init={tmp_path / 'converted'}", "training.sequence_length=16", "training.batch_size=32", "training.train_steps=1",
+                     "training.train_epochs=null", "training.steps_per_epoch=1", "training.steps_per_execution=1", "training.jit_compile=false",
+                     "training.warmup_fraction=null", "training.warmup_steps=0"):
+        argv += ["--set", override]
+    assert train_cli.main(argv) == 0
+    saved = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert (saved["tokenizer"]["lowercase"], saved["tokenizer"]["strip_accents"]) == (True, False)
+    assert saved["model"]["attention_type"] == "collaborative"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # an explicit other setting is refused, not silently used
+        train_cli.main(argv[:2] + ["--run-dir", str(tmp_path / "refused")] + argv[4:] + ["--set", "tokenizer.strip_accents=true"])
+    assert exit_info.value.code == 2 and "tokenizer.strip_accents=True disagrees" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
