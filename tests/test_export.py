@@ -147,8 +147,8 @@ print(json.dumps(results))
 """
 
 
-def _fresh_python(script, *arguments, cwd):
-    result = subprocess.run([sys.executable, "-c", script, *map(str, arguments)], capture_output=True, text=True, timeout=600, cwd=cwd)
+def _fresh_python(script, *arguments, cwd, env=None):
+    result = subprocess.run([sys.executable, "-c", script, *map(str, arguments)], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
 
@@ -380,12 +380,13 @@ def test_readme_loading_examples_run(exported):
 
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
     examples = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "exported/hub/1" in block]
-    assert len(examples) == 2
+    assert len(examples) == 3  # tf_keras fine-tuning, Keras 3 fine-tuning from the preset, Keras 3 TFSMLayer inference
     workdir = exported["root"] / "readme"
     workdir.mkdir(exist_ok=True)
     (workdir / "exported").symlink_to(exported["root"] / "out")
+    root = str(pathlib.Path(__file__).resolve().parents[1])  # the package, as `pip install -e .` puts it on the path
     for example in examples:
-        _fresh_python(example, cwd=workdir)
+        _fresh_python(example, cwd=workdir, env={**os.environ, "PYTHONPATH": root})
 
 
 # --- Versions, atomicity, errors (a small untrained run, exported in-process) ---

@@ -5,6 +5,7 @@ in a fresh process that never imports tensorflow_text, a tiny BertForMaskedLM-la
 checkpoint with its MLM head, its Keras 3 preset fine-tuned with Adam, and bad folders."""
 
 import json
+import math
 import pathlib
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ from export.cli import main
 
 
 def _tensors(directory):
-    return {name.removeprefix("bert."): value.astype("float64") for name, value in safetensors.numpy.load_file(directory / "model.safetensors").items()}
+    return {name.removeprefix("bert."): value.astype("float32") for name, value in safetensors.numpy.load_file(directory / "model.safetensors").items()}
 
 
 def _layer_norm(x, tensors, prefix, epsilon):
@@ -37,7 +38,7 @@ def _dense(x, tensors, prefix):
 
 
 def _gelu(x):
-    return 0.5 * x * (1.0 + scipy.special.erf(x / np.sqrt(2.0)))
+    return 0.5 * x * (1.0 + scipy.special.erf(x / math.sqrt(2.0)))
 
 
 def numpy_bert(tensors, config, ids_BxL):
@@ -54,7 +55,7 @@ def numpy_bert(tensors, config, ids_BxL):
             return projected.reshape(*projected.shape[:2], heads, -1)
 
         q, k, v = split("query"), split("key"), split("value")
-        scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+        scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
         probabilities = scipy.special.softmax(scores, axis=-1)
         context = np.einsum("bhqk,bkhd->bqhd", probabilities, v).reshape(x.shape)
         x = _layer_norm(x + _dense(context, tensors, f"{prefix}.attention.output.dense"), tensors, f"{prefix}.attention.output", epsilon)
@@ -140,6 +141,7 @@ def minilm_export(minilm_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 4,661 lines through MiniLM at length 128, twice (served and numpy)
 def test_minilm_served_embeddings_equal_a_numpy_bert_on_the_tokenisation_corpus(minilm_dir, minilm_export):
     from test_text import build_corpus
 
