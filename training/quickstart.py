@@ -6,9 +6,10 @@
 3. load the exported encoder back from disk and show what the model learned: for sentences
    written for this (not in the corpus), one word masked, the words the exported model
    predicts for the gap and the masked word's rank, next to an untrained model of the same
-   shape. A 2-layer, 32-wide model trained for a minute learns frequent words and common
-   collocations, not meaning; its sentence embeddings are not worth comparing (for meaningful
-   ones, export a real pre-trained BERT: `concise-export --hf-dir`, see the README).
+   shape. A 2-layer, 32-wide model trained for a minute learns which tokens are frequent (the,
+   punctuation), not yet which word fits a gap, and its sentence embeddings are not worth
+   comparing (for meaningful ones, export a real pre-trained BERT: `concise-export --hf-dir`,
+   see the README).
 
     concise-quickstart --out my_first_export [--set training.train_steps=1000]
 """
@@ -100,7 +101,8 @@ def main(argv=None):
     print(f"[3/3] masked-word predictions of the exported encoder ({written['encoder']}, .mlm), "
           "next to an untrained model of the same shape:", flush=True)
     show_predictions(written["encoder"], written["preprocess"], BertPretrainer(config.build_model()))
-    print("  A 2-layer, 32-wide model trained for a minute learns frequent words and common collocations, not meaning.")
+    print("  A 2-layer, 32-wide model trained for a minute learns which tokens are frequent, not yet which word fits a gap:\n"
+          "  compare the ranks. For embeddings that mean something, export a pre-trained BERT (concise-export --hf-dir).")
     print(f"\nDone in {time.time() - start:.0f} s. Artifacts (version {written['version']}):")
     for key in ("encoder", "preprocess", "keras", "tarball", "serving", "models_config"):
         print(f"  {key:14s}{written[key]}")
