@@ -42,8 +42,8 @@ def main(argv=None):
         commit.check_out_dir(args.out, _store(args.out))  # before TensorFlow is imported
         from export.savedmodels import export_run
 
-        written = export_run(args.run or args.hf_dir, args.out, kind="hf" if args.hf_dir else None, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
-                             model_name=args.model_name, pooling=args.pooling)
+        written = export_run(args.run or args.hf_dir, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
+                             model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None)
     except ValueError as error:
         parser.exit(2, f"concise-export: error: {error}\n")
     print(json.dumps(written, indent=1))
