@@ -34,7 +34,8 @@ def _layer_norm(x, tensors, prefix, epsilon):
 
 
 def _dense(x, tensors, prefix):
-    return x @ tensors[f"{prefix}.weight"].T + tensors[f"{prefix}.bias"]
+    weight = tensors[f"{prefix}.weight"]  # PyTorch's (out, in)
+    return (x.reshape(-1, x.shape[-1]) @ weight.T + tensors[f"{prefix}.bias"]).reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _gelu(x):
@@ -50,14 +51,13 @@ def numpy_bert(tensors, config, ids_BxL):
     for index in range(config["num_hidden_layers"]):
         prefix = f"encoder.layer.{index}"
 
-        def split(name):
+        def split(name):  # [B, heads, L, head size]
             projected = _dense(x, tensors, f"{prefix}.attention.self.{name}")
-            return projected.reshape(*projected.shape[:2], heads, -1)
+            return projected.reshape(*projected.shape[:2], heads, -1).transpose(0, 2, 1, 3)
 
         q, k, v = split("query"), split("key"), split("value")
-        scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-        probabilities = scipy.special.softmax(scores, axis=-1)
-        context = np.einsum("bhqk,bkhd->bqhd", probabilities, v).reshape(x.shape)
+        probabilities = scipy.special.softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]), axis=-1)
+        context = (probabilities @ v).transpose(0, 2, 1, 3).reshape(x.shape)
         x = _layer_norm(x + _dense(context, tensors, f"{prefix}.attention.output.dense"), tensors, f"{prefix}.attention.output", epsilon)
         hidden = _gelu(_dense(x, tensors, f"{prefix}.intermediate.dense"))
         x = _layer_norm(x + _dense(hidden, tensors, f"{prefix}.output.dense"), tensors, f"{prefix}.output", epsilon)
