@@ -356,6 +356,14 @@ def test_model_max_length_above_the_positions_is_not_a_disagreement(tmp_path):
     assert source.model["max_sequence_length"] == POSITIONS and source.tokenizer == {"lowercase": False, "strip_accents": False}
 
 
+def _is_collaborative(model_section):
+    """Whether a config's BERT model section builds collaborative attention (read through the builder)."""
+    from models import CollaborativeAttention
+    from models.bert import BertEncoder
+
+    return isinstance(BertEncoder(**model_section).blocks[0].attention, CollaborativeAttention)
+
+
 @pytest.mark.slow
 def test_a_converted_collaborative_minilm_exports_serves_and_fine_tunes_with_its_tokenizer(minilm_dir, tmp_path, capsys):
     """all-MiniLM-L6-v2 with strip_accents=false in its tokenizer_config.json (not the
@@ -384,7 +392,8 @@ def test_a_converted_collaborative_minilm_exports_serves_and_fine_tunes_with_its
     assert [[i for i in row if i] for row in serving.signatures["tokenize"](text=tf.constant(texts))["input_word_ids"].numpy()] == ids
     served = serving.signatures["serving_default"](text=tf.constant(texts))["embedding"].numpy()
     assert cosines(served, reference_embeddings(minilm_dir, ids)).min() >= 0.9999
-    assert json.loads((tmp_path / "out" / "hub" / "1" / "export.json").read_text())["config"]["model"]["attention_type"] == "collaborative"
+    exported = json.loads((tmp_path / "out" / "hub" / "1" / "export.json").read_text())["config"]
+    assert _is_collaborative(exported["model"])
 
     argv = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "tuned"), "--quiet"]
     for override in (f"task.init={tmp_path / 'converted'}", "training.sequence_length=16", "training.batch_size=32", "training.train_steps=1",
@@ -394,7 +403,7 @@ def test_a_converted_collaborative_minilm_exports_serves_and_fine_tunes_with_its
     assert train_cli.main(argv) == 0
     saved = json.loads((tmp_path / "tuned" / "config.json").read_text())
     assert (saved["tokenizer"]["lowercase"], saved["tokenizer"]["strip_accents"]) == (True, False)
-    assert saved["model"]["attention_type"] == "collaborative"
+    assert _is_collaborative(saved["model"])
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:  # an explicit other setting is refused, not silently used
         train_cli.main(argv[:2] + ["--run-dir", str(tmp_path / "refused")] + argv[4:] + ["--set", "tokenizer.strip_accents=true"])
