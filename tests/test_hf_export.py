@@ -7,7 +7,6 @@ checkpoint with its MLM head, its Keras 3 preset fine-tuned with Adam, and bad f
 import json
 import math
 import pathlib
-import shutil
 import subprocess
 import sys
 import time
