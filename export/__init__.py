@@ -1,1 +1,1 @@
-"""Export and conversion: collaborative re-parametrisation of trained attention (CP); TF-Hub / TF Serving SavedModels to come."""
+"""Export: TF-Hub encoder + preprocessor, TF Serving models, Keras 3 presets and tarballs, crash-safely committed, from a run directory, a `concise-collaborative` output or a Hugging Face BERT folder."""

@@ -1,10 +1,12 @@
-"""`concise-export`: a trained BERT run -> TF-Hub encoder + preprocessor, TF Serving model, tarball.
+"""`concise-export`: a trained BERT -> TF-Hub encoder + preprocessor, Keras preset, TF Serving model, tarball.
 
     concise-export --run runs/bert --out exported            # next free version
+    concise-export --run converted --out exported            # a concise-collaborative output
+    concise-export --hf-dir path/to/bert --out exported      # a Hugging Face BERT folder, as it is
     concise-export --run runs/bert --out exported --version 1 --overwrite
     concise-export --out exported --recover                  # only finish/clean up killed exports
 
-Writes OUT/hub/<version>/{encoder,preprocess,hub.tar.gz,export.json} and OUT/serving/<version>/
+Writes OUT/hub/<version>/{encoder,preprocess,keras,hub.tar.gz,export.json} and OUT/serving/<version>/
 (+ OUT/serving/models.config) through a staging folder and a commit journal
 (export/commit.py): a failed or killed export never leaves a version half-written, the
 next export finishes or removes what a killed one left, and an existing version is only
@@ -20,7 +22,9 @@ from export import commit
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="concise-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", help="run directory of a BERT run (config.json, model.weights.h5, vocab.txt); required unless --recover")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--run", help="a run directory (config.json, backbone.weights.h5, vocab.txt) or a concise-collaborative output")
+    source.add_argument("--hf-dir", help="a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt, tokenizer_config.json)")
     parser.add_argument("--out", required=True, help="export directory (versions already in it are kept)")
     parser.add_argument("--version", type=int, help="integer version (default: one above the highest present)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
@@ -29,8 +33,8 @@ def main(argv=None):
     parser.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="serving embedding: mean of tokens or pooled [CLS]")
     parser.add_argument("--recover", action="store_true", help="only finish the commits of killed exports into OUT and remove their leftovers")
     args = parser.parse_args(argv)
-    if not args.recover and not args.run:
-        parser.error("--run is required (unless --recover)")
+    if not args.recover and not (args.run or args.hf_dir):
+        parser.error("--run or --hf-dir is required (unless --recover)")
     try:
         if args.recover:
             print(json.dumps(commit.recover(args.out, _store(args.out)), indent=1))
@@ -38,8 +42,8 @@ def main(argv=None):
         commit.check_out_dir(args.out, _store(args.out))  # before TensorFlow is imported
         from export.savedmodels import export_run
 
-        written = export_run(args.run, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
-                             model_name=args.model_name, pooling=args.pooling)
+        written = export_run(args.run or args.hf_dir, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
+                             model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None)
     except ValueError as error:
         parser.exit(2, f"concise-export: error: {error}\n")
     print(json.dumps(written, indent=1))

@@ -1,9 +1,14 @@
-"""Exporting a trained BERT run: TF-Hub encoder + preprocessor, TF Serving model, tarball.
+"""Exporting a trained BERT as it is: TF-Hub encoder + preprocessor, Keras 3 preset, TF Serving
+model, tarball; from a run directory, a `concise-collaborative` output or a Hugging Face BERT
+folder alike (all read by `training.runs.load_source`), with no training.
 
-    OUT/hub/<version>/encoder/           TF-Hub BERT encoder (reusable SavedModel, `.mlm`)
+    OUT/hub/<version>/encoder/           TF-Hub BERT encoder (reusable SavedModel, `.mlm` when the
+                                         source has an MLM head)
     OUT/hub/<version>/preprocess/        TF-Hub BERT preprocessor (`.tokenize`, `.bert_pack_inputs`)
+    OUT/hub/<version>/keras/             Keras 3 preset (`models.presets`, keras-hub's layout):
+                                         `BertEncoder.from_preset` fine-tunes it with any optimizer
     OUT/hub/<version>/hub.tar.gz         encoder/ + preprocess/, for upload to a model hub
-    OUT/hub/<version>/export.json        the export's settings, run config and export id
+    OUT/hub/<version>/export.json        the export's settings, the source's model and export id
     OUT/serving/<version>/               TF Serving SavedModel (+ assets.extra/tf_serving_warmup_requests,
                                          assets.extra/export.json: the same export id)
     OUT/serving/models.config            TF Serving model config (base_path /models/<name>)
@@ -37,7 +42,7 @@ import tempfile
 import tensorflow as tf
 
 from export import commit
-from export.run import load_run
+from training import runs
 from training.tasks import serving_signature
 from training.text import WordPieceModule
 from training.text import read_vocabulary
@@ -84,10 +89,8 @@ class _Reusable(tf.Module):
             self.__call__.get_concrete_function(input_specs, training=training)
 
 
-def hub_encoder(model, vocabulary, lowercase):
-    """The TF-Hub encoder object of a task model around a `BertEncoder` (`.encoder`); a
-    `BertPretrainer` adds `.mlm`."""
-    encoder = model.encoder
+def hub_encoder(encoder, vocabulary, lowercase, pretrainer=None):
+    """The TF-Hub encoder object of a `BertEncoder`; a `BertPretrainer` around it adds `.mlm`."""
 
     def call(inputs, training=False):
         return _encoder_outputs(encoder, inputs, training)
@@ -98,8 +101,7 @@ def hub_encoder(model, vocabulary, lowercase):
         return outputs
 
     root = _Reusable(encoder, call, _id_specs())
-    if hasattr(model, "masked_lm_logits"):
-        pretrainer = model
+    if pretrainer is not None:
         root.mlm = _Reusable(pretrainer, call_mlm, _id_specs((*ENCODER_INPUTS, "masked_lm_positions")))
     root.vocab_file = tf.saved_model.Asset(str(vocabulary))
     root.do_lower_case = tf.Variable(lowercase, trainable=False, name="do_lower_case")
@@ -303,50 +305,41 @@ def _store(out_dir):
     return GFileStore() if "://" in str(out_dir) else commit.LocalStore()
 
 
-def _tokenizer_settings(config, config_path):
-    """(lowercase, strip_accents) of the run's tokenizer: its config's "tokenizer" section,
-    else the trainer's settings (uncased; training.strip_accents)."""
-    tokenizer, training = config.get("tokenizer") or {}, config.get("training") or {}
-    lowercase = True if tokenizer.get("lowercase") is None else tokenizer["lowercase"]  # None: BERT-uncased
-    strip_accents = tokenizer.get("strip_accents", training.get("strip_accents"))
-    if not isinstance(lowercase, bool):
-        raise ValueError(f"{config_path}: `tokenizer.lowercase` must be true or false. Received: {lowercase!r}")
-    if strip_accents is not None and not isinstance(strip_accents, bool):
-        raise ValueError(f"{config_path}: `tokenizer.strip_accents` must be true, false or null. Received: {strip_accents!r}")
-    return lowercase, strip_accents
-
-
-def _export_settings(run_dir, config, vocabulary, seq_length, model_name, pooling):
+def _export_settings(source, seq_length, model_name, pooling):
     """The export's settings (recorded in export.json), checked before anything is written."""
-    if config["model_type"] != "bert":
-        raise ValueError(f"Only BERT runs export as TF-Hub encoders. Received: model_type={config['model_type']!r} ({run_dir})")
-    if not tf.io.gfile.exists(str(vocabulary)):
-        raise ValueError(f"The run {str(run_dir)!r} has no vocab.txt.")
-    read_vocabulary(vocabulary)  # fails now, before anything is written, if unusable
+    if source.model_type != "bert":
+        raise ValueError(f"Only BERT models export as TF-Hub encoders. Received: model_type={source.model_type!r} ({source.path})")
+    if not tf.io.gfile.exists(source.vocabulary):
+        raise ValueError(f"{source.path!r} has no vocab.txt.")
+    read_vocabulary(source.vocabulary)  # fails now, before anything is written, if unusable
     if pooling not in ("mean", "cls"):
         raise ValueError(f"`pooling` must be 'mean' or 'cls'. Received: pooling={pooling!r}")
-    max_length = config["model"]["max_sequence_length"]
+    max_length = source.model["max_sequence_length"]
     seq_length = seq_length or min(DEFAULT_SEQ_LENGTH, max_length)
     if not 3 <= seq_length <= max_length:
         raise ValueError(f"`seq_length` must be in [3, max_sequence_length={max_length}]. Received: seq_length={seq_length}")
-    lowercase, strip_accents = _tokenizer_settings(config, posixpath.join(str(run_dir), "config.json"))
-    return {"model_name": model_name or config.get("name") or "bert", "seq_length": seq_length, "pooling": pooling,
-            "lowercase": lowercase, "strip_accents": strip_accents}
+    return {"model_name": model_name or source.name, "seq_length": seq_length, "pooling": pooling, **source.tokenizer}
 
 
-def export_run(run_dir, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling="mean"):
-    """Exports a BERT run to TF-Hub and TF Serving artifacts (see the module docstring).
+def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling="mean", kind=None):
+    """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
     Args:
-        run_dir: the trainer's run directory (reads config.json, model.weights.h5, vocab.txt).
+        source: what `training.runs.read_source` reads: a run directory (config.json,
+            backbone.weights.h5 [+ model.weights.h5], vocab.txt), a `concise-collaborative`
+            output, or a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt
+            [, tokenizer_config.json]). A task head it holds is exported with it: an MLM
+            head as the encoder's `.mlm`, a classifier or regressor as the serving model.
         out_dir: the export directory, local or gs:// (created; other versions in it are kept).
         version: integer version; default: one above the highest present (1 if none).
         overwrite: replace an existing version instead of failing.
         seq_length: sequence length of the preprocessor and of the serving model
             (default min(128, max_sequence_length)).
-        model_name: the TF Serving model name (default: the run's config name).
+        model_name: the TF Serving model name (default: the run's config name, or the
+            Hugging Face folder's name).
         pooling: the serving `embedding`: "mean" over non-padding tokens or "cls"
             (the pooled output).
+        kind: "hf" or "run" to insist on one kind of source (`read_source`).
 
     Returns:
         dict of the written paths, the version, the sequence length, the export id and what
@@ -354,16 +347,20 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, seq_length=None,
     """
     store = _store(out_dir)
     commit.check_out_dir(out_dir, store)
-    config, pretrainer, vocabulary = load_run(run_dir)
-    settings = _export_settings(run_dir, config, vocabulary, seq_length, model_name, pooling)
+    source, encoder, model = runs.load_source(source, kind)
+    settings = _export_settings(source, seq_length, model_name, pooling)
+    task = source.task if model is not None else None
+    described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}
     with commit.export_version(out_dir, version, overwrite, store) as staged:
-        _write_version(staged, pretrainer, vocabulary, {"version": staged.version, "export_id": staged.export_id, **settings, "config": config})
+        export = {"version": staged.version, "export_id": staged.export_id, **settings, "source_kind": source.kind, "config": described}
+        _write_version(staged, encoder, model, source.vocabulary, export)
     hub, serving = posixpath.join(staged.out, "hub", str(staged.version)), posixpath.join(staged.out, "serving", str(staged.version))
     return {
         "version": staged.version,
         "encoder": posixpath.join(hub, "encoder"),
         "preprocess": posixpath.join(hub, "preprocess"),
         "tarball": posixpath.join(hub, "hub.tar.gz"),
+        "keras": posixpath.join(hub, "keras"),
         "serving": serving,
         "models_config": posixpath.join(staged.out, "serving", commit.MODELS_CONFIG),
         "seq_length": settings["seq_length"],
@@ -372,27 +369,41 @@ def export_run(run_dir, out_dir, version=None, overwrite=False, seq_length=None,
     }
 
 
-def _write_version(staged, pretrainer, vocabulary, export):
-    """Writes hub/, serving/ and models.config of a version into `staged.folder` (local)."""
+def write_keras_preset(folder, model, vocabulary, lowercase, strip_accents):
+    """The Keras 3 preset (`models.presets`: keras-hub's layout) of `model` (the encoder, or the
+    task model around it) and its tokenizer settings and vocabulary."""
+    from models import presets
+
+    presets.save_to_preset(model, folder)
+    with tf.io.gfile.GFile(str(vocabulary), "r") as file:
+        presets.save_tokenizer(folder, file.read(), lowercase, strip_accents)
+
+
+def _write_version(staged, encoder, model, vocabulary, export):
+    """Writes hub/ (encoder, preprocess, tarball, keras), serving/ and models.config of a
+    version into `staged.folder` (local)."""
     folder = staged.folder
     # The vocabulary is copied into the staging folder first so that the assets
-    # point at a file that is still there after the run directory is deleted.
+    # point at a file that is still there after the source is deleted.
     vocab_copy = os.path.join(folder, "vocab.txt")
     tf.io.gfile.copy(str(vocabulary), vocab_copy, overwrite=True)
     tokenizer = WordPieceModule(vocab_copy, lowercase=export["lowercase"], strip_accents=export["strip_accents"])
     hub_dir, serving_dir = os.path.join(folder, "hub"), os.path.join(folder, "serving")
-    encoder, signatures = hub_encoder(pretrainer, vocab_copy, export["lowercase"])
-    tf.saved_model.save(encoder, os.path.join(hub_dir, "encoder"), signatures=signatures)
+    pretrainer = model if hasattr(model, "masked_lm_logits") else None
+    encoder_root, signatures = hub_encoder(encoder, vocab_copy, export["lowercase"], pretrainer)
+    tf.saved_model.save(encoder_root, os.path.join(hub_dir, "encoder"), signatures=signatures)
     preprocess, signatures = hub_preprocessor(tokenizer, export["seq_length"])
     tf.saved_model.save(preprocess, os.path.join(hub_dir, "preprocess"), signatures=signatures)
-    with tarfile.open(os.path.join(hub_dir, "hub.tar.gz"), "w:gz") as archive:
+    # Level 1: float weights hardly compress, and level 9 takes several times as long on them.
+    with tarfile.open(os.path.join(hub_dir, "hub.tar.gz"), "w:gz", compresslevel=1) as archive:
         for name in ("encoder", "preprocess"):
             archive.add(os.path.join(hub_dir, name), arcname=name)
-    signature = serving_signature(export["config"], pretrainer)
-    if signature is None:  # the task serves no model of its own: the encoder's embeddings
-        served, signatures = serving_model(pretrainer.encoder, tokenizer, export["seq_length"], export["pooling"])
+    write_keras_preset(os.path.join(hub_dir, "keras"), model or encoder, vocab_copy, export["lowercase"], export["strip_accents"])
+    signature = serving_signature(export["config"], model) if model is not None else None
+    if signature is None:  # no task model of its own to serve: the encoder's embeddings
+        served, signatures = serving_model(encoder, tokenizer, export["seq_length"], export["pooling"])
     else:
-        served, signatures = task_serving_model(pretrainer, tokenizer, export["seq_length"], signature)
+        served, signatures = task_serving_model(model, tokenizer, export["seq_length"], signature)
     inputs = signature.texts if signature else ("text",)
     tf.saved_model.save(served, serving_dir, signatures=signatures)
     write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"], inputs=inputs)

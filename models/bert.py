@@ -8,6 +8,8 @@ from keras import ops
 from models.attention import attention_config
 from models.builder import ArgumentsAreConfig
 from models.embedding import PositionEmbedding
+from models.presets import PresetMixin
+from models.presets import TaskPresetMixin
 from models.transformer import build_blocks
 from models.transformer import admin_initialize
 from models.transformer import get_activation
@@ -20,7 +22,7 @@ def _check_sizes(**sizes):
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
-class BertEncoder(ArgumentsAreConfig, keras.Model):
+class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
     """A BERT encoder with any attention variant, in the TF-Hub BERT contract.
 
     Inputs (dict of int32 (B, T)): `input_word_ids`, `input_mask` (1 = real token),
@@ -131,7 +133,7 @@ class BertEncoder(ArgumentsAreConfig, keras.Model):
         return admin_initialize(self.blocks, self._embed(inputs, training=False), attention_mask=inputs["input_mask"])
 
 
-class EncoderHead(keras.Model):
+class EncoderHead(TaskPresetMixin, keras.Model):
     """A functional model around `self.encoder` whose config nests the encoder's and holds the
     head's own arguments (`head_arguments`), so `cls.from_config(get_config())` rebuilds it."""
 

@@ -3,7 +3,13 @@
 Reads `config.json` and `model.safetensors` with safetensors (never pickle or
 torch.load); `vocab.txt` is left for the tokenizer. Works on BertModel checkpoints
 (keys `embeddings.*`) and BertFor* ones (keys `bert.embeddings.*`), with LayerNorm
-parameters named weight/bias or gamma/beta.
+parameters named weight/bias or gamma/beta; the masked-LM head of BertForMaskedLM /
+BertForPreTraining checkpoints (`cls.predictions.*`) becomes a `BertPretrainer`.
+
+What tokenizer_config.json may say is checked against config.json and vocab.txt
+(`check_tokenizer_agrees`): a disagreement is a setting both files state with different
+values, or a tokenizer whose ids the model cannot take; a shorter `model_max_length`
+than `max_position_embeddings` is not one (the export's sequence length is bounded by both).
 """
 
 import json
@@ -13,19 +19,40 @@ import numpy as np
 import safetensors.numpy
 
 from models.bert import BertEncoder
+from models.bert import BertPretrainer
 
 # Hugging Face `hidden_act` -> Keras activation of the same function.
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
 
 
-def hf_bert_config(directory):
-    """The `BertEncoder` arguments of a Hugging Face BERT `config.json`."""
+# tokenizer_config.json fields naming BERT's special tokens, and the tokens BERT's vocabularies use.
+_SPECIAL_TOKEN_FIELDS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+
+
+def _read_json(path):
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}).") from error
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object. Received: {type(value).__name__}")
+    return value
+
+
+def read_hf_config(directory):
+    """config.json of a Hugging Face BERT folder, as a dict (a BERT one, else an error naming the field)."""
     path = pathlib.Path(directory) / "config.json"
     if not path.is_file():
         raise ValueError(f"No config.json in the Hugging Face BERT directory. Received: directory={str(directory)!r}")
-    config = json.loads(path.read_text())
+    config = _read_json(path)
     if config.get("model_type") != "bert":
-        raise ValueError(f"Only BERT checkpoints can be imported. Received: model_type={config.get('model_type')!r}")
+        raise ValueError(f"{path}: only BERT checkpoints can be imported. Received: model_type={config.get('model_type')!r}")
+    return config
+
+
+def hf_bert_config(directory):
+    """The `BertEncoder` arguments of a Hugging Face BERT `config.json`."""
+    config = read_hf_config(directory)
     if config.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(
             f"Only absolute position embeddings are supported. Received: position_embedding_type={config['position_embedding_type']!r}"
@@ -58,10 +85,7 @@ def hf_tokenizer_settings(directory):
     path = pathlib.Path(directory) / "tokenizer_config.json"
     if not path.is_file():
         return {"lowercase": True, "strip_accents": None}
-    try:
-        settings = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}).") from error
+    settings = _read_json(path)
     lowercase, strip_accents = settings.get("do_lower_case", True), settings.get("strip_accents")
     if not isinstance(lowercase, bool) or strip_accents not in (None, True, False):
         raise ValueError(f"{path}: do_lower_case must be true/false and strip_accents true/false/null. "
@@ -69,7 +93,35 @@ def hf_tokenizer_settings(directory):
     tokenizer_class = settings.get("tokenizer_class")
     if tokenizer_class and tokenizer_class not in ("BertTokenizer", "BertTokenizerFast"):
         raise ValueError(f"{path}: only BERT's WordPiece tokenizer is supported. Received: tokenizer_class={tokenizer_class!r}")
+    for field in ("do_basic_tokenize", "tokenize_chinese_chars"):  # BERT's basic tokenizer, always applied here
+        if settings.get(field, True) is not True:
+            raise ValueError(f"{path}: {field}={settings[field]!r} is not supported (BERT's tokenisation applies it).")
     return {"lowercase": lowercase, "strip_accents": strip_accents}
+
+
+def check_tokenizer_agrees(directory, tokens):
+    """Raises ValueError naming the file and field where tokenizer_config.json, config.json and
+    vocab.txt (`tokens`, its lines) disagree: a vocabulary larger than config.json's
+    vocab_size (ids the embedding table lacks); a pad_token_id that is not [PAD]'s line; a
+    special token (unk/sep/pad/cls/mask_token) other than BERT's; a do_lower_case or
+    tokenizer_class that config.json states otherwise."""
+    directory = pathlib.Path(directory)
+    config, vocabulary = read_hf_config(directory), directory / "vocab.txt"
+    if len(tokens) > config["vocab_size"]:
+        raise ValueError(f"{vocabulary} has {len(tokens)} tokens, more than {directory / 'config.json'} vocab_size={config['vocab_size']}.")
+    pad = tokens.index("[PAD]")
+    if config.get("pad_token_id", pad) != pad:
+        raise ValueError(f"{directory / 'config.json'}: pad_token_id={config['pad_token_id']} but [PAD] is line {pad} of {vocabulary}.")
+    path = directory / "tokenizer_config.json"
+    settings = _read_json(path) if path.is_file() else {}
+    for field, token in _SPECIAL_TOKEN_FIELDS.items():
+        value = settings.get(field, token)
+        value = value.get("content") if isinstance(value, dict) else value  # a serialised AddedToken
+        if value != token:
+            raise ValueError(f"{path}: {field}={value!r}, but BERT's tokenisation uses {token!r}.")
+    for field in ("do_lower_case", "tokenizer_class"):
+        if field in config and field in settings and config[field] != settings[field]:
+            raise ValueError(f"{path}: {field}={settings[field]!r} disagrees with {directory / 'config.json'}: {field}={config[field]!r}.")
 
 
 class _Checkpoint:
@@ -112,6 +164,33 @@ def load_hf_bert(directory, **overrides):
     Returns:
         The encoder, standard attention, weights loaded.
     """
+    return _load_encoder(directory, overrides)[0]
+
+
+def load_hf_model(directory, **overrides):
+    """The encoder of a Hugging Face BERT directory and its masked-LM head when it has one.
+
+    Returns:
+        (encoder, pretrainer): `pretrainer` is a `BertPretrainer` around the encoder with
+        the checkpoint's `cls.predictions.*` weights (BertForMaskedLM, BertForPreTraining),
+        or None when the checkpoint has no MLM head (BertModel exports).
+    """
+    encoder, checkpoint = _load_encoder(directory, overrides)
+    if not any(name.startswith("cls.predictions.") for name in checkpoint.tensors):
+        return encoder, None
+    pretrainer = BertPretrainer(encoder)
+    _set_dense(pretrainer.transform, checkpoint.dense("cls.predictions.transform.dense"), "cls.predictions.transform.dense")
+    _set_layer_norm(pretrainer.transform_norm, checkpoint.layer_norm("cls.predictions.transform"), "cls.predictions.transform.LayerNorm")
+    bias = "cls.predictions.bias" if "cls.predictions.bias" in checkpoint.tensors else "cls.predictions.decoder.bias"
+    _assign(pretrainer.output_bias.bias, checkpoint(bias), bias)
+    decoder = checkpoint.tensors.get("cls.predictions.decoder.weight")
+    if decoder is not None and not np.array_equal(decoder, checkpoint("embeddings.word_embeddings.weight")):
+        raise ValueError(f"{checkpoint.path}: cls.predictions.decoder.weight differs from the word embeddings; "
+                         "only a decoder tied to them (tie_word_embeddings, BERT's default) is supported.")
+    return encoder, pretrainer
+
+
+def _load_encoder(directory, overrides):
     directory = pathlib.Path(directory)
     weights_path = directory / "model.safetensors"
     if not weights_path.is_file():
@@ -138,7 +217,7 @@ def load_hf_bert(directory, **overrides):
         _set_dense(block.feedforward_output, checkpoint.dense(f"{prefix}.output.dense"), f"{prefix}.output.dense")
         _set_layer_norm(block.feedforward_norm, checkpoint.layer_norm(f"{prefix}.output"), f"{prefix}.output.LayerNorm")
     _set_dense(encoder.pooler, checkpoint.dense("pooler.dense"), "pooler.dense")
-    return encoder
+    return encoder, checkpoint
 
 
 def _set_dense(layer, kernel_and_bias, source):

@@ -147,8 +147,8 @@ print(json.dumps(results))
 """
 
 
-def _fresh_python(script, *arguments, cwd):
-    result = subprocess.run([sys.executable, "-c", script, *map(str, arguments)], capture_output=True, text=True, timeout=600, cwd=cwd)
+def _fresh_python(script, *arguments, cwd, env=None):
+    result = subprocess.run([sys.executable, "-c", script, *map(str, arguments)], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
 
@@ -170,8 +170,8 @@ def _reference_ids(texts, seq_length):
 def exported(tmp_path_factory):
     """A tiny fixed-head-size BERT trained 20 MLM steps with the real uncased BERT vocabulary,
     exported; live reference outputs computed; then the run directory deleted."""
-    from export.run import load_run
     from export.savedmodels import export_run
+    from training import runs
     from training.trainer import train
 
     root = tmp_path_factory.mktemp("export")
@@ -185,7 +185,7 @@ def exported(tmp_path_factory):
     train(config, run, verbose=0)
     written = export_run(run, root / "out", seq_length=SEQ_LENGTH)
 
-    _, pretrainer, _ = load_run(run)
+    _, pretrainer, _, _ = runs.load_model(run)
     rng = np.random.default_rng(1)
     word_ids = rng.integers(1000, 30000, size=(3, 20)).astype("int32")
     mask = (np.arange(20)[None, :] < np.array([[20], [13], [5]])).astype("int32")
@@ -380,12 +380,13 @@ def test_readme_loading_examples_run(exported):
 
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
     examples = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "exported/hub/1" in block]
-    assert len(examples) == 2
+    assert len(examples) == 3  # tf_keras fine-tuning, Keras 3 fine-tuning from the preset, Keras 3 TFSMLayer inference
     workdir = exported["root"] / "readme"
     workdir.mkdir(exist_ok=True)
     (workdir / "exported").symlink_to(exported["root"] / "out")
+    root = str(pathlib.Path(__file__).resolve().parents[1])  # the package, as `pip install -e .` puts it on the path
     for example in examples:
-        _fresh_python(example, cwd=workdir)
+        _fresh_python(example, cwd=workdir, env={**os.environ, "PYTHONPATH": root})
 
 
 # --- Versions, atomicity, errors (a small untrained run, exported in-process) ---
@@ -499,17 +500,17 @@ def test_a_failed_export_leaves_nothing_behind(exported_copy, small_run, tmp_pat
     ],
 )
 def test_tokenizer_settings_come_from_the_run_config(section, expected):
-    from export.savedmodels import _tokenizer_settings
+    from training.runs import tokenizer_settings
 
-    assert _tokenizer_settings(section, "run/config.json") == expected
+    assert tuple(tokenizer_settings(section, "run/config.json").values()) == expected
 
 
 @pytest.mark.parametrize("section, field", [({"tokenizer": {"lowercase": "yes"}}, "tokenizer.lowercase"), ({"tokenizer": {"strip_accents": 1}}, "tokenizer.strip_accents")])
 def test_bad_tokenizer_settings_are_named(section, field):
-    from export.savedmodels import _tokenizer_settings
+    from training.runs import tokenizer_settings
 
     with pytest.raises(ValueError, match=f"run/config.json: `{field}` must be .* Received: "):
-        _tokenizer_settings(section, "run/config.json")
+        tokenizer_settings(section, "run/config.json")
 
 
 def test_the_exporter_tokenizes_with_the_run_configs_settings(small_run, tmp_path, monkeypatch):
@@ -534,7 +535,7 @@ def test_the_exporter_tokenizes_with_the_run_configs_settings(small_run, tmp_pat
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda run: (run / "model.weights.h5").unlink(), "lacks model.weights.h5"),
+        (lambda run: (run / "backbone.weights.h5").unlink(), "has no backbone.weights.h5"),
         (lambda run: (run / "vocab.txt").unlink(), "has no vocab.txt"),
         (lambda run: (run / "vocab.txt").write_text("a\nb\n"), r"lacks the special token\(s\) \[PAD\]"),
     ],

@@ -2,9 +2,14 @@
 
 1. pretrain a tiny fixed-head-size BERT (width 32, 4 heads of size 16) with the masked-LM
    task on the shipped sample corpus (`tiny_bert_fixed`);
-2. export it: TF-Hub encoder + preprocessor, tarball, TF Serving model;
-3. load the exported serving model back from disk and print the embeddings of a few
-   sentences and their cosine similarities.
+2. export it: TF-Hub encoder (with `.mlm`) + preprocessor, Keras 3 preset, tarball, TF Serving model;
+3. load the exported encoder back from disk and show what the model learned: for sentences
+   written for this (not in the corpus), one word masked, the words the exported model
+   predicts for the gap and the masked word's rank, next to an untrained model of the same
+   shape. A 2-layer, 32-wide model trained for a minute learns which tokens are frequent (the,
+   punctuation), not yet which word fits a gap, and its sentence embeddings are not worth
+   comparing (for meaningful ones, export a real pre-trained BERT: `concise-export --hf-dir`,
+   see the README).
 
     concise-quickstart --out my_first_export [--set training.train_steps=1000]
 """
@@ -14,20 +19,59 @@ import pathlib
 import sys
 import time
 
-SENTENCES = (
-    "The module provides functions for reading and writing files.",
-    "This function reads a file and returns its contents.",
-    "Attention heads with a fixed size stay expressive.",
+# (sentence, the word to mask): sentences in the corpus' style (software documentation), not from it.
+PROBES = (
+    ("The program reads the configuration file and prints a warning.", "file"),
+    ("You can change this option in the settings of the package.", "option"),
+    ("Run the command with the name of the package as its argument.", "command"),
+    ("Each user can set the default value in a text file.", "user"),
 )
+TOP = 5
 
 
-def read_back(serving_dir, sentences=SENTENCES):
-    """Embeddings of `sentences` through the exported serving model's `serving_default`."""
+def masked_inputs(preprocess, tokens, sentence, word):
+    """The encoder inputs of `sentence` with the first piece of `word` replaced by [MASK], and its position."""
     import numpy as np
     import tensorflow as tf
 
-    serve = tf.saved_model.load(str(serving_dir)).signatures["serving_default"]
-    return np.asarray(serve(text=tf.constant(list(sentences)))["embedding"])
+    inputs = {name: value.numpy() for name, value in preprocess(tf.constant([sentence])).items()}
+    target = tokens.index(word) if word in tokens else None
+    positions = np.flatnonzero(inputs["input_word_ids"][0] == target) if target is not None else []
+    if not len(positions):
+        raise ValueError(f"The word {word!r} is not one piece of the vocabulary in {sentence!r}.")
+    inputs["input_word_ids"][0, positions[0]] = tokens.index("[MASK]")
+    return inputs, np.array([[positions[0]]], "int32"), target
+
+
+def predictions(mlm, inputs, position, target, tokens):
+    """(top words with probabilities, the rank of `target`) of an MLM callable's logits at `position`."""
+    import numpy as np
+
+    logits = np.asarray(mlm({**inputs, "masked_lm_positions": position})["mlm_logits"])[0, 0, : len(tokens)]
+    probabilities = np.exp(logits - logits.max())
+    probabilities /= probabilities.sum()
+    order = np.argsort(-probabilities)
+    rank = int(np.flatnonzero(order == target)[0]) + 1
+    return [(tokens[index], float(probabilities[index])) for index in order[:TOP]], rank
+
+
+def show_predictions(encoder_dir, preprocess_dir, untrained):
+    """Prints, for each probe, the exported model's and an untrained model's predictions."""
+    import tensorflow as tf
+
+    encoder, preprocess = tf.saved_model.load(str(encoder_dir)), tf.saved_model.load(str(preprocess_dir))
+    with tf.io.gfile.GFile(encoder.vocab_file.asset_path.numpy().decode(), "r") as file:
+        tokens = [line.rstrip("\n") for line in file]
+    ranks = {"trained": [], "untrained": []}
+    for sentence, word in PROBES:
+        inputs, position, target = masked_inputs(preprocess, tokens, sentence, word)
+        print(f"  {sentence.replace(word, '____', 1)}   (masked: {word!r})")
+        for name, mlm in (("trained", lambda x: encoder.mlm(x, training=False)), ("untrained", lambda x: untrained(x, training=False))):
+            top, rank = predictions(mlm, inputs, position, target, tokens)
+            ranks[name].append(rank)
+            words = ", ".join(f"{token} {probability:.2f}" for token, probability in top)
+            print(f"    {name:9s} top {TOP}: {words}   | {word!r} ranked {rank} of {len(tokens)}")
+    return ranks
 
 
 def main(argv=None):
@@ -36,10 +80,9 @@ def main(argv=None):
     parser.add_argument("--config", default="tiny_bert_fixed", help="a BERT preset or YAML with a training section")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. training.train_steps=1000")
     args = parser.parse_args(argv)
-    import numpy as np
-
     import configs
     from export.savedmodels import export_run
+    from models.bert import BertPretrainer
     from training.trainer import train
 
     out = pathlib.Path(args.out).resolve()
@@ -55,15 +98,13 @@ def main(argv=None):
         written = export_run(out / "run", out / "export")
     except ValueError as error:
         parser.exit(2, f"concise-quickstart: error: {error}\n")
-    print(f"[3/3] embeddings read back through {written['serving']} (serving_default):", flush=True)
-    embeddings = read_back(written["serving"])
-    np.set_printoptions(precision=3, suppress=True, linewidth=120)
-    for sentence, embedding in zip(SENTENCES, embeddings):
-        print(f"  {sentence!r}\n    dim {embedding.shape[0]}: {embedding[:8]} ...")
-    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
-    print("  cosine similarities:\n", unit @ unit.T)
+    print(f"[3/3] masked-word predictions of the exported encoder ({written['encoder']}, .mlm), "
+          "next to an untrained model of the same shape:", flush=True)
+    show_predictions(written["encoder"], written["preprocess"], BertPretrainer(config.build_model()))
+    print("  A 2-layer, 32-wide model trained for a minute learns which tokens are frequent, not yet which word fits a gap:\n"
+          "  compare the ranks. For embeddings that mean something, export a pre-trained BERT (concise-export --hf-dir).")
     print(f"\nDone in {time.time() - start:.0f} s. Artifacts (version {written['version']}):")
-    for key in ("encoder", "preprocess", "tarball", "serving", "models_config"):
+    for key in ("encoder", "preprocess", "keras", "tarball", "serving", "models_config"):
         print(f"  {key:14s}{written[key]}")
     print(f"Serve it: docker run -p 8501:8501 -v {out / 'export' / 'serving'}:/models/{config.name} "
           f"-e MODEL_NAME={config.name} tensorflow/serving")

@@ -105,6 +105,7 @@ class Source:
         strip_accents); task: the task section of the run that wrote it (None for HF);
     model_weights: the whole task model's weights (backbone + head) where the run has them
         (a finished run, or a conversion of one), else None.
+    name: the run's config name, or the Hugging Face folder's name.
     """
 
     path: str
@@ -116,23 +117,27 @@ class Source:
     tokenizer: dict
     task: dict = None
     model_weights: str = None
+    name: str = None
 
 
 def is_hf_folder(path):
     return tf.io.gfile.exists(join(path, "model.safetensors"))
 
 
-def read_source(path):
-    """Reads what a run directory, a converter output or a Hugging Face folder holds."""
+def read_source(path, kind=None):
+    """Reads what a run directory, a converter output or a Hugging Face folder holds.
+
+    Args:
+        path: the folder.
+        kind: "hf" or "run" to insist on one (the error then says what is missing), or None.
+    """
     path = str(path)
     if not tf.io.gfile.isdir(path):
         raise ValueError(f"Not a directory: {path!r} (expected a run directory or a Hugging Face BERT folder).")
-    if is_hf_folder(path):
-        from models.hf_import import hf_bert_config
-        from models.hf_import import hf_tokenizer_settings
-
-        return Source(path, "hf", "bert", hf_bert_config(path), join(path, "model.safetensors"), join(path, VOCABULARY),
-                      hf_tokenizer_settings(path))
+    if kind == "hf" and not is_hf_folder(path):
+        raise ValueError(f"{path} has no model.safetensors: not a Hugging Face BERT folder.")
+    if kind != "run" and is_hf_folder(path):
+        return _read_hf_folder(path)
     config = read_json(join(path, CONFIG))
     for key in ("model_type", "model"):
         if key not in config:
@@ -145,8 +150,62 @@ def read_source(path):
     model = configs.nest_legacy_attention(config["model"])  # runs written before the nested attention config
     model_weights = join(path, MODEL_WEIGHTS)
     return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
-                  config.get("tokenizer") or {"lowercase": True, "strip_accents": None}, config.get("task"),
-                  model_weights if tf.io.gfile.exists(model_weights) else None)
+                  tokenizer_settings(config, join(path, CONFIG)), config.get("task"),
+                  model_weights=model_weights if tf.io.gfile.exists(model_weights) else None,
+                  name=config.get("name") or _basename(path))
+
+
+def _read_hf_folder(path):
+    from models.hf_import import check_tokenizer_agrees
+    from models.hf_import import hf_bert_config
+    from models.hf_import import hf_tokenizer_settings
+
+    model, tokenizer = hf_bert_config(path), hf_tokenizer_settings(path)
+    check_tokenizer_agrees(path, read_vocabulary(join(path, VOCABULARY)))
+    return Source(path, "hf", "bert", model, join(path, "model.safetensors"), join(path, VOCABULARY), tokenizer,
+                  name=_basename(path))
+
+
+def _basename(path):
+    return os.path.basename(path.rstrip("/")) or "model"
+
+
+def tokenizer_settings(config, config_path):
+    """dict(lowercase, strip_accents) of a run's config: its `tokenizer` section, else what
+    runs written before it had (`training.strip_accents`; uncased); a bad value names the field."""
+    tokenizer, training = config.get("tokenizer") or {}, config.get("training") or {}
+    lowercase = True if tokenizer.get("lowercase") is None else tokenizer["lowercase"]  # None: BERT-uncased
+    strip_accents = tokenizer.get("strip_accents", training.get("strip_accents"))
+    if not isinstance(lowercase, bool):
+        raise ValueError(f"{config_path}: `tokenizer.lowercase` must be true or false. Received: {lowercase!r}")
+    if strip_accents is not None and not isinstance(strip_accents, bool):
+        raise ValueError(f"{config_path}: `tokenizer.strip_accents` must be true, false or null. Received: {strip_accents!r}")
+    return {"lowercase": lowercase, "strip_accents": strip_accents}
+
+
+def load_source(path, kind=None):
+    """The trained model a source holds, weights loaded: what the exporter starts from.
+
+    Returns:
+        (source, backbone, model): the `Source`; its backbone; the task model around it when
+        the source holds a head (a run's model.weights.h5: e.g. `BertPretrainer`,
+        `BertClassifier`; a Hugging Face checkpoint's MLM head), else None (a
+        `concise-collaborative` output, a BertModel checkpoint).
+    """
+    source = read_source(path, kind)
+    if source.kind == "hf":
+        from models.hf_import import load_hf_model
+
+        backbone, model = load_hf_model(source.path)
+    elif tf.io.gfile.exists(join(source.path, MODEL_WEIGHTS)):
+        _, model, backbone, _ = load_model(source.path)
+    else:
+        import configs
+
+        backbone = configs.BUILDERS[source.model_type](**source.model)
+        load_weights(backbone, source.weights)
+        model = None
+    return source, backbone, model
 
 
 class RunDirectory:
