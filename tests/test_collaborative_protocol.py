@@ -108,10 +108,11 @@ def test_low_rank_conversion_changes_the_predictions_and_evaluates_at_once(tuned
 @pytest.mark.slow
 def test_fine_tuning_the_conversion_again_starts_from_its_head(tuned, low_rank, tmp_path, capsys):
     """A run with task.init = the converted classifier trains the head it carries, not a new one:
-    with learning rate 0 its first step leaves the converted model's weights and metrics as they are."""
+    with learning rate 0 its first step leaves the converted model's weights and metrics as they are.
+    Its per-epoch validation keeps one batch (eval_batches=1); the final metrics cover the whole dev split."""
     converted = low_rank
     metrics = _train(tmp_path / "again", f"task.init={converted}", "training.learning_rate=0", "training.train_steps=1", "training.warmup_steps=0",
-                     "training.steps_per_epoch=1", "training.steps_per_execution=1")
+                     "training.steps_per_epoch=1", "training.steps_per_execution=1", "training.eval_batches=1")
     _, original, _, _ = runs.load_model(tuned)
     _, again, backbone, _ = runs.load_model(tmp_path / "again")
     assert isinstance(backbone.blocks[0].attention, CollaborativeAttention)

@@ -106,8 +106,10 @@ class ClassificationTask(Task):
         train = train.batch(training.batch_size, drop_remainder=True).skip(skip_batches)
         self.eval_full = _padded_eval(self.dev_examples, self.dev_labels, training.batch_size)
         pack = _packer(tokenizer, training.sequence_length, self.pairs)
-        return (train.map(pack).prefetch(tf.data.AUTOTUNE),
-                self.eval_full.map(pack).cache())
+        # The final evaluation reads the whole dev split, whatever training.eval_batches keeps
+        # of the returned one for the per-epoch val_loss.
+        self.eval_packed = self.eval_full.map(pack).cache()
+        return train.map(pack).prefetch(tf.data.AUTOTUNE), self.eval_packed
 
     def serving_signature(self, model):
         """`text` (and `text_b` for a pair task) -> `probabilities` [batch, classes] and `label`
@@ -129,8 +131,8 @@ class ClassificationTask(Task):
         return logits
 
     def evaluate(self, model, eval_data, eval_steps):
-        loss = model.evaluate(eval_data, verbose=0, return_dict=True)["loss"]
-        predicted = np.argmax(self.predictions(model, eval_data), axis=-1)
+        loss = model.evaluate(self.eval_packed, verbose=0, return_dict=True)["loss"]
+        predicted = np.argmax(self.predictions(model, self.eval_packed), axis=-1)
         labels = self.dev_labels
         results = {"eval_loss": loss, "eval_accuracy": metric_functions.accuracy(labels, predicted),
                    "majority_class_accuracy": metric_functions.accuracy(labels, np.full_like(labels, np.bincount(self.train_labels).argmax()))}
@@ -171,8 +173,8 @@ class RegressionTask(ClassificationTask):
         return ServingSignature(self._serving_texts(), lambda inputs: {"score": model(inputs, training=False)["logits"][:, 0]})
 
     def evaluate(self, model, eval_data, eval_steps):
-        loss = model.evaluate(eval_data, verbose=0, return_dict=True)["loss"]
-        scores = self.predictions(model, eval_data)[:, 0]
+        loss = model.evaluate(self.eval_packed, verbose=0, return_dict=True)["loss"]
+        scores = self.predictions(model, self.eval_packed)[:, 0]
         return {"eval_loss": loss, "eval_pearson": metric_functions.pearson(self.dev_labels, scores),
                 "eval_spearman": metric_functions.spearman(self.dev_labels, scores)}
 
