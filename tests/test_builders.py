@@ -12,7 +12,6 @@ import tensorflow as tf
 
 import configs
 from models.bert import BertPretrainer
-from models.lm import CausalLM
 
 
 def _bert_inputs(batch=2, length=8, vocab=1000, seed=0):

@@ -81,7 +81,7 @@ def test_the_other_original_layouts(tmp_path):
 
 def test_generic_tsv_layout_is_found_from_the_header(tmp_path):
     pair = _write(tmp_path / "pair" / "train.tsv", [["id", "label", "sentence2", "sentence1"], ["a", "yes", "second", "first"]])
-    single = _write(tmp_path / "single" / "dev.tsv", [["sentence", "label"], ["only one", "no"]])
+    _write(tmp_path / "single" / "dev.tsv", [["sentence", "label"], ["only one", "no"]])
     assert glue.read_glue_tsv(pair, "tsv") == [TextExample("first", "second", "yes", 2)]
     assert glue.glue_examples("tsv", "dev", tmp_path / "single", "tsv") == [TextExample("only one", None, "no", 2)]
     bad = _write(tmp_path / "bad.tsv", [["text", "label"], ["x", "y"]])

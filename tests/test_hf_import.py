@@ -3,7 +3,6 @@
 import json
 import shutil
 
-import keras
 import keras_hub
 import numpy as np
 import pytest

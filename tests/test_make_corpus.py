@@ -8,7 +8,6 @@ against the files with Python's own counting and hashlib.
 import gzip
 import hashlib
 import json
-import pathlib
 import textwrap
 
 import pytest
