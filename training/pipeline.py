@@ -303,7 +303,8 @@ def masked_examples(tokenizer, sequence_length, batch_size, max_predictions, mas
             "input_type_ids": tf.ensure_shape(tf.cast(segment_ids, tf.int32), shape),
             "masked_lm_positions": tf.ensure_shape(positions, (batch_size, max_predictions)),
         }
-        return inputs, labels, weights
+        # Static shapes everywhere (a TPU compiles one program for one shape).
+        return inputs, tf.ensure_shape(labels, (batch_size, max_predictions)), tf.ensure_shape(weights, (batch_size, max_predictions))
 
     return to_example
 

@@ -210,7 +210,7 @@ def _packer(tokenizer, sequence_length, pairs):
     def pack(texts, labels, weights):
         segments = (tokenizer(texts[0]), tokenizer(texts[1])) if pairs else (tokenizer(texts[0]),)
         token_ids, segment_ids = packer(segments)
-        shape = (None, sequence_length)
+        shape = (labels.shape[0], sequence_length)  # static: the batches are cut with drop_remainder
         inputs = {
             "input_word_ids": tf.ensure_shape(tf.cast(token_ids, tf.int32), shape),
             "input_mask": tf.ensure_shape(tf.cast(token_ids != special["[PAD]"], tf.int32), shape),

@@ -1,4 +1,5 @@
-"""The data position of every fine-tuning task: a run resumed after `k` batches reads what an
+"""What every task feeds the trainer. Static shapes and int32 ids (what a TPU needs), and the
+data position of every fine-tuning task: a run resumed after `k` batches reads what an
 uninterrupted run reads from batch `k` on (the trainer resumes through
 `task.datasets(tokenizer, skip_batches=k)`). Together with the SIGKILL + restart test of a
 classification run (tests/test_reproducibility.py), whose model-side restore is the same for
@@ -21,8 +22,8 @@ from training.tokenizer import wordpiece_tokenizer
 SKIP, COMPARED = 3, 4  # batches consumed before the resume, batches compared after it
 
 
-def _task(preset, minilm_dir, *overrides):
-    config = configs.load_config(preset, [*TINY_BERT, *SHORT, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}", *overrides])
+def _task(preset, minilm_dir, *overrides, model=TINY_BERT):
+    config = configs.load_config(preset, [*model, *SHORT, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}", *overrides])
     config, _ = trainer.resolve_config(config)
     task = make_task(config)
     task.check()
@@ -75,3 +76,37 @@ def test_span_qa_resumes_at_the_batch_it_stopped(tmp_path, minilm_dir):
     config, task = _task("squad_v1", minilm_dir, "task.dataset=squad_json", f"task.data_dir={tmp_path / 'squad'}",
                          "training.batch_size=2", "task.max_query_length=8", "task.doc_stride=8")
     _assert_resumes_where_it_stopped(config, task, minilm_dir)
+
+
+def _assert_static_int32(dataset, name):
+    import tensorflow as tf
+
+    specs = _flatten(dataset.element_spec)
+    assert all(spec.shape.is_fully_defined() for spec in specs), (name, dataset.element_spec)
+    assert all(spec.dtype in (tf.int32, tf.float32) for spec in specs), (name, dataset.element_spec)
+
+
+@pytest.mark.parametrize("preset, overrides", [
+    ("tiny_lm", ["model.vocab_size=30522", "model.max_sequence_length=64"]),
+    ("tiny_bert_fixed", ["model.vocab_size=30522", "model.max_sequence_length=64"]),
+    ("glue_mrpc", ["task.dataset=glue_tsv/mrpc"]),
+    ("glue_stsb", ["task.dataset=glue_tsv/stsb"]),
+    ("squad_v1", ["task.dataset=squad_json", "task.max_query_length=8", "task.doc_stride=8"]),
+])
+def test_every_task_feeds_static_shapes_and_int32_ids(preset, overrides, tmp_path, minilm_dir):
+    """The TPU strategy path: every training and evaluation tensor has a fully defined shape
+    (drop_remainder, fixed length) and ids are int32."""
+    _write_mrpc(tmp_path / "MRPC")
+    (tmp_path / "STS-B").mkdir()
+    rows = ["index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"]
+    rows += [f"{i}\tmain\tf\t2012\t{i}\ts\ts\ta cat sat {i}\ta dog ran {i}\t{i % 5}.0" for i in range(40)]
+    for split in ("train", "dev"):
+        (tmp_path / "STS-B" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    _write_squad(tmp_path / "squad")
+    data_dirs = {"glue_mrpc": tmp_path / "MRPC", "glue_stsb": tmp_path / "STS-B", "squad_v1": tmp_path / "squad"}
+    data_dir = [f"task.data_dir={data_dirs[preset]}"] if preset in data_dirs else []
+    config, task = _task(preset, minilm_dir, *overrides, *data_dir, model=[] if preset.startswith("tiny") else TINY_BERT)
+    tokenizer = wordpiece_tokenizer(minilm_dir / "vocab.txt", **trainer.tokenizer_settings(config))
+    train, evaluation = task.datasets(tokenizer, skip_batches=0)
+    _assert_static_int32(train, f"{preset} train")
+    _assert_static_int32(evaluation, f"{preset} eval")
