@@ -42,6 +42,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 
 GOOGLE_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
 # Headers that belong to one hop (RFC 9110 7.6.1) and are not forwarded; Expect: 100-continue
@@ -85,7 +86,8 @@ class FakeGCS:
             self._process.wait(timeout=30)
 
     def requests(self):
-        """Every request forwarded so far: dicts with method, host, path, range, content_range, status."""
+        """Every request forwarded so far: dicts with method, host, path, range, content_range, status,
+        sent and received (body bytes), time (when it arrived) and seconds (until answered)."""
         with open(self.log_file, encoding="utf-8") as file:
             return [json.loads(line) for line in file]
 
@@ -109,6 +111,7 @@ class _TunnelHandler(http.server.BaseHTTPRequestHandler):
         self.close_connection = False
 
     def _forward(self):
+        self.started = time.time()
         body = self._read_body()
         headers = {name: value for name, value in self.headers.items() if name.lower() not in _HOP_HEADERS}
         emulator = http.client.HTTPConnection("127.0.0.1", self.server.emulator_port, timeout=120)
@@ -151,7 +154,8 @@ class _TunnelHandler(http.server.BaseHTTPRequestHandler):
 
     def _log(self, status, sent, received):
         entry = {"method": self.command, "host": self.headers.get("Host"), "path": self.path, "range": self.headers.get("Range"),
-                 "content_range": self.headers.get("Content-Range"), "status": status, "sent": sent, "received": received}
+                 "content_range": self.headers.get("Content-Range"), "status": status, "sent": sent, "received": received,
+                 "time": self.started, "seconds": round(time.time() - self.started, 4)}
         with self.server.log_lock, open(self.server.log_file, "a", encoding="utf-8") as file:
             file.write(json.dumps(entry) + "\n")
 

@@ -1,0 +1,176 @@
+"""A whole run on gs://, through TensorFlow's own GCS client: train, SIGKILL, resume, finish,
+export, serve, against a local Google Cloud Storage (`tests/gcs_fake.py`: gcp-storage-emulator
+behind a TLS proxy for www.googleapis.com and storage.googleapis.com).
+
+Every process works in an empty directory, which must stay empty: nothing of the run or the
+export goes through the local filesystem API (temporary files in the system's temp directory
+are allowed: Keras' HDF5 weights and the exporter's staging folder are written there first).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import configs
+from training.data import SAMPLE_CORPUS
+from training.data import read_lines
+
+from gcs_fake import FakeGCS
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN, EXPORT, VOCABULARY = "gs://bucket/run", "gs://bucket/export", "gs://bucket/vocab.txt"
+# Dropout on; 12 steps in 3 epochs: a checkpoint every 4 steps.
+OVERRIDES = ["model.dropout=0.1", "model.attention_dropout=0.1", "training.train_steps=12", "training.steps_per_epoch=4",
+             "training.steps_per_execution=2", "training.warmup_steps=2", "training.eval_batches=1"]
+TEXTS = ["The cat sat on the mat.", "A second, longer sentence about the weather in the mountains today.", "Hello!"]
+
+SERVE_SCRIPT = r"""
+import sys
+sys.modules["tensorflow_text"] = None  # as stock TF Serving: core ops only
+import numpy as np
+import tensorflow as tf
+
+serving = tf.saved_model.load(sys.argv[1])  # straight from gs://
+np.save(sys.argv[2], serving.signatures["serving_default"](text=tf.constant(sys.argv[3:]))["embedding"].numpy())
+"""
+
+
+def _train_command(run_dir, vocabulary):
+    command = [sys.executable, "-m", "training.cli", "--config", "tiny_bert_fixed", "--run-dir", run_dir, "--quiet",
+               "--set", f"tokenizer.vocabulary={vocabulary}"]
+    for override in OVERRIDES:
+        command += ["--set", override]
+    return command
+
+
+def _checkpoint_landed():
+    return tf.io.gfile.exists(f"{RUN}/checkpoint/model.weights.h5")
+
+
+def _arrays(path, folder):
+    """Every dataset of an .h5 file read through tf.io.gfile (local or gs://), by name."""
+    local = os.path.join(folder, f"{len(os.listdir(folder))}.h5")
+    tf.io.gfile.copy(path, local)
+    arrays = {}
+    with h5py.File(local, "r") as file:
+        file.visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+    assert arrays
+    return arrays
+
+
+def _reference_embeddings(run, texts):
+    """The local run's encoder on Hugging Face `tokenizers`' WordPiece ids, mean over the tokens."""
+    import tokenizers
+
+    from export.run import load_run
+
+    _, pretrainer, vocabulary = load_run(run)
+    encodings = tokenizers.BertWordPieceTokenizer(str(vocabulary), lowercase=True).encode_batch(texts)
+    length = max(len(encoding.ids) for encoding in encodings)
+    ids = np.array([encoding.ids + [0] * (length - len(encoding.ids)) for encoding in encodings], "int32")
+    mask = (ids != 0).astype("int32")
+    sequence = np.asarray(pretrainer.encoder({"input_word_ids": ids, "input_mask": mask, "input_type_ids": np.zeros_like(ids)},
+                                             training=False)["sequence_output"])
+    return (sequence * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
+
+
+def _run(command, cwd, env):
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def _kill_after_the_first_checkpoint(command, cwd, env):
+    """Starts the run, SIGKILLs it as soon as its first checkpoint is on gs://; what was there then."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not _checkpoint_landed() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    running = process.poll() is None
+    process.send_signal(signal.SIGKILL)  # no chance to clean up
+    process.wait()
+    return {"running": running, "checkpoint": _checkpoint_landed(), "finished": tf.io.gfile.exists(f"{RUN}/model.weights.h5")}
+
+
+@pytest.fixture(scope="module")
+def gcs_run(tmp_path_factory):
+    """The run on gs://: killed after its first checkpoint, restarted to the end, exported, served
+    from gs:// in a fresh process; an uninterrupted local run of the same config beside it."""
+    from training.tokenizer import train_wordpiece
+    from training.trainer import train
+
+    root = tmp_path_factory.mktemp("gcs")
+    cwd, local = root / "cwd", root / "local"
+    cwd.mkdir()
+    vocabulary = train_wordpiece(read_lines(SAMPLE_CORPUS), 1000, root / "vocab.txt")
+    train(configs.load_config("tiny_bert_fixed", [*OVERRIDES, f"tokenizer.vocabulary={vocabulary}"]), local / "run", verbose=0)
+    (root / "fake").mkdir()
+    with FakeGCS(root / "fake") as gcs, pytest.MonkeyPatch.context() as patch:
+        for name, value in gcs.env.items():  # this process reads and polls the store too
+            patch.setenv(name, value)
+        env = {**os.environ, "PYTHONPATH": REPOSITORY}
+        tf.io.gfile.copy(str(vocabulary), VOCABULARY)
+        requests = {}
+        killed = _kill_after_the_first_checkpoint(_train_command(RUN, VOCABULARY), cwd, env)
+        requests["first"] = len(gcs.requests())
+        second = _run(_train_command(RUN, VOCABULARY), cwd, env)
+        requests["second"] = len(gcs.requests())
+        exported = _run([sys.executable, "-m", "export.cli", "--run", RUN, "--out", EXPORT], cwd, env)
+        # A fresh process without PYTHONPATH: it cannot import this package, only load the SavedModel.
+        _run([sys.executable, "-c", SERVE_SCRIPT, f"{EXPORT}/serving/1", root / "served.npy", *TEXTS], cwd, {**os.environ})
+
+        (root / "arrays").mkdir()
+        weights = {place: _arrays(f"{run}/model.weights.h5", root / "arrays") for place, run in (("gs", RUN), ("local", local / "run"))}
+        with tf.io.gfile.GFile(f"{RUN}/metrics.json") as file:
+            metrics = {"gs": json.loads(file.read())}
+        metrics.update({"local": json.loads((local / "run" / "metrics.json").read_text()),
+                        "printed": json.loads(second.stdout[second.stdout.index("{"):])})
+        listing = {"run": sorted(tf.io.gfile.listdir(RUN)), "export": sorted(tf.io.gfile.listdir(EXPORT)),
+                   "written": json.loads(exported.stdout)}
+        log = gcs.requests()
+    return {"root": root, "cwd": cwd, "local": local / "run", "killed": killed, "weights": weights, "metrics": metrics,
+            "listing": listing, "served": np.load(root / "served.npy"), "log": log, "requests": requests}
+
+
+@pytest.mark.slow
+def test_run_killed_on_gcs_resumes_to_the_uninterrupted_local_result_bit_for_bit(gcs_run):
+    assert gcs_run["killed"] == {"running": True, "checkpoint": True, "finished": False}
+    gs, local = gcs_run["weights"]["gs"], gcs_run["weights"]["local"]
+    assert gs.keys() == local.keys()
+    for name in gs:
+        np.testing.assert_array_equal(gs[name], local[name], err_msg=name)
+    assert gcs_run["metrics"]["gs"] == gcs_run["metrics"]["local"] == gcs_run["metrics"]["printed"]
+    assert gcs_run["metrics"]["gs"]["step"] == 12
+    # The restarted process read its checkpoint back from gs:// (an object read, not a local copy).
+    restarted = gcs_run["log"][gcs_run["requests"]["first"]:gcs_run["requests"]["second"]]
+    assert any(r["host"] == "storage.googleapis.com" and r["path"].startswith("/bucket/run%2Fcheckpoint%2F") for r in restarted)
+
+
+@pytest.mark.slow
+def test_export_to_gcs_commits_a_version_that_serves_the_trained_model(gcs_run):
+    listing = gcs_run["listing"]
+    assert listing["export"] == ["hub/", "serving/"]  # committed: no staging folder or journal left
+    assert listing["written"]["serving"] == f"{EXPORT}/serving/1"
+    assert {"config.json", "vocab.txt", "backbone.weights.h5", "model.weights.h5", "metrics.json", "checkpoint/", "logs/"} <= set(listing["run"])
+    np.testing.assert_allclose(gcs_run["served"], _reference_embeddings(gcs_run["local"], TEXTS), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_nothing_reached_the_local_filesystem_and_every_request_succeeded(gcs_run):
+    assert os.listdir(gcs_run["cwd"]) == []
+    log = gcs_run["log"]
+    # 404 is how GCS answers "does it exist?"; anything else would be an emulator gap the clients retried around.
+    assert all(r["status"] in (200, 204, 206, 308, 404) for r in log), [r for r in log if r["status"] not in (200, 204, 206, 308, 404)]
+    uploads = [r for r in log if r["method"] == "PUT" and "uploadType=resumable" in r["path"]]
+    assert uploads and all(r["content_range"] for r in uploads if r["sent"])  # resumable sessions with Content-Range
+    assert any("/rewriteTo/" in r["path"] for r in log) and any(r["method"] == "DELETE" for r in log)  # gfile.rename
+    assert any(r["range"] for r in log if r["host"] == "storage.googleapis.com")  # ranged object reads
+    assert any("delimiter=%2F" in r["path"] for r in log)  # listdir
