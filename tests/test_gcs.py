@@ -101,7 +101,51 @@ def _kill_after_the_first_checkpoint(command, cwd, env):
 
 
 @pytest.fixture(scope="module")
-def gcs_run(tmp_path_factory):
+def gcs(tmp_path_factory):
+    """The fake GCS, with this process pointed at it too (it reads and polls the store)."""
+    with FakeGCS(tmp_path_factory.mktemp("fake")) as fake, pytest.MonkeyPatch.context() as patch:
+        for name, value in fake.env.items():
+            patch.setenv(name, value)
+        yield fake
+
+
+def _gfile_operations(base):
+    """What tf.io.gfile's operations give under `base` (a folder), as plain values."""
+    gfile, seen = tf.io.gfile, []
+    gfile.makedirs(f"{base}/a/b")
+    for name, data in (("a/b/x.bin", bytes(range(256)) * 4096), ("a/empty", b""), ("a/t.txt", b"one\ntwo\n")):
+        with gfile.GFile(f"{base}/{name}", "wb") as file:
+            file.write(data)
+    with gfile.GFile(f"{base}/a/t.txt", "a") as file:
+        file.write("three\n")
+    with gfile.GFile(f"{base}/a/b/x.bin", "rb") as file:
+        file.seek(1000)
+        seen += [file.read(10).hex(), file.tell()]
+    seen.append([(gfile.exists(f"{base}/{name}"), gfile.isdir(f"{base}/{name}")) for name in ("a", "a/b", "a/b/x.bin", "a/empty", "a/no")])
+    seen.append([sorted(name.rstrip("/") for name in gfile.listdir(f"{base}/a")), sorted(path[len(base):] for path in gfile.glob(f"{base}/a/*"))])
+    seen.append([gfile.stat(f"{base}/{name}").length for name in ("a/b/x.bin", "a/empty", "a/t.txt")])
+    gfile.copy(f"{base}/a/t.txt", f"{base}/a/b/t2.txt")
+    gfile.rename(f"{base}/a/b/t2.txt", f"{base}/a/empty", overwrite=True)
+    with pytest.raises(tf.errors.AlreadyExistsError):
+        gfile.rename(f"{base}/a/t.txt", f"{base}/a/empty", overwrite=False)
+    with gfile.GFile(f"{base}/a/empty") as file:
+        seen.append(file.readlines())
+    seen.append(sorted((top[len(base):].rstrip("/"), sorted(d.rstrip("/") for d in dirs), sorted(files)) for top, dirs, files in gfile.walk(base)))
+    gfile.rmtree(f"{base}/a/b")
+    seen.append([gfile.exists(f"{base}/a/b/x.bin"), sorted(name.rstrip("/") for name in gfile.listdir(f"{base}/a"))])
+    return seen
+
+
+def test_gfile_on_the_fake_gcs_behaves_as_on_the_local_filesystem(gcs, tmp_path):
+    """The route (TF's GCS client -> proxy -> emulator) checked against the local filesystem:
+    writes, appends, seeks, exists/isdir of objects and prefixes, listdir, glob, stat, copy,
+    rename over a file (and its refusal without overwrite), walk, rmtree."""
+    assert _gfile_operations("gs://bucket/gfile") == _gfile_operations(str(tmp_path))
+    assert "storage.googleapis.com" in {request["host"] for request in gcs.requests()}
+
+
+@pytest.fixture(scope="module")
+def gcs_run(gcs, tmp_path_factory):
     """The run on gs://: killed after its first checkpoint, restarted to the end, exported, served
     from gs:// in a fresh process; an uninterrupted local run of the same config beside it."""
     from training.tokenizer import train_wordpiece
@@ -112,30 +156,26 @@ def gcs_run(tmp_path_factory):
     cwd.mkdir()
     vocabulary = train_wordpiece(read_lines(SAMPLE_CORPUS), 1000, root / "vocab.txt")
     train(configs.load_config("tiny_bert_fixed", [*OVERRIDES, f"tokenizer.vocabulary={vocabulary}"]), local / "run", verbose=0)
-    (root / "fake").mkdir()
-    with FakeGCS(root / "fake") as gcs, pytest.MonkeyPatch.context() as patch:
-        for name, value in gcs.env.items():  # this process reads and polls the store too
-            patch.setenv(name, value)
-        env = {**os.environ, "PYTHONPATH": REPOSITORY}
-        tf.io.gfile.copy(str(vocabulary), VOCABULARY)
-        requests = {}
-        killed = _kill_after_the_first_checkpoint(_train_command(RUN, VOCABULARY), cwd, env)
-        requests["first"] = len(gcs.requests())
-        second = _run(_train_command(RUN, VOCABULARY), cwd, env)
-        requests["second"] = len(gcs.requests())
-        exported = _run([sys.executable, "-m", "export.cli", "--run", RUN, "--out", EXPORT], cwd, env)
-        # A fresh process without PYTHONPATH: it cannot import this package, only load the SavedModel.
-        _run([sys.executable, "-c", SERVE_SCRIPT, f"{EXPORT}/serving/1", root / "served.npy", *TEXTS], cwd, {**os.environ})
+    env = {**os.environ, "PYTHONPATH": REPOSITORY}
+    tf.io.gfile.copy(str(vocabulary), VOCABULARY)
+    requests = {}
+    killed = _kill_after_the_first_checkpoint(_train_command(RUN, VOCABULARY), cwd, env)
+    requests["first"] = len(gcs.requests())
+    second = _run(_train_command(RUN, VOCABULARY), cwd, env)
+    requests["second"] = len(gcs.requests())
+    exported = _run([sys.executable, "-m", "export.cli", "--run", RUN, "--out", EXPORT], cwd, env)
+    # A fresh process without PYTHONPATH: it cannot import this package, only load the SavedModel.
+    _run([sys.executable, "-c", SERVE_SCRIPT, f"{EXPORT}/serving/1", root / "served.npy", *TEXTS], cwd, {**os.environ})
 
-        (root / "arrays").mkdir()
-        weights = {place: _arrays(f"{run}/model.weights.h5", root / "arrays") for place, run in (("gs", RUN), ("local", local / "run"))}
-        with tf.io.gfile.GFile(f"{RUN}/metrics.json") as file:
-            metrics = {"gs": json.loads(file.read())}
-        metrics.update({"local": json.loads((local / "run" / "metrics.json").read_text()),
-                        "printed": json.loads(second.stdout[second.stdout.index("{"):])})
-        listing = {"run": sorted(tf.io.gfile.listdir(RUN)), "export": sorted(tf.io.gfile.listdir(EXPORT)),
-                   "written": json.loads(exported.stdout)}
-        log = gcs.requests()
+    (root / "arrays").mkdir()
+    weights = {place: _arrays(f"{run}/model.weights.h5", root / "arrays") for place, run in (("gs", RUN), ("local", local / "run"))}
+    with tf.io.gfile.GFile(f"{RUN}/metrics.json") as file:
+        metrics = {"gs": json.loads(file.read())}
+    metrics.update({"local": json.loads((local / "run" / "metrics.json").read_text()),
+                    "printed": json.loads(second.stdout[second.stdout.index("{"):])})
+    listing = {"run": sorted(tf.io.gfile.listdir(RUN)), "export": sorted(tf.io.gfile.listdir(EXPORT)),
+               "written": json.loads(exported.stdout)}
+    log = gcs.requests()
     return {"root": root, "cwd": cwd, "local": local / "run", "killed": killed, "weights": weights, "metrics": metrics,
             "listing": listing, "served": np.load(root / "served.npy"), "log": log, "requests": requests}
 
