@@ -27,9 +27,10 @@ Usage:
         subprocess.run(command, env={**os.environ, **gcs.env})   # gs://bucket/... works there
         gcs.requests()                                          # what the clients asked for
 
-`folder` holds the CA certificate and the request log. The test process itself should reach the
-store through subprocesses too (or be one that set `gcs.env` before TensorFlow was imported):
-TensorFlow reads the variables once, when it first touches gs://.
+`folder` holds the CA certificate, the request log and the servers' own error output. The test
+process may use the store itself too, with `gcs.env` set in `os.environ` before its first gs://
+access (TensorFlow creates its GCS filesystem and reads its settings then); one FakeGCS per
+process is what the tests do.
 """
 
 import http.client
@@ -37,7 +38,7 @@ import http.server
 import json
 import os
 import signal
-import socketserver
+import socket
 import ssl
 import subprocess
 import sys
@@ -107,7 +108,7 @@ class _TunnelHandler(http.server.BaseHTTPRequestHandler):
         # From here on, handle() reads the tunnelled requests from the TLS stream.
         self.connection = self.server.tls.wrap_socket(self.connection, server_side=True)
         self.rfile = self.connection.makefile("rb")
-        self.wfile = socketserver._SocketWriter(self.connection)
+        self.wfile = self.connection.makefile("wb")  # flushed after each request by handle_one_request
         self.close_connection = False
 
     def _forward(self):
@@ -189,11 +190,14 @@ def _serve(folder, bucket):
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     authority.issue_cert(*GOOGLE_HOSTS).configure_cert(tls)
 
-    emulator = create_server("127.0.0.1", 0, in_memory=True, default_bucket=bucket)
+    with socket.socket() as probe:  # a free port for the emulator (its server does not report the one it got)
+        probe.bind(("127.0.0.1", 0))
+        emulator_port = probe.getsockname()[1]
+    emulator = create_server("127.0.0.1", emulator_port, in_memory=True, default_bucket=bucket)
     emulator.start()
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TunnelHandler)
     proxy.daemon_threads = True
-    proxy.tls, proxy.emulator_port = tls, emulator._api._httpd.server_address[1]
+    proxy.tls, proxy.emulator_port = tls, emulator_port
     proxy.log_file, proxy.log_lock = os.path.join(folder, "requests.jsonl"), threading.Lock()
     open(proxy.log_file, "w").close()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=proxy.shutdown).start())
