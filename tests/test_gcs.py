@@ -51,7 +51,8 @@ def _train_command(run_dir, vocabulary):
 
 
 def _checkpoint_landed():
-    return tf.io.gfile.exists(f"{RUN}/checkpoint/model.weights.h5")
+    """The CheckpointManager's pointer file names a checkpoint (it is written after the checkpoint's files)."""
+    return tf.train.latest_checkpoint(f"{RUN}/checkpoint") is not None
 
 
 def _weights(run):
