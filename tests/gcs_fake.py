@@ -20,6 +20,8 @@ Two gaps of the emulator are closed, each in one place below, and nothing else i
     `dir/`) crashes the emulator's handler (`len(None)`); it is given an empty body instead.
 Every other byte of the requests and responses passes through as is. A request the emulator
 fails on is answered 502 and logged, so it shows up as TensorFlow's retry error and in the log.
+A request whose body the client did not finish sending (a process killed mid-upload) is not
+forwarded, as GCS never acts on half a request; it is logged as "aborted".
 
 Usage:
 
@@ -87,8 +89,9 @@ class FakeGCS:
             self._process.wait(timeout=30)
 
     def requests(self):
-        """Every request forwarded so far: dicts with method, host, path, range, content_range, status,
-        sent and received (body bytes), time (when it arrived) and seconds (until answered)."""
+        """Every request so far: dicts with method, host, path, range, content_range, status ("aborted":
+        the client went away before sending the whole body, and it was not forwarded), sent and received
+        (body bytes), time (when it arrived) and seconds (until answered)."""
         with open(self.log_file, encoding="utf-8") as file:
             return [json.loads(line) for line in file]
 
@@ -111,18 +114,27 @@ class _TunnelHandler(http.server.BaseHTTPRequestHandler):
         self.wfile = self.connection.makefile("wb")  # flushed after each request by handle_one_request
         self.close_connection = False
 
+    def handle_expect_100(self):
+        answered = super().handle_expect_100()
+        self.wfile.flush()  # the 100 Continue goes out now: curl would wait a second for it before sending the body
+        return answered
+
     def _forward(self):
         self.started = time.time()
         body = self._read_body()
+        if body is None:  # the client went away mid-body (a killed process): GCS never gets such a request
+            self.close_connection = True
+            self._log("aborted", 0, 0)
+            return
         headers = {name: value for name, value in self.headers.items() if name.lower() not in _HOP_HEADERS}
         emulator = http.client.HTTPConnection("127.0.0.1", self.server.emulator_port, timeout=120)
         try:
-            emulator.request(self.command, self.path, body=body, headers=headers)
+            emulator.request(self.command, self.path, body=body or None, headers=headers)
             response = emulator.getresponse()
             data = response.read()
         except (http.client.HTTPException, OSError):  # the emulator failed on this request
             self.send_error(502, "the emulator failed on this request")
-            self._log(502, len(body or b""), 0)
+            self._log(502, len(body), 0)
             return
         finally:
             emulator.close()
@@ -137,21 +149,27 @@ class _TunnelHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
-        self._log(response.status, len(body or b""), len(data))
+        self._log(response.status, len(body), len(data))
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _forward
 
     def _read_body(self):
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
-            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-            while self.rfile.readline().strip():  # trailers
-                pass
-            return b"".join(chunks)
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else None
+        """The request's body (b"" if none); None if the client went away before sending all of it."""
+        if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            return body if len(body) == length else None
+        chunks = []  # TensorFlow (libcurl) sends its POST and PUT bodies chunked
+        while size_line := self.rfile.readline():
+            size = int(size_line.split(b";")[0].strip(), 16)
+            if size == 0:
+                while self.rfile.readline().strip():  # trailers
+                    pass
+                return b"".join(chunks)
+            chunks.append(self.rfile.read(size + 2)[:size])  # + CRLF
+            if len(chunks[-1]) < size:
+                return None
+        return None
 
     def _log(self, status, sent, received):
         entry = {"method": self.command, "host": self.headers.get("Host"), "path": self.path, "range": self.headers.get("Range"),
