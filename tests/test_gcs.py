@@ -19,13 +19,10 @@ import pytest
 import tensorflow as tf
 
 import configs
-from training.data import SAMPLE_CORPUS
-from training.data import read_lines
-
 from gcs_fake import FakeGCS
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN, EXPORT, VOCABULARY = "gs://bucket/run", "gs://bucket/export", "gs://bucket/vocab.txt"
+RUN, EXPORT = "gs://bucket/run", "gs://bucket/export"
 # Dropout on; 12 steps in 3 epochs: a checkpoint every 4 steps.
 OVERRIDES = ["model.dropout=0.1", "model.attention_dropout=0.1", "training.train_steps=12", "training.steps_per_epoch=4",
              "training.steps_per_execution=2", "training.warmup_steps=2", "training.eval_batches=1"]
@@ -42,9 +39,9 @@ np.save(sys.argv[2], serving.signatures["serving_default"](text=tf.constant(sys.
 """
 
 
-def _train_command(run_dir, vocabulary):
-    command = [sys.executable, "-m", "training.cli", "--config", "tiny_bert_fixed", "--run-dir", run_dir, "--quiet",
-               "--set", f"tokenizer.vocabulary={vocabulary}"]
+def _train_command(run_dir):
+    """The run trains its own WordPiece vocabulary into RUN/vocab.txt (a restart reuses it)."""
+    command = [sys.executable, "-m", "training.cli", "--config", "tiny_bert_fixed", "--run-dir", run_dir, "--quiet"]
     for override in OVERRIDES:
         command += ["--set", override]
     return command
@@ -144,20 +141,17 @@ def test_gfile_on_the_fake_gcs_behaves_as_on_the_local_filesystem(gcs, tmp_path)
 def gcs_run(gcs, tmp_path_factory):
     """The run on gs://: killed after its first checkpoint, restarted to the end, exported, served
     from gs:// in a fresh process; an uninterrupted local run of the same config beside it."""
-    from training.tokenizer import train_wordpiece
     from training.trainer import train
 
     root = tmp_path_factory.mktemp("gcs")
     cwd, local = root / "cwd", root / "local"
     cwd.mkdir()
-    vocabulary = train_wordpiece(read_lines(SAMPLE_CORPUS), 1000, root / "vocab.txt")
-    train(configs.load_config("tiny_bert_fixed", [*OVERRIDES, f"tokenizer.vocabulary={vocabulary}"]), local / "run", verbose=0)
+    train(configs.load_config("tiny_bert_fixed", OVERRIDES), local / "run", verbose=0)
     env = {**os.environ, "PYTHONPATH": REPOSITORY}
-    tf.io.gfile.copy(str(vocabulary), VOCABULARY)
     requests = {}
-    killed = _kill_after_the_first_checkpoint(_train_command(RUN, VOCABULARY), cwd, env)
+    killed = _kill_after_the_first_checkpoint(_train_command(RUN), cwd, env)
     requests["first"] = len(gcs.requests())
-    second = _run(_train_command(RUN, VOCABULARY), cwd, env)
+    second = _run(_train_command(RUN), cwd, env)
     requests["second"] = len(gcs.requests())
     exported = _run([sys.executable, "-m", "export.cli", "--run", RUN, "--out", EXPORT], cwd, env)
     # A fresh process without PYTHONPATH: it cannot import this package, only load the SavedModel.
@@ -187,6 +181,9 @@ def test_run_killed_on_gcs_resumes_to_the_uninterrupted_local_result_bit_for_bit
     # The restarted process read its checkpoint back from gs:// (an object read, not a local copy).
     restarted = gcs_run["log"][gcs_run["requests"]["first"]:gcs_run["requests"]["second"]]
     assert any(r["host"] == "storage.googleapis.com" and r["path"].startswith("/bucket/run%2Fcheckpoint%2F") for r in restarted)
+    # ... and reused the vocabulary the killed one had trained into gs://bucket/run/vocab.txt (its fingerprint matched).
+    assert not any("name=run%2Fvocab.txt" in r["path"] for r in restarted)
+    assert any(r["path"] == "/bucket/run%2Fvocab.txt.sha256" for r in restarted)
 
 
 @pytest.mark.slow
