@@ -55,6 +55,9 @@ setuptools.setup(
             "tokenizers>=0.15",
             "scikit-learn>=1.3",
             "scipy>=1.10",
+            # tests/gcs_fake.py: a local Google Cloud Storage that TensorFlow's gs:// client reaches through a TLS proxy
+            "gcp-storage-emulator>=2024.8",
+            "trustme>=1.1",
         ],
     },
 )

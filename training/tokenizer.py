@@ -2,12 +2,11 @@
 the training side of the one WordPiece tokenizer (`training.text`)."""
 
 import hashlib
-import os
-import pathlib
 
 import keras_hub
 import tensorflow as tf
 
+from training import runs
 from training.text import WordPieceModule
 from training.text import read_vocabulary
 
@@ -33,21 +32,19 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
     """
     if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size <= len(RESERVED_TOKENS):
         raise ValueError(f"`vocabulary_size` must be an integer > {len(RESERVED_TOKENS)}. Received: vocabulary_size={vocabulary_size!r}")
-    path = pathlib.Path(path)
     strip_accents = lowercase if strip_accents is None else strip_accents
     fingerprint = hashlib.sha256(f"{vocabulary_size}|{lowercase}|{strip_accents}|".encode() + "\n".join(lines).encode()).hexdigest()
-    stamp = path.with_name(path.name + ".sha256")
-    if path.is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = f"{path}.sha256"  # path may be gs://: everything goes through tf.io.gfile
+    if tf.io.gfile.exists(str(path)) and tf.io.gfile.exists(stamp):
+        with tf.io.gfile.GFile(stamp) as file:
+            if file.read() == fingerprint:
+                return path
     # A Python list would be read as file names: hand the lines over as a dataset.
     vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
         tf.data.Dataset.from_tensor_slices(list(lines)).batch(1024), vocabulary_size, lowercase=lowercase, strip_accents=strip_accents, reserved_tokens=RESERVED_TOKENS
     )
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text("\n".join(vocabulary) + "\n", encoding="utf-8")
-    temporary.replace(path)
-    stamp.write_text(fingerprint)
+    runs.write_bytes_atomically(path, "\n".join(vocabulary) + "\n")
+    runs.write_bytes_atomically(stamp, fingerprint)
     return path
 
 
