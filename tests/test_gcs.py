@@ -63,9 +63,9 @@ def _reference_embeddings(run, texts):
     """The local run's encoder on Hugging Face `tokenizers`' WordPiece ids, mean over the tokens."""
     import tokenizers
 
-    from export.run import load_run
+    from training import runs
 
-    _, pretrainer, vocabulary = load_run(run)
+    _, pretrainer, _, vocabulary = runs.load_model(run)
     encodings = tokenizers.BertWordPieceTokenizer(str(vocabulary), lowercase=True).encode_batch(texts)
     length = max(len(encoding.ids) for encoding in encodings)
     ids = np.array([encoding.ids + [0] * (length - len(encoding.ids)) for encoding in encodings], "int32")
