@@ -267,6 +267,23 @@ def test_no_duplicate_paragraph_and_no_heldout_document_in_train(built):
         "docs-html", pages + ["usr/share/doc/docs-html/html/guide.html", "usr/share/doc/docs-html/html/second.html"])
 
 
+def test_the_trainer_reads_the_built_corpus_by_its_own_split(built, tmp_path):
+    """`task.dataset: text_files` on a built corpus trains on train/ and evaluates on heldout/
+    (walking the whole folder, one line in 20, would train on held-out documents)."""
+    from training.pipeline import corpus_splits
+
+    _, out, _ = built
+    train_lines, eval_lines = corpus_splits("text_files", str(out))
+    assert list(train_lines()) == _lines(out / "train")
+    assert list(eval_lines()) == _lines(out / "heldout")
+    (tmp_path / "train").mkdir()
+    (tmp_path / "heldout").mkdir()
+    (tmp_path / "train" / "a.txt").write_text("One line of training text.\n")
+    (tmp_path / "heldout" / "b.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="held-out split of task.data_dir is empty"):
+        corpus_splits("text_files", str(tmp_path))
+
+
 def test_manifest_counts_and_hashes_equal_the_files(built):
     _, out, manifest = built
     on_disk = json.loads((out / "manifest.json").read_text())

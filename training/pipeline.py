@@ -19,8 +19,10 @@ from training.data import pack_sentences
 from training.data import read_lines
 from training.shards import causal_lm_batches
 
-# Every EVAL_EVERY-th line of a text corpus is held out for evaluation.
+# Every EVAL_EVERY-th line of a text corpus is held out for evaluation...
 EVAL_EVERY = 20
+# ...unless the corpus folder has these sub-folders (training.make_corpus's layout): its two splits.
+SPLIT_FOLDERS = ("train", "heldout")
 # Sentences tokenised and packed together; rows never mix sentences across chunks.
 CHUNK_LINES = 4096
 # Held-out lines over which the subwords per word (per-word perplexity) are counted.
@@ -78,16 +80,18 @@ def check_utf8(path):
             lines += chunk.count(b"\n")
 
 
-def _checked_text_files(data_dir):
+def _checked_text_files(data_dir, split_name=None):
     """The .txt files of a corpus folder, checked before anything is trained: UTF-8
-    throughout, not empty, and a non-empty training split."""
+    throughout, not empty, and (a folder split by line, `split_name` None) a non-empty
+    training split."""
     files = _text_files(data_dir)
     for path in files:
         check_utf8(path)
     first_lines = list(itertools.islice(_stream_lines(files), 2))
     if not first_lines:
-        raise ValueError(f"The corpus under task.data_dir={str(data_dir)!r} is empty.")
-    if len(first_lines) == 1:
+        raise ValueError(f"The corpus under task.data_dir={str(data_dir)!r} is empty." if split_name is None else
+                         f"The {split_name} split of task.data_dir is empty: no non-empty line in the .txt files under {str(data_dir)!r}.")
+    if len(first_lines) == 1 and split_name is None:
         raise ValueError(
             f"The training split of task.data_dir={str(data_dir)!r} is empty: the corpus has 1 non-empty line, held out for "
             f"evaluation (every {EVAL_EVERY}th line is, from the first). Add text: training needs at least 2 lines."
@@ -95,18 +99,30 @@ def _checked_text_files(data_dir):
     return files
 
 
+def split_folders(data_dir):
+    """(train, heldout) sub-folders of `data_dir` when it has the layout `training.make_corpus`
+    writes (`train/` and `heldout/`, held out by document), else None."""
+    folders = tuple(tf.io.gfile.join(str(data_dir), name) for name in SPLIT_FOLDERS)
+    return folders if data_dir and all(tf.io.gfile.isdir(folder) for folder in folders) else None
+
+
 def corpus_splits(dataset, data_dir=None):
     """(train, eval): functions returning a fresh iterator over the lines of each split.
 
     Checks the source at once (missing folder, no files, text that is not UTF-8, an empty
     corpus or training split) so that bad data fails before any training starts. A text
-    corpus holds out every EVAL_EVERY-th non-empty line for evaluation; LM1B has its own.
+    corpus holds out every EVAL_EVERY-th non-empty line for evaluation, unless its folder has
+    `train/` and `heldout/` sub-folders (`training.make_corpus`'s layout: held out by
+    document), which are then the two splits; LM1B has its own.
     """
     if dataset == "lm1b":
         return _lm1b_lines(data_dir, "train"), _lm1b_lines(data_dir, "test")
     if dataset == "sample":
         lines = read_lines(SAMPLE_CORPUS)
         all_lines = lambda: iter(lines)  # noqa: E731
+    elif dataset == "text_files" and split_folders(data_dir):
+        train_files, eval_files = (_checked_text_files(folder, name) for folder, name in zip(split_folders(data_dir), ("training", "held-out")))
+        return lambda: _stream_lines(train_files), lambda: _stream_lines(eval_files)
     elif dataset == "text_files":
         files = _checked_text_files(data_dir)
         all_lines = lambda: _stream_lines(files)  # noqa: E731
