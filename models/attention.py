@@ -21,8 +21,9 @@ never list them). A new variant is a subclass plus `register_attention("name", C
 Where no attention probabilities are needed (no scores returned, no attention dropout
 active), the core hands the per-head queries, keys and values to
 `keras.ops.dot_product_attention` (cuDNN flash attention on GPU under JAX, one XLA
-computation elsewhere) instead of spelling the softmax out; `use_fused=False` keeps the
-explicit path. Both give the same outputs: float32 masking and softmax, masked logits
+computation elsewhere) instead of spelling the softmax out. `use_fused="auto"` (the default)
+does so where a fused kernel exists (JAX on a GPU or TPU, keras-hub's rule), since on CPU
+the call is 1-3% slower than the explicit path; True always, False never. Both give the same outputs: float32 masking and softmax, masked logits
 replaced (not added to), and a query whose keys are all masked attends uniformly to all.
 """
 
@@ -45,6 +46,16 @@ def _check_positive_int(name, value):
 def _check_rate(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ValueError(f"`{name}` must be a float in [0, 1). Received: {name}={value!r}")
+
+
+def fused_kernel_available():
+    """Whether `keras.ops.dot_product_attention` has a fused kernel here: the JAX backend with a
+    GPU or TPU (cuDNN / Pallas flash attention). Under TensorFlow (no flash kernel in Keras) and on
+    CPU it is the same XLA computation as the explicit path, with extra layout copies (1-3% slower,
+    benchmarks/attention_benchmark.py): keras-hub's `fused_attention_op_available` rule."""
+    if keras.config.backend() != "jax":
+        return False
+    return any(device.split(":")[0].lower() in ("gpu", "cuda", "tpu") for device in keras.distribution.list_devices())
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
@@ -78,6 +89,8 @@ class FixedHeadSizeAttention(keras.layers.Layer):
             attention where the backend and dtype allow) when no probabilities are
             needed: scores not returned, dropout inactive, value heads as large as
             query/key heads. Same outputs as the explicit path, which runs otherwise.
+            True: whenever possible; "auto": only where a fused kernel serves it
+            (`fused_kernel_available`); False: never.
         **kwargs: base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -118,7 +131,7 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
-        use_fused=True,
+        use_fused="auto",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -130,8 +143,8 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         if output_size is not None:
             _check_positive_int("output_size", output_size)
         _check_rate("dropout", dropout)
-        if not isinstance(use_fused, bool):
-            raise ValueError(f"`use_fused` must be True or False. Received: use_fused={use_fused!r}")
+        if not isinstance(use_fused, bool) and use_fused != "auto":
+            raise ValueError(f"`use_fused` must be True, False or 'auto'. Received: use_fused={use_fused!r}")
         self.num_heads = num_heads
         self.head_size = head_size
         self.value_head_size = value_head_size
@@ -298,7 +311,7 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         """
         overridden = type(self)._attention_logits is not FixedHeadSizeAttention._attention_logits
         return (
-            self.use_fused
+            (self.use_fused is True or (self.use_fused == "auto" and fused_kernel_available()))
             and self._logits_are_head_dot_products
             and (not overridden or "_logits_are_head_dot_products" in vars(type(self)))
             and not return_attention_scores
@@ -369,7 +382,7 @@ class StandardAttention(FixedHeadSizeAttention):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
-        use_fused=True,
+        use_fused="auto",
         **kwargs,
     ):
         super().__init__(
@@ -477,7 +490,7 @@ class CollaborativeAttention(FixedHeadSizeAttention):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         seed=None,
-        use_fused=True,
+        use_fused="auto",
         **kwargs,
     ):
         _check_positive_int("shared_key_dim", shared_key_dim)

@@ -396,7 +396,7 @@ def fused_calls(monkeypatch):
 
 
 def _fused_and_explicit(factory, **kwargs):
-    fused = _randomize(factory(**kwargs))
+    fused = _randomize(factory(use_fused=True, **kwargs))
     fused.build((BATCH, LENGTH, WIDTH))
     _randomize(fused)
     explicit = fused.__class__.from_config(fused.get_config() | {"use_fused": False})
@@ -474,7 +474,7 @@ def test_attention_dropout_in_training_falls_back_to_the_explicit_path(fused_cal
 @pytest.mark.parametrize(
     "factory, call_kwargs",
     [
-        (FUSABLE["fixed"], {"return_attention_scores": True}),
+        (lambda: FUSABLE["fixed"](use_fused=True), {"return_attention_scores": True}),
         (lambda: FixedHeadSizeAttention(num_heads=HEADS, head_size=12, value_head_size=5), {}),
         (lambda: CollaborativeAttention(num_heads=HEADS, shared_key_dim=6, head_size=4), {}),
         (lambda: StandardAttention(num_heads=HEADS, use_fused=False), {}),
@@ -491,9 +491,29 @@ def test_use_fused_is_serialised_and_old_configs_load():
     assert layer.get_config()["use_fused"] is False
     assert StandardAttention.from_config(layer.get_config()).use_fused is False
     old_config = {key: value for key, value in layer.get_config().items() if key != "use_fused"}
-    assert StandardAttention.from_config(old_config).use_fused is True
+    assert StandardAttention.from_config(old_config).use_fused == "auto"
     with pytest.raises(ValueError, match="use_fused='yes'"):
         FixedHeadSizeAttention(num_heads=HEADS, head_size=8, use_fused="yes")
+
+
+def test_auto_takes_the_fused_path_only_where_a_fused_kernel_exists(fused_calls, monkeypatch):
+    """On this CPU under TensorFlow "auto" (the default) runs the explicit path (the fused call
+    is the same XLA computation there, 1-3% slower); with JAX on a GPU it takes the fused one."""
+    from models import attention
+
+    for factory in FUSABLE.values():
+        assert factory().use_fused == "auto"
+        factory()(_random(BATCH, LENGTH, WIDTH))
+    assert not attention.fused_kernel_available() and not fused_calls
+    monkeypatch.setattr(keras.config, "backend", lambda: "jax")
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda device_type=None: ["gpu:0"])
+    assert attention.fused_kernel_available()
+    layer = FUSABLE["fixed"]()
+    layer.build((BATCH, LENGTH, WIDTH))
+    assert layer._uses_fused_path(return_attention_scores=False, training=False)
+    assert not layer._uses_fused_path(return_attention_scores=True, training=False)
+    monkeypatch.setattr(keras.distribution, "list_devices", lambda device_type=None: ["cpu:0"])
+    assert not layer._uses_fused_path(return_attention_scores=False, training=False)
 
 
 # --------------------------------------------------------------------------------------
