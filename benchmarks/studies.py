@@ -22,25 +22,36 @@ after each run) and <study>*.png; `--plot-only` redraws the plots from the CSVs.
 """
 
 import argparse
+import concurrent.futures
 import csv
+import dataclasses
+import hashlib
 import json
+import multiprocessing
 import os
 import pathlib
 import platform
+import shutil
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 RESULTS = pathlib.Path(__file__).parent / "results"
+CACHE = RESULTS / "cache"
+# The shipped 31k-word corpus (the first results, ~30 passes per run) and a corpus built by
+# `python -m training.make_corpus` (--corpus DIR: one pass at most, held out by document).
 STUDIES_DIR = RESULTS / "studies"
-RUNS_DIR = RESULTS / "cache" / "studies"
+LARGE_STUDIES_DIR = RESULTS / "studies_large"
+# Vocabulary of the large corpus: WordPiece trained on one training line in VOCABULARY_EVERY
+# (a sample of every package, not the first packages in name order).
+VOCABULARY_EVERY = 3
 
 WIDTH = 64  # w: the scaled-down counterpart of the paper's 256
 HEAD_SIZE = 16  # p: w/4, as the paper's 32 is 256/8
 COMMON = [
     "model.vocab_size=2000", "model.num_layers=4", "model.intermediate_size=256", "model.max_sequence_length=64",
-    "task.dataset=sample", "training.sequence_length=64", "training.batch_size=16", "training.train_steps=1500",
-    "training.steps_per_epoch=500", "training.eval_batches=20", "training.learning_rate=0.002", "training.warmup_steps=150",
+    "training.sequence_length=64", "training.batch_size=16", "training.train_steps=1500",
+    "training.steps_per_epoch=500", "training.learning_rate=0.002", "training.warmup_steps=150",
     "training.steps_per_execution=50", "training.jit_compile=true",
 ]
 
@@ -96,29 +107,120 @@ def machine_name():
     return f"{model}, {os.cpu_count()} cores"
 
 
-def _slug(label):
-    return "".join(c if c.isalnum() else "_" for c in label).strip("_")
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """Where a set of studies reads its data and writes its results.
+
+    name: "sample" (the shipped corpus) or "large" (built by training.make_corpus).
+    overrides: the config overrides selecting the data (and the evaluation batches).
+    results: folder of the CSVs and plots. runs: folder of the run directories.
+    train: {"rows", "tokens"} of the packed training split (for the passes over it).
+    """
+
+    name: str
+    overrides: tuple
+    results: pathlib.Path
+    runs: pathlib.Path
+    train: dict
+
+    @property
+    def caption(self):
+        return "shipped 31k-word corpus" if self.name == "sample" else f"{self.train['tokens'] / 1e6:.0f}M-token corpus, held out by document"
 
 
-def run_one(study, label, seed):
+def _prepared(config_overrides, out, vocabulary=None):
+    """Prepares (once) the data of `config_overrides` into `out`; returns its manifest."""
     import configs
-    from models.transformer import head_size_of
+    from training import prepare_data
+    from training import shards
+
+    if not (out / shards.MANIFEST).is_file():
+        if out.exists():
+            shutil.rmtree(out)  # an interrupted preparation: start it again
+        overrides = [*COMMON, *config_overrides] + ([f"tokenizer.vocabulary={vocabulary}"] if vocabulary else [])
+        prepare_data.prepare(configs.load_config("lm1b_standard_d256", overrides), str(out))
+    return shards.read_manifest(str(out))
+
+
+def _large_vocabulary(corpus_dir, path):
+    """WordPiece vocabulary of the large corpus, trained on one training line in VOCABULARY_EVERY."""
+    import configs
+    from training.pipeline import corpus_splits
+    from training.tokenizer import train_wordpiece
+    from training.trainer import VOCABULARY_TRAINING_LINES
+
+    if not path.is_file():
+        config = configs.load_config("lm1b_standard_d256", COMMON)
+        lines = [line for index, line in enumerate(corpus_splits("text_files", str(corpus_dir))[0]()) if index % VOCABULARY_EVERY == 0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        train_wordpiece(lines[:VOCABULARY_TRAINING_LINES], config.model.vocab_size, path, lowercase=True)
+    return path
+
+
+def corpus(corpus_dir=None):
+    """The Corpus of the shipped sample (None) or of a corpus folder built by training.make_corpus."""
+    if corpus_dir is None:
+        # The sample runs read the text pipeline; the same rows, prepared once, give the counts.
+        manifest = _prepared(["task.dataset=sample"], CACHE / "prepared_sample")
+        return Corpus("sample", ("task.dataset=sample", "training.eval_batches=20"), STUDIES_DIR, CACHE / "studies",
+                      manifest["splits"]["train"])
+    corpus_dir = pathlib.Path(corpus_dir).resolve()
+    if not (corpus_dir / "manifest.json").is_file() or not (corpus_dir / "heldout").is_dir():
+        raise SystemExit(f"studies.py: error: --corpus {corpus_dir} is not a corpus built by training.make_corpus "
+                         "(no manifest.json or heldout/)")
+    prepared = CACHE / "prepared_large"
+    vocabulary = _large_vocabulary(corpus_dir, CACHE / "large_vocab.txt")
+    manifest = _prepared(["task.dataset=text_files", f"task.data_dir={corpus_dir}"], prepared, vocabulary)
+    # The whole held-out split is evaluated.
+    eval_batches = manifest["splits"]["eval"]["rows"] // 16
+    return Corpus("large", ("task.dataset=prepared", f"task.data_dir={prepared}", f"tokenizer.vocabulary={prepared / 'vocab.txt'}",
+                            f"training.eval_batches={eval_batches}"), LARGE_STUDIES_DIR, CACHE / "studies_large", manifest["splits"]["train"])
+
+
+def _config(corpus, preset, overrides, seed):
+    import configs
+
+    return configs.load_config(preset, [*COMMON, *corpus.overrides, *overrides, f"training.seed={seed}"])
+
+
+def run_directory(corpus, preset, overrides, seed):
+    """One run directory per distinct configuration: a model of two studies is trained once."""
+    key = hashlib.sha256(json.dumps([preset, overrides]).encode()).hexdigest()[:12]
+    return corpus.runs / f"{key}_seed{seed}"
+
+
+def train_run(corpus, preset, overrides, seed, threads=None):
+    """Trains (or resumes, or reads the finished) run; returns its metrics."""
+    if threads:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
     from training.trainer import train
 
-    preset, overrides = STUDIES[study][label]
-    config = configs.load_config(preset, COMMON + overrides + [f"training.seed={seed}"])
-    run_dir = RUNS_DIR / study / f"{_slug(label)}_seed{seed}"
+    config = _config(corpus, preset, overrides, seed)
+    run_dir = run_directory(corpus, preset, overrides, seed)
     metrics_path = run_dir / "metrics.json"
     if metrics_path.is_file() and json.loads(metrics_path.read_text())["step"] >= config.training.train_steps:
-        metrics = json.loads(metrics_path.read_text())
-    else:
-        start = time.perf_counter()
-        metrics = train(config, run_dir, verbose=0)
-        metrics["seconds"] = time.perf_counter() - start
-        metrics["date"], metrics["machine"] = time.strftime("%Y-%m-%d"), machine_name()
-        metrics_path.write_text(json.dumps(metrics, indent=1))
-    model = config.model
+        return json.loads(metrics_path.read_text())
+    start = time.perf_counter()
+    metrics = train(config, run_dir, verbose=0)
+    metrics["seconds"] = time.perf_counter() - start
+    metrics["date"], metrics["machine"] = time.strftime("%Y-%m-%d"), machine_name()
+    metrics_path.write_text(json.dumps(metrics, indent=1))
+    return metrics
+
+
+def make_row(corpus, study, label, seed, metrics):
+    """The CSV row of a finished run: the model, the data seen, the held-out perplexity, where and when."""
+    import configs
+    from models.transformer import head_size_of
+
+    preset, overrides = STUDIES[study][label]
+    config = _config(corpus, preset, overrides, seed)
+    model, training = config.model, config.training
     parameters = configs.count_parameters(config)
+    passes = metrics["step"] * training.batch_size / corpus.train["rows"]
     return {
         "study": study, "label": label, "seed": seed, "preset": preset, "attention": model.attention["type"],
         "width": model.hidden_size, "layers": model.num_layers, "heads": model.num_heads,
@@ -129,12 +231,14 @@ def run_one(study, label, seed):
         "eval_subword_perplexity": round(metrics["eval_subword_perplexity"], 3),
         "eval_word_perplexity": round(metrics["eval_word_perplexity"], 3), "seconds": round(metrics.get("seconds", 0.0), 1),
         "date": metrics.get("date", "unknown"), "machine": metrics.get("machine", "unknown"),
+        "corpus": corpus.name, "train_split_tokens": corpus.train["tokens"], "tokens_seen": round(passes * corpus.train["tokens"]),
+        "passes": round(passes, 4), "seen_twice": passes > 1,
     }
 
 
-def write_rows(study, rows):
-    STUDIES_DIR.mkdir(parents=True, exist_ok=True)
-    path = STUDIES_DIR / f"{study}.csv"
+def write_rows(results, study, rows):
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{study}.csv"
     temporary = path.with_suffix(".csv.tmp")
     with temporary.open("w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))
@@ -143,8 +247,8 @@ def write_rows(study, rows):
     os.replace(temporary, path)
 
 
-def read_rows(study):
-    path = STUDIES_DIR / f"{study}.csv"
+def read_rows(study, results=STUDIES_DIR):
+    path = results / f"{study}.csv"
     if not path.is_file():
         return []
     with path.open() as file:
@@ -171,14 +275,21 @@ def _save(figure, path):
     os.replace(temporary, path)
 
 
+def _span(values):
+    values = sorted(set(values))
+    return values[0] if len(values) == 1 else f"{values[0]} to {values[-1]}"
+
+
 def caption(study, rows):
-    """Where and when the plotted runs were made, read from the rows themselves."""
-    dates = sorted({row["date"] for row in rows})
-    return (f"{study}: shipped corpus, 1500 steps of 16 x 64 tokens; {' / '.join(sorted({row['machine'] for row in rows}))}; "
-            f"{dates[0] if len(dates) == 1 else f'{dates[0]} to {dates[-1]}'}")
+    """The data, where and when of the plotted runs, read from the rows themselves."""
+    passes = max(float(row["passes"]) for row in rows)
+    data = ("shipped 31k-word corpus" if rows[0]["corpus"] == "sample" else
+            f"{int(rows[0]['train_split_tokens']) / 1e6:.0f}M-token corpus held out by document")
+    return (f"{study}: {data}, {rows[0]['steps']} steps of 16 x 64 ({passes:.2g} passes); "
+            f"{' / '.join(sorted({row['machine'] for row in rows}))}; {_span(row['date'] for row in rows)}")
 
 
-def plot(study, rows):
+def plot(study, rows, results=STUDIES_DIR):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,50 +344,93 @@ def plot(study, rows):
         axes.set_xlim(0, max(values) * 1.35)
     figure.suptitle(caption(study, rows), fontsize=9)
     figure.tight_layout()
-    _save(figure, STUDIES_DIR / f"{study}.png")
+    _save(figure, results / f"{study}.png")
     plt.close(figure)
 
 
 def markdown(study, rows):
-    """The README table of a study: one line per configuration, mean (min-max) over seeds."""
+    """The README table of a study: one line per configuration, mean (min-max) over seeds, with
+    the data each run saw (steps, tokens, whether a token was seen twice) and where and when."""
+    import numpy as np
+
     points = sorted(_mean_by_label(rows).values(), key=lambda p: (p["attention"] != "standard", int(p["width"]), int(p["heads"]), p["label"]))
-    lines = ["| model | attention | width | layers x heads | head size | D~k | parameters (non-embedding) | seeds | held-out perplexity per subword (min-max) | minutes per run |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | attention | width | layers x heads | head size | D~k | parameters (non-embedding) | seeds | "
+             "held-out perplexity per subword (min-max) | per word | steps | tokens seen | seen twice | minutes per run | date | machine |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
+        group = [r for r in rows if r["label"] == p["label"]]
         spread = f" ({p['low']:.1f}-{p['high']:.1f})" if p["seeds"] > 1 else ""
-        minutes = sum(float(r["seconds"]) for r in rows if r["label"] == p["label"]) / p["seeds"] / 60
+        minutes = sum(float(r["seconds"]) for r in group) / p["seeds"] / 60
+        word = float(np.mean([float(r["eval_word_perplexity"]) for r in group]))
+        tokens = _span(f"{int(r['tokens_seen']):,}" for r in group)
+        twice = f"yes ({float(group[0]['passes']):.0f} passes)" if group[0]["seen_twice"] == "True" else "no"
         lines.append(f"| {p['label']} | {p['attention']}{' + Admin' if p['admin'] == 'True' else ''} | {p['width']} | "
                      f"{p['layers']} x {p['heads']} | {p['head_size']} | {p['shared_key_dim'] or '-'} | "
-                     f"{int(p['parameters']):,} ({int(p['non_embedding_parameters']):,}) | {p['seeds']} | {p['perplexity']:.2f}{spread} | {minutes:.1f} |")
+                     f"{int(p['parameters']):,} ({int(p['non_embedding_parameters']):,}) | {p['seeds']} | {p['perplexity']:.2f}{spread} | "
+                     f"{word:,.0f} | {_span(r['steps'] for r in group)} | {tokens} | {twice} | "
+                     f"{minutes:.1f} | {_span(r['date'] for r in group)} | {' / '.join(sorted({r['machine'] for r in group}))} |")
     return "\n".join(lines)
+
+
+def _pending(corpus, seeds, studies):
+    """{run directory: [(study, label, seed), ...]} of the runs with no CSV row yet."""
+    pending = {}
+    for seed in seeds:
+        for study in studies:
+            done = {(row["label"], int(row["seed"])) for row in read_rows(study, corpus.results)}
+            for label, (preset, overrides) in STUDIES[study].items():
+                if (label, seed) not in done:
+                    pending.setdefault(run_directory(corpus, preset, overrides, seed), []).append((study, label, seed))
+    return pending
+
+
+def _record(corpus, uses, metrics):
+    for study, label, seed in uses:
+        row = make_row(corpus, study, label, seed, metrics)
+        rows = [r for r in read_rows(study, corpus.results) if (r["label"], int(r["seed"])) != (label, seed)] + [row]
+        write_rows(corpus.results, study, rows)
+        plot(study, read_rows(study, corpus.results), corpus.results)
+        print(f"{study:13s} {label:40s} seed {seed}: perplexity {row['eval_subword_perplexity']:8.2f} "
+              f"({row['parameters']:,} params, {row['seconds']:.0f} s, {row['passes']:.3g} passes)", flush=True)
+
+
+def run_studies(corpus, seeds, studies, jobs):
+    """Trains every pending run (`jobs` at a time, each process on cpu_count / jobs threads) and
+    records each as it finishes; a model shared by two studies is trained once."""
+    pending = _pending(corpus, seeds, studies)
+    first = {run_dir: uses[0] for run_dir, uses in pending.items()}
+    arguments = {run_dir: (corpus, *STUDIES[study][label], seed) for run_dir, (study, label, seed) in first.items()}
+    if jobs == 1:
+        for run_dir, uses in pending.items():
+            _record(corpus, uses, train_run(*arguments[run_dir]))
+        return
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(train_run, *arguments[run_dir], threads): run_dir for run_dir in pending}
+        for future in concurrent.futures.as_completed(futures):
+            _record(corpus, pending[futures[future]], future.result())
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", choices=[*STUDIES, "all"], default="all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--corpus", help="a corpus folder built by `python -m training.make_corpus` (default: the shipped sample)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each on cpu_count / jobs threads")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots from the CSVs, train nothing")
     parser.add_argument("--markdown", action="store_true", help="print the README tables from the CSVs, train nothing")
     args = parser.parse_args()
     studies = list(STUDIES) if args.study == "all" else [args.study]
-    for study in studies:
-        rows = read_rows(study)
-        if args.markdown:
-            print(f"\n{study}:\n{markdown(study, rows)}" if rows else f"\n{study}: no results yet")
-            continue
-        if not args.plot_only:
-            done = {(row["label"], int(row["seed"])) for row in rows}
-            for seed in args.seeds:
-                for label in STUDIES[study]:
-                    if (label, seed) in done:
-                        continue
-                    row = run_one(study, label, seed)
-                    rows.append(row)
-                    write_rows(study, rows)
-                    print(f"{study:13s} {label:40s} seed {seed}: perplexity {row['eval_subword_perplexity']:8.2f} "
-                          f"({row['parameters']:,} params, {row['seconds']:.0f} s)", flush=True)
-                    plot(study, rows)
-        plot(study, rows)
+    results = LARGE_STUDIES_DIR if args.corpus else STUDIES_DIR
+    if args.markdown or args.plot_only:
+        for study in studies:
+            rows = read_rows(study, results)
+            if args.markdown:
+                print(f"\n{study}:\n{markdown(study, rows)}" if rows else f"\n{study}: no results yet")
+            elif rows:
+                plot(study, rows, results)
+        return
+    run_studies(corpus(args.corpus), args.seeds, studies, args.jobs)
 
 
 if __name__ == "__main__":

@@ -25,15 +25,28 @@ def _benchmark_module(name):
     return module
 
 
+@pytest.mark.parametrize("corpus", ["sample"])
 @pytest.mark.parametrize("study", ["heads", "collaborative", "depth"])
-def test_readme_study_table_is_the_committed_data(study):
+def test_readme_study_table_is_the_committed_data(study, corpus):
+    """Each table row carries its date, machine, steps, tokens seen and whether a token was seen
+    twice; the large-corpus studies are single-pass, every run of them."""
     studies = _benchmark_module("studies")
-    rows = studies.read_rows(study)
-    assert rows, f"no committed results for the {study} study"
+    results = studies.STUDIES_DIR if corpus == "sample" else studies.LARGE_STUDIES_DIR
+    rows = studies.read_rows(study, results)
+    assert rows, f"no committed results for the {study} study on the {corpus} corpus"
     assert {row["label"] for row in rows} == set(studies.STUDIES[study]), "a configuration of the study has no result"
+    assert {row["corpus"] for row in rows} == {corpus}
+    for row in rows:
+        assert row["date"] != "unknown" and row["machine"] != "unknown" and int(row["steps"]) == 1500
+        assert float(row["passes"]) > 0, row
+        assert abs(int(row["tokens_seen"]) / (float(row["passes"]) * int(row["train_split_tokens"])) - 1) < 1e-4, row
+        assert row["seen_twice"] == str(float(row["passes"]) > 1), row
+    if corpus == "large":
+        assert {row["seen_twice"] for row in rows} == {"False"}, "a large-corpus run saw a training token twice"
     assert studies.markdown(study, rows) in README, f"README table of the {study} study differs from `studies.py --markdown`"
-    assert (studies.STUDIES_DIR / f"{study}.png").is_file()
-    assert f"benchmarks/results/studies/{study}.png" in README
+    relative = results.relative_to(ROOT)
+    assert (results / f"{study}.png").is_file()
+    assert f"{relative}/{study}.png" in README
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
