@@ -64,7 +64,9 @@ class TokenCrossEntropy(keras.losses.Loss):
 def make_optimizer(training):
     """The AdamW of a `TrainingConfig` with its warm-up/decay schedule (both trainers use it).
 
-    LayerNorm scales and offsets, biases and Admin's omegas are not decayed.
+    LayerNorm scales and offsets, biases and Admin's omegas are not decayed. Under
+    training.precision mixed_float16 it is wrapped in dynamic loss scaling (its state stays
+    float32).
     """
     optimizer = keras.optimizers.AdamW(
         learning_rate=WarmupDecaySchedule(training.learning_rate, training.warmup_steps, training.decay, training.train_steps),
@@ -74,7 +76,7 @@ def make_optimizer(training):
         epsilon=training.adam_epsilon,
     )
     optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
-    return optimizer
+    return StepCountingLossScaleOptimizer(optimizer) if training.precision == "mixed_float16" else optimizer
 
 
 class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):

@@ -101,7 +101,7 @@ def _build(config, task, checkpoint):
     # seeds from Python's `random`), without its tf.random.set_seed, which imports TensorFlow.
     random.seed(training.seed)
     np.random.seed(training.seed)
-    model = task.build_model(config.build_model())
+    model = task.build_model(config.build_model(dtype=keras.DTypePolicy(training.precision)))
     model.compile(optimizer=make_optimizer(training), jit_compile=True, **task.compile_arguments())
     if os.path.exists(checkpoint.path):
         return model, checkpoint.restore(model)

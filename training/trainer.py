@@ -27,7 +27,6 @@ from training import runs
 from training.checkpoints import CheckpointCallback
 from training.checkpoints import TrainingCheckpoints
 from training.checkpoints import handle_preemption
-from training.objectives import StepCountingLossScaleOptimizer
 from training.objectives import make_optimizer
 from training.strategy import choose_strategy
 from training.tasks import make_task
@@ -140,11 +139,6 @@ def initialize_backbone(backbone, source):
         runs.load_weights(backbone, source.weights)
 
 
-def _with_precision(optimizer, training):
-    """The optimizer, wrapped in dynamic loss scaling for mixed_float16 (its state stays float32)."""
-    return StepCountingLossScaleOptimizer(optimizer) if training.precision == "mixed_float16" else optimizer
-
-
 def initialize_model(model, backbone, source, task_settings):
     """Starts from task.init: the whole task model (head included) when `source` was trained
     for the same task with the same labels (a fine-tuned run, or its `concise-collaborative`
@@ -203,7 +197,7 @@ def _build(config, task, strategy, run, source, is_chief):
         # The precision is the model's dtype policy (no process-wide policy is set).
         backbone = config.build_model(dtype=keras.DTypePolicy(training.precision))
         model = task.build_model(backbone)
-        model.compile(optimizer=_with_precision(make_optimizer(training), training), steps_per_execution=steps_per_execution(training),
+        model.compile(optimizer=make_optimizer(training), steps_per_execution=steps_per_execution(training),
                       jit_compile=training.jit_compile, **task.compile_arguments())
         checkpoints = TrainingCheckpoints(run, model, training.keep_checkpoints, is_chief)
         position = checkpoints.restore()
