@@ -448,3 +448,24 @@ def test_train_detaches_and_refuses_a_second_launch(fake_vm):
         time.sleep(0.1)
     assert (launcher / "status").read_text().strip() == "0"
     assert (home / "calls").read_text().count("--tpu local") == 1
+
+
+def test_gpu_heads_study_presets_train_from_the_shards_it_prepares():
+    """scripts/gpu_heads_study.sh (not run here: no GPU): every preset it trains reads the shards
+    its `prepare` step writes (causal_lm, same sequence length, a vocabulary that fits), and a
+    bad command line is refused with exit 2."""
+    import configs
+
+    script = ROOT / "scripts" / "gpu_heads_study.sh"
+    text = script.read_text()
+    presets = text.split("PRESETS=(", 1)[1].split(")", 1)[0].split()
+    assert len(presets) == 6 and any("fixed" in p for p in presets) and any("standard" in p for p in presets)
+    prepared = configs.load_config("lm1b_standard_d256", ["task.dataset=text_files", "task.data_dir=corpus"])
+    for preset in presets:
+        config = configs.load_config(preset, ["training.train_steps=20000", "tokenizer.vocabulary=prepared/vocab.txt"])
+        assert config.task.name == "causal_lm"
+        assert config.training.sequence_length == prepared.training.sequence_length
+        assert config.model.vocab_size >= prepared.model.vocab_size
+    for argv in ([], ["train", "p", "r", "0"], ["prepare", "only-one"]):
+        result = subprocess.run(["bash", str(script), *argv], capture_output=True, text=True)
+        assert result.returncode == 2 and result.stderr.startswith("usage:"), (argv, result)
