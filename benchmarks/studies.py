@@ -32,6 +32,7 @@ import os
 import pathlib
 import platform
 import shutil
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -192,6 +193,16 @@ def run_directory(corpus, preset, overrides, seed):
     return corpus.runs / f"{key}_seed{seed}"
 
 
+def _die_with_parent():
+    """Worker initializer: a worker gets SIGTERM when the parent dies (Linux), instead of going on
+    alone with the runs queued for it (the trainer checkpoints on SIGTERM)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def train_run(corpus, preset, overrides, seed, threads=None):
     """Trains (or resumes, or reads the finished) run; returns its metrics."""
     if threads:
@@ -199,6 +210,7 @@ def train_run(corpus, preset, overrides, seed, threads=None):
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
+    from training.checkpoints import Preempted
     from training.trainer import train
 
     config = _config(corpus, preset, overrides, seed)
@@ -207,7 +219,10 @@ def train_run(corpus, preset, overrides, seed, threads=None):
     if metrics_path.is_file() and json.loads(metrics_path.read_text())["step"] >= config.training.train_steps:
         return json.loads(metrics_path.read_text())
     start = time.perf_counter()
-    metrics = train(config, run_dir, verbose=0)
+    try:
+        metrics = train(config, run_dir, verbose=0)
+    except Preempted:
+        os._exit(75)  # SIGTERM (the parent died): the step reached is checkpointed; run the script again
     metrics["seconds"] = time.perf_counter() - start
     metrics["date"], metrics["machine"] = time.strftime("%Y-%m-%d"), machine_name()
     metrics_path.write_text(json.dumps(metrics, indent=1))
@@ -408,7 +423,7 @@ def run_studies(corpus, seeds, studies, jobs):
             _record(corpus, uses, train_run(*arguments[run_dir]))
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent) as pool:
         futures = {pool.submit(train_run, *arguments[run_dir], threads): run_dir for run_dir in pending}
         for future in concurrent.futures.as_completed(futures):
             _record(corpus, pending[futures[future]], future.result())
