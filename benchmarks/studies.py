@@ -1,9 +1,9 @@
 """The papers' claims at small scale: held-out perplexity of scaled-down LM1B-study models.
 
 Three studies, every run a normal `concise-train` run of an LM1B preset scaled down (same
-trainer, same shipped corpus, same data order, same steps), so each is resumable: kill
-this script at any moment and run it again, finished runs are skipped and the one in
-flight resumes from its last checkpoint.
+trainer, same data order, same steps), so each is resumable: kill this script at any moment
+and run it again, finished runs are skipped and the ones in flight resume from their last
+checkpoint (bit-identically). A model that two studies share is trained once.
 
   heads          Bhojanapalli et al. (2020), Figures 1 and 3a: standard attention at width
                  w and wider (head size w/h), and fixed head size p at width w with more
@@ -13,12 +13,22 @@ flight resumes from its last checkpoint.
   depth          Liu et al. (2021): deep single-head (h*L layers of 1 head) vs shallow
                  multi-head (L layers of h heads), post-LN, with and without Admin.
 
-Results go to benchmarks/results/studies/<study>.csv (one row per finished run, rewritten
-after each run) and <study>*.png; `--plot-only` redraws the plots from the CSVs.
+Two corpora:
+  (default)      the shipped 31k-word sample: each run sees it ~22 times (memorisation counts);
+                 results in benchmarks/results/studies/.
+  --corpus DIR   a corpus built by `python -m training.make_corpus`: prepared once into shards
+                 (benchmarks/results/cache/), each run reads 3% of its training split (one pass),
+                 evaluated on the whole held-out split; results in benchmarks/results/studies_large/.
 
-    python benchmarks/studies.py                          # all three, seeds 0, 1 and 2
-    python benchmarks/studies.py --study heads --seeds 0  # one study, one seed
-    python benchmarks/studies.py --markdown               # the README tables from the CSVs
+Each CSV row records the run's data (steps, tokens seen, passes, whether a token was seen
+twice), date and machine; `--plot-only` redraws the plots, `--markdown` prints the README
+tables. `--jobs N` trains N runs at once, each on cpu_count / N threads (on 2 cores, 2 jobs
+of 1 thread gave ~1.2x the runs per hour; a run's last bits depend on its thread count).
+
+    python benchmarks/studies.py                                   # shipped corpus, seeds 0, 1, 2
+    python benchmarks/studies.py --corpus /work/corpus-build/corpus --jobs 2
+    python benchmarks/studies.py --study heads --seeds 0           # one study, one seed
+    python benchmarks/studies.py --corpus /work/corpus-build/corpus --markdown
 """
 
 import argparse
