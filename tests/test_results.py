@@ -25,7 +25,7 @@ def _benchmark_module(name):
     return module
 
 
-@pytest.mark.parametrize("corpus", ["sample"])
+@pytest.mark.parametrize("corpus", ["sample", "large"])
 @pytest.mark.parametrize("study", ["heads", "collaborative", "depth"])
 def test_readme_study_table_is_the_committed_data(study, corpus):
     """Each table row carries its date, machine, steps, tokens seen and whether a token was seen
@@ -39,7 +39,8 @@ def test_readme_study_table_is_the_committed_data(study, corpus):
     for row in rows:
         assert row["date"] != "unknown" and row["machine"] != "unknown" and int(row["steps"]) == 1500
         assert float(row["passes"]) > 0, row
-        assert abs(int(row["tokens_seen"]) / (float(row["passes"]) * int(row["train_split_tokens"])) - 1) < 1e-4, row
+        # passes is written to 4 decimals
+        assert abs(int(row["tokens_seen"]) - float(row["passes"]) * int(row["train_split_tokens"])) <= 5e-5 * int(row["train_split_tokens"]) + 1, row
         assert row["seen_twice"] == str(float(row["passes"]) > 1), row
     if corpus == "large":
         assert {row["seen_twice"] for row in rows} == {"False"}, "a large-corpus run saw a training token twice"
