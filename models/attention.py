@@ -23,8 +23,9 @@ active), the core hands the per-head queries, keys and values to
 `keras.ops.dot_product_attention` (cuDNN flash attention on GPU under JAX, one XLA
 computation elsewhere) instead of spelling the softmax out. `use_fused="auto"` (the default)
 does so where a fused kernel exists (JAX on a GPU or TPU, keras-hub's rule), since on CPU
-the call is 1-3% slower than the explicit path; True always, False never. Both give the same outputs: float32 masking and softmax, masked logits
-replaced (not added to), and a query whose keys are all masked attends uniformly to all.
+the call is 1-3% slower than the explicit path; True always, False never. Both give the
+same outputs: float32 masking and softmax, masked logits replaced (not added to), and a
+query whose keys are all masked attends uniformly to all.
 """
 
 import inspect

@@ -121,7 +121,8 @@ def corpus_splits(dataset, data_dir=None):
         lines = read_lines(SAMPLE_CORPUS)
         all_lines = lambda: iter(lines)  # noqa: E731
     elif dataset == "text_files" and split_folders(data_dir):
-        train_files, eval_files = (_checked_text_files(folder, name) for folder, name in zip(split_folders(data_dir), ("training", "held-out")))
+        folders = zip(split_folders(data_dir), ("training", "held-out"))
+        train_files, eval_files = (_checked_text_files(folder, name) for folder, name in folders)
         return lambda: _stream_lines(train_files), lambda: _stream_lines(eval_files)
     elif dataset == "text_files":
         files = _checked_text_files(data_dir)
