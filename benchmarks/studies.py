@@ -36,6 +36,7 @@ import concurrent.futures
 import csv
 import dataclasses
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -137,10 +138,6 @@ class Corpus:
     runs: pathlib.Path
     train: dict
 
-    @property
-    def caption(self):
-        return "shipped 31k-word corpus" if self.name == "sample" else f"{self.train['tokens'] / 1e6:.0f}M-token corpus, held out by document"
-
 
 def _prepared(config_overrides, out, vocabulary=None):
     """Prepares (once) the data of `config_overrides` into `out`; returns its manifest."""
@@ -162,12 +159,13 @@ def _large_vocabulary(corpus_dir, path):
     from training.pipeline import corpus_splits
     from training.tokenizer import train_wordpiece
     from training.trainer import VOCABULARY_TRAINING_LINES
+    from training.trainer import tokenizer_settings
 
     if not path.is_file():
         config = configs.load_config("lm1b_standard_d256", COMMON)
-        lines = [line for index, line in enumerate(corpus_splits("text_files", str(corpus_dir))[0]()) if index % VOCABULARY_EVERY == 0]
+        sampled = (line for index, line in enumerate(corpus_splits("text_files", str(corpus_dir))[0]()) if index % VOCABULARY_EVERY == 0)
         path.parent.mkdir(parents=True, exist_ok=True)
-        train_wordpiece(lines[:VOCABULARY_TRAINING_LINES], config.model.vocab_size, path, lowercase=True)
+        train_wordpiece(list(itertools.islice(sampled, VOCABULARY_TRAINING_LINES)), config.model.vocab_size, path, **tokenizer_settings(config))
     return path
 
 
@@ -417,7 +415,7 @@ def _record(corpus, uses, metrics):
         row = make_row(corpus, study, label, seed, metrics)
         rows = [r for r in read_rows(study, corpus.results) if (r["label"], int(r["seed"])) != (label, seed)] + [row]
         write_rows(corpus.results, study, rows)
-        plot(study, read_rows(study, corpus.results), corpus.results)
+        plot(study, read_rows(study, corpus.results), corpus.results)  # as strings, like every row read back
         print(f"{study:13s} {label:40s} seed {seed}: perplexity {row['eval_subword_perplexity']:8.2f} "
               f"({row['parameters']:,} params, {row['seconds']:.0f} s, {row['passes']:.3g} passes)", flush=True)
 

@@ -117,12 +117,12 @@ def corpus_splits(dataset, data_dir=None):
     """
     if dataset == "lm1b":
         return _lm1b_lines(data_dir, "train"), _lm1b_lines(data_dir, "test")
+    folders = split_folders(data_dir) if dataset == "text_files" else None
     if dataset == "sample":
         lines = read_lines(SAMPLE_CORPUS)
         all_lines = lambda: iter(lines)  # noqa: E731
-    elif dataset == "text_files" and split_folders(data_dir):
-        folders = zip(split_folders(data_dir), ("training", "held-out"))
-        train_files, eval_files = (_checked_text_files(folder, name) for folder, name in folders)
+    elif folders:
+        train_files, eval_files = (_checked_text_files(folder, name) for folder, name in zip(folders, ("training", "held-out")))
         return lambda: _stream_lines(train_files), lambda: _stream_lines(eval_files)
     elif dataset == "text_files":
         files = _checked_text_files(data_dir)
