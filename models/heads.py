@@ -73,3 +73,48 @@ class BertSpanLabeler(EncoderHead):
             outputs={"start_logits": logits_BxTx2[..., 0] + padding, "end_logits": logits_BxTx2[..., 1] + padding},
             **kwargs,
         )
+
+
+def mean_pooled(sequence_BxTxD, mask_BxT):
+    """The mean of the non-padding token vectors, float32 (B, D): sentence-transformers' mean pooling."""
+    mask = ops.cast(mask_BxT, "float32")[:, :, None]
+    total = ops.sum(ops.cast(sequence_BxTxD, "float32") * mask, axis=1)
+    return total / ops.maximum(ops.sum(mask, axis=1), 1e-9)
+
+
+def unit(vectors_BxD):
+    """Rows scaled to unit length (zero rows stay zero)."""
+    return vectors_BxD / ops.maximum(ops.sqrt(ops.sum(ops.square(vectors_BxD), axis=-1, keepdims=True)), 1e-12)
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class SentenceEmbedder(EncoderHead):
+    """A sentence embedding and its projection into a teacher's embedding space (distillation).
+
+    Outputs, float32: `embedding` (B, D) the unit-length mean of the encoder's token vectors
+    (what the exported encoder serves, at the student's own width D); `teacher_space`
+    (B, teacher_width) a unit-length linear projection of the same mean, trained to match the
+    teacher's embedding where the widths differ. Only the encoder ships: the projection serves
+    the training objective and the cosine-to-teacher measure.
+
+    Args:
+        encoder: a `BertEncoder`.
+        teacher_width: the teacher's embedding width.
+    """
+
+    head_arguments = ("teacher_width",)
+
+    def __init__(self, encoder, teacher_width, **kwargs):
+        _check_encoder(encoder)
+        if isinstance(teacher_width, bool) or not isinstance(teacher_width, int) or teacher_width < 1:
+            raise ValueError(f"`teacher_width` must be a positive integer. Received: teacher_width={teacher_width!r}")
+        self.encoder = encoder
+        self.projection = keras.layers.Dense(
+            teacher_width, kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
+            dtype=encoder.dtype_policy, name="teacher_projection",
+        )
+        inputs = dict(encoder.input)
+        pooled = mean_pooled(encoder(inputs)["sequence_output"], inputs["input_mask"])
+        outputs = {"embedding": unit(pooled), "teacher_space": unit(ops.cast(self.projection(pooled), "float32"))}
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        self.teacher_width = teacher_width

@@ -108,10 +108,10 @@ def tokenizer_settings(config):
 
 
 def prepare_vocabulary(config, run, task, source):
-    """The run's vocab.txt: tokenizer.vocabulary, else task.init's, else WordPiece trained on
-    the task's text (cached in the run directory)."""
+    """The run's vocab.txt: tokenizer.vocabulary, else task.init's, else the task's own (a teacher's),
+    else WordPiece trained on the task's text (cached in the run directory)."""
     path = run.file(runs.VOCABULARY)
-    chosen = config.tokenizer.vocabulary or (source.vocabulary if source else None)
+    chosen = config.tokenizer.vocabulary or (source.vocabulary if source else None) or task.vocabulary_file()
     if chosen:
         if not tf.io.gfile.exists(chosen):
             raise ValueError(f"Vocabulary file not found. Received: tokenizer.vocabulary={str(chosen)!r}")
@@ -203,6 +203,8 @@ def _build(config, task, strategy, run, source, is_chief):
         position = checkpoints.restore()
         if position is None and source is not None:
             initialize_model(model, backbone, source, config.task)
+        elif position is None:
+            task.initialize(model, backbone)
     return model, backbone, checkpoints, position or 0
 
 

@@ -18,7 +18,7 @@ A new task is one class plus one call (see tests/test_extension_points.py):
 
 Built-in: `causal_lm` (next-token prediction on packed rows), `masked_lm` (BERT's masked
 LM), `classification` (a sentence or a pair -> N classes: GLUE), `regression` (a pair ->
-a score: STS-B) and `span_qa` (SQuAD v1.1).
+a score: STS-B), `span_qa` (SQuAD v1.1) and `distill` (a teacher's sentence embeddings).
 """
 
 import dataclasses
@@ -36,6 +36,7 @@ BUILT_IN = {
     "classification": "training.tasks.sentence:ClassificationTask",
     "regression": "training.tasks.sentence:RegressionTask",
     "span_qa": "training.tasks.span_qa:SpanQATask",
+    "distill": "training.tasks.distill:DistillTask",
 }
 # The task classes looked up or registered so far, by name.
 TASKS = {}

@@ -52,6 +52,15 @@ class Task:
         """Lines to learn a vocabulary from when neither the config nor `init` gives one."""
         raise ValueError(f"Task {self.name!r} needs a vocabulary: set task.init or tokenizer.vocabulary.")
 
+    def vocabulary_file(self):
+        """The vocabulary the task's data must be read with (e.g. a teacher's), or None (this default):
+        the config's, task.init's, or one trained on `vocabulary_text`."""
+        return None
+
+    def initialize(self, model, backbone):
+        """Sets the starting weights of a new run without task.init (this default keeps the seeded
+        random initialisation; the distill task can start a student from its teacher)."""
+
     def load_data(self):
         """Reads the task's examples (checked at once); called once before `datasets`."""
 

@@ -1,0 +1,98 @@
+"""A narrower, shallower or differently-headed encoder started from a trained one's weights.
+
+Distillation students start here instead of at random (as DistilBERT takes every other layer of its
+teacher). The student may be narrower: the teacher's hidden axis is projected onto its `width` leading
+principal directions, those of the word-embedding matrix (P, teacher_width x width, orthonormal
+columns), the directions the residual stream uses most; what writes into the stream is multiplied by P,
+what reads from it by P^T. Layer norms keep a P^2-weighted mean of their gains and the projected biases.
+Heads re-split: a student with 6 heads of 64 takes the teacher's 12 heads of 32 two by two (the same
+query/key/value widths, reshaped); where it has fewer heads it keeps the first ones, and where it has fewer
+feed-forward units, those with the largest input and output weight norms. Fewer layers: layers evenly spaced through the
+teacher's depth, the first included. This is an approximation that training repairs, not an equivalence.
+"""
+
+import numpy as np
+
+
+def principal_directions(word_embeddings_VxD, width):
+    """The `width` leading right singular vectors of the embedding matrix, (D, width)."""
+    _, _, right = np.linalg.svd(np.asarray(word_embeddings_VxD, np.float64), full_matrices=False)
+    return right[:width].T
+
+
+def _layer_map(student_layers, teacher_layers):
+    return {i: int(round(i * teacher_layers / student_layers)) for i in range(student_layers)}
+
+
+def _teacher_path(path, layers):
+    """The teacher variable of a student variable path (`transformer_layer_3/...` renumbered)."""
+    head, _, rest = path.partition("/")
+    if head.startswith("transformer_layer_"):
+        return f"transformer_layer_{layers[int(head.rsplit('_', 1)[1])]}/{rest}"
+    return path
+
+
+def shrunk_value(teacher_value, student_shape, projection, is_norm_gain=False):
+    """The student's value of one variable from the teacher's.
+
+    Axes of the teacher's hidden width are projected by `projection` (D_t, D_s); a (heads, head_size)
+    pair of equal product is reshaped; any other smaller axis keeps its first units (heads).
+    """
+    value = np.asarray(teacher_value, np.float64)
+    hidden_t, hidden_s = projection.shape
+    if is_norm_gain:
+        return np.square(projection).T @ value  # each new unit: a weighted mean of the gains it mixes
+    if value.ndim == 3 and len(student_shape) == 3 and value.shape != tuple(student_shape):
+        # (I, N, H) -> (I, N', H') or (N, H, O) -> (N', H', O): heads re-split where N*H is kept.
+        if value.shape[0] != hidden_t and value.shape[0] * value.shape[1] == student_shape[0] * student_shape[1]:
+            value = value.reshape(student_shape[0], student_shape[1], value.shape[2])
+        elif value.shape[1] * value.shape[2] == student_shape[1] * student_shape[2]:
+            value = value.reshape(value.shape[0], student_shape[1], student_shape[2])
+    if value.ndim == 2 and len(student_shape) == 2 and value.shape[0] * value.shape[1] == student_shape[0] * student_shape[1] \
+            and value.shape != tuple(student_shape) and hidden_t not in value.shape:
+        value = value.reshape(student_shape)  # a (N, H) bias re-split
+    for axis in range(value.ndim):
+        if value.shape[axis] == hidden_t and student_shape[axis] == hidden_s:
+            value = np.moveaxis(np.tensordot(value, projection, axes=([axis], [0])), -1, axis)
+        elif value.shape[axis] != student_shape[axis]:
+            # The first heads (or units): the same ones in the query, key, value and output weights.
+            value = np.take(value, np.arange(student_shape[axis]), axis=axis)
+    if value.shape != tuple(student_shape):
+        raise ValueError(f"Cannot map a teacher variable of shape {np.shape(teacher_value)} onto {tuple(student_shape)}.")
+    return value
+
+
+def shrink_into(teacher, student, projection=None, gain_scale=1.0):
+    """Sets every weight of `student` (a `BertEncoder`) from `teacher` (a `BertEncoder`); returns P.
+
+    Feed-forward units are chosen per layer by the norm of their input and output weights together,
+    so that a unit is kept or dropped in both of its matrices.
+    """
+    if projection is None:
+        projection = principal_directions(teacher.word_embeddings.embeddings.numpy(), student.hidden_size)
+    if teacher.hidden_size == student.hidden_size:
+        projection = np.eye(teacher.hidden_size)
+    layers = _layer_map(student.num_layers, teacher.num_layers)
+    teacher_values = {variable.path: variable.numpy() for variable in teacher.weights}
+    for variable in student.weights:
+        path = variable.path
+        source = teacher_values[_teacher_path(path, layers)]
+        shape = tuple(variable.shape)
+        if path.endswith(("intermediate/kernel", "intermediate/bias", "feedforward_output/kernel")) and source.shape != shape:
+            source = _feedforward_units(teacher_values, _teacher_path(path, layers), shape)
+        value = shrunk_value(source, shape, projection, is_norm_gain=path.endswith("gamma"))
+        if path.endswith("gamma"):
+            value = value * gain_scale
+        variable.assign(value.astype(variable.dtype))
+    return projection
+
+
+def _feedforward_units(teacher_values, path, student_shape):
+    """The teacher's feed-forward variable at `path`, cut to the student's units of largest |in| * |out|."""
+    layer = path.split("/", 1)[0]
+    inputs, outputs = teacher_values[f"{layer}/intermediate/kernel"], teacher_values[f"{layer}/feedforward_output/kernel"]
+    units = student_shape[0] if path.endswith("feedforward_output/kernel") else student_shape[-1]
+    score = np.linalg.norm(inputs, axis=0) * np.linalg.norm(outputs, axis=1)
+    keep = np.sort(np.argsort(-score, kind="stable")[:units])
+    value = teacher_values[path]
+    return np.take(value, keep, axis=0 if path.endswith("feedforward_output/kernel") else -1)

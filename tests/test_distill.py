@@ -1,0 +1,128 @@
+"""The `distill` task: teacher outputs against a numpy BERT (exact GELU, HF `tokenizers` ids), computed
+once and verified by hash; the two loss terms against hand computations; a half-width fixed-head student
+distilled from all-MiniLM-L6-v2 through the CLI's code path, its metrics recomputed from the reloaded
+run, then exported and served at its own width."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import configs
+from test_hf_export import hugging_face_ids
+from test_hf_export import reference_embeddings
+from training import cli
+from training import runs
+from training.tasks import distill
+from training.tasks import make_task
+
+TINY = ["task.dataset=sample", "task.data_dir=null", "task.train_texts=96", "task.eval_texts=40", "training.batch_size=16",
+        "training.train_steps=6", "training.steps_per_epoch=3", "training.steps_per_execution=3", "training.eval_batches=2",
+        "training.jit_compile=false", "training.warmup_fraction=null", "training.warmup_steps=1",
+        "model.num_layers=2", "model.hidden_size=32", "model.num_heads=4", "model.intermediate_size=32",
+        "model.attention={type: fixed, head_size: 16}", "training.sequence_length=32"]
+
+
+def _task(tmp_path, *overrides):
+    config = configs.load_config("distill_minilm_d192_fixed", [*TINY, f"task.cache_dir={tmp_path / 'cache'}", *overrides])
+    task = make_task(config)
+    task.check()
+    return task
+
+
+def test_teacher_outputs_are_minilm_mean_embeddings_computed_once_and_verified(tmp_path, minilm_dir, monkeypatch):
+    from training.tokenizer import wordpiece_tokenizer
+
+    task = _task(tmp_path)
+    tokenizer = wordpiece_tokenizer(task.vocabulary_file(), lowercase=True, strip_accents=True)
+    texts = ["A man is playing a guitar.", "Stock markets fell sharply on Monday, the third fall in a row.", "short",
+             "The cat sat on the mat " * 12]  # the last one is cut to the sequence length, as the student's packer cuts it
+    embeddings = distill.teacher_outputs(task, tokenizer, texts)
+    expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", texts, 32))
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    assert embeddings.shape == (4, 384) and embeddings.dtype == np.float32
+    np.testing.assert_allclose(embeddings, expected, atol=2e-5)
+
+    monkeypatch.setattr(distill, "compute_teacher_embeddings", lambda *args: pytest.fail("the teacher ran again"))
+    np.testing.assert_array_equal(distill.teacher_outputs(task, tokenizer, texts), embeddings)
+    [cached] = (tmp_path / "cache").glob("*.npy")
+    assert json.loads(cached.with_suffix(".json").read_text())["texts"] == 4
+    cached.write_bytes(cached.read_bytes()[:-8])  # cut short
+    with pytest.raises(ValueError, match=f"{cached.name} does not match the sha256"):
+        distill.teacher_outputs(task, tokenizer, texts)
+
+
+def test_the_two_loss_terms_equal_hand_computations():
+    rng = np.random.default_rng(0)
+    teacher = rng.normal(size=(5, 8))
+    teacher /= np.linalg.norm(teacher, axis=1, keepdims=True)
+    student = rng.normal(size=(5, 3))
+    student /= np.linalg.norm(student, axis=1, keepdims=True)
+    projected = rng.normal(size=(5, 8))
+    projected /= np.linalg.norm(projected, axis=1, keepdims=True)
+    similarity = np.mean([np.mean([(student[i] @ student[j] - teacher[i] @ teacher[j]) ** 2 for j in range(5)]) for i in range(5)])
+    assert float(distill.SimilarityMatrixLoss()(teacher.astype("float32"), student.astype("float32"))) == pytest.approx(similarity, rel=1e-5)
+    cosine = np.mean([1 - projected[i] @ teacher[i] for i in range(5)])
+    assert float(distill.UnitCosineDistance()(teacher.astype("float32"), projected.astype("float32"))) == pytest.approx(cosine, rel=1e-5)
+
+
+def test_texts_are_drawn_reproducibly_whole_or_as_one_sentence():
+    lines = [f"Paragraph {i} starts here. It has sentence {i}. And a third one." for i in range(50)] + ["", "  "]
+    texts = distill.draw_texts(lines, 20, 0.5)
+    assert texts == distill.draw_texts(reversed(lines), 20, 0.5)  # the order of the lines does not matter
+    whole = [text for text in texts if text.startswith("Paragraph") and text.endswith("third one.")]
+    assert 4 <= len(whole) <= 16 and len(set(texts)) == 20  # distinct: "And a third one." at most once
+    assert all(text in {part for line in lines for part in (line, *distill.SENTENCE_END.split(line))} for text in texts)
+    assert len(distill.draw_texts(lines, 1000, 0.0)) == 50
+    assert len(distill.draw_texts(lines, 1000, 1.0)) < 150  # the shared third sentence is kept once
+
+
+@pytest.mark.parametrize("override, message", [
+    ("task.train_texts=0", "task.train_texts"), ("task.sentence_share=1.5", "task.sentence_share"),
+    ("task.projection_weight=-1", "task.projection_weight"), ("task.similarity_weight=.nan", "task.similarity_weight"),
+    ("task.dataset=lm1b", "task.dataset"),
+])
+def test_bad_settings_name_the_field(override, message):
+    with pytest.raises(ValueError, match=message):
+        configs.load_config("distill_minilm_d192_fixed", [override])
+
+
+def test_a_teacher_read_with_other_tokenizer_settings_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="differ from the teacher's"):
+        _task(tmp_path, "tokenizer.lowercase=false")
+
+
+@pytest.mark.slow
+def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(tmp_path, capsys):
+    """Through the CLI: the run's metrics equal numpy on the reloaded model's outputs and the cached
+    teacher outputs; the export serves the student's mean embedding, 32-d, not the projection."""
+    import tensorflow as tf
+
+    from export.savedmodels import export_run
+
+    argv = ["--config", "distill_minilm_d192_fixed", "--run-dir", str(tmp_path / "run"), "--quiet"]
+    for override in (*TINY, f"task.cache_dir={tmp_path / 'cache'}"):
+        argv += ["--set", override]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    metrics = json.loads(out[out.index("{"):])
+    config, model, backbone, vocabulary = runs.load_model(tmp_path / "run")
+    assert config.task.teacher_width == 384 and backbone.hidden_size == 32
+    task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
+    task.check()
+    task.load_data()
+    ids = hugging_face_ids(vocabulary, task.eval_texts, 32)
+    word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
+    outputs = model.predict({"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"),
+                             "input_type_ids": 0 * word_ids}, verbose=0)
+    [cached] = [np.load(path) for path in (tmp_path / "cache").glob("*.npy") if np.load(path).shape[0] == len(task.eval_texts)]
+    assert metrics["eval_cosine_to_teacher"] == pytest.approx(np.mean(np.sum(outputs["teacher_space"] * cached, 1)), abs=1e-5)
+    assert 0 < metrics["eval_cosine_to_teacher"] < 1 and -1 <= metrics["eval_similarity_spearman"] <= 1
+
+    written = export_run(tmp_path / "run", tmp_path / "export", seq_length=32)
+    served = tf.saved_model.load(written["serving"]).signatures["serving_default"](text=tf.constant(task.eval_texts[:4]))
+    embedding = served["embedding"].numpy()
+    assert embedding.shape == (4, 32)
+    unit = embedding / np.linalg.norm(embedding, axis=1, keepdims=True)
+    np.testing.assert_allclose(unit, outputs["embedding"][:4], atol=1e-5)

@@ -1,0 +1,62 @@
+"""`models.shrink`: a student started from its teacher's weights (all-MiniLM-L6-v2)."""
+
+import numpy as np
+import pytest
+
+import configs
+from models.hf_import import load_hf_bert
+from models.shrink import principal_directions
+from models.shrink import shrink_into
+
+
+@pytest.fixture(scope="module")
+def teacher(minilm_dir):
+    return load_hf_bert(minilm_dir)
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 5000, (2, 12)).astype("int32")
+    mask = np.ones_like(ids)
+    mask[1, 8:] = 0
+    return {"input_word_ids": ids, "input_mask": mask, "input_type_ids": 0 * ids}
+
+
+def _student(**model):
+    base = {"vocab_size": 30522, "hidden_size": 384, "num_layers": 6, "num_heads": 12, "intermediate_size": 1536,
+            "attention": {"type": "standard"}, "activation": "gelu"}
+    return configs.BUILDERS["bert"](**(base | model))
+
+
+def test_a_student_of_the_teachers_shape_is_the_teacher(teacher):
+    student = _student()
+    shrink_into(teacher, student)
+    inputs = _inputs()
+    np.testing.assert_array_equal(np.asarray(student(inputs)["sequence_output"]), np.asarray(teacher(inputs)["sequence_output"]))
+
+
+def test_a_half_width_fixed_head_student_takes_projected_and_resplit_weights(teacher):
+    student = _student(hidden_size=192, num_heads=6, intermediate_size=384, num_layers=3, attention={"type": "fixed", "head_size": 64})
+    projection = shrink_into(teacher, student)
+    embeddings = teacher.word_embeddings.embeddings.numpy()
+    assert projection.shape == (384, 192)
+    np.testing.assert_allclose(projection.T @ projection, np.eye(192), atol=1e-6)
+    np.testing.assert_allclose(projection, principal_directions(embeddings, 192))
+    np.testing.assert_allclose(student.word_embeddings.embeddings.numpy(), embeddings @ projection, atol=1e-6)
+    # layer 1 of 3 is the teacher's layer 2; its 12 query heads of 32 become 6 of 64, read through P
+    query = teacher.blocks[2].attention.query_dense.kernel.numpy().reshape(384, 6, 64)
+    np.testing.assert_allclose(student.blocks[1].attention.query_dense.kernel.numpy(), np.tensordot(projection, query, axes=([0], [0])), atol=1e-5)
+    # the 384 feed-forward units kept are the same in both matrices: those of largest |in| * |out|
+    inner, outer = teacher.blocks[2].intermediate.kernel.numpy(), teacher.blocks[2].feedforward_output.kernel.numpy()
+    keep = np.sort(np.argsort(-np.linalg.norm(inner, axis=0) * np.linalg.norm(outer, axis=1))[:384])
+    np.testing.assert_allclose(student.blocks[1].intermediate.kernel.numpy(), projection.T @ inner[:, keep], atol=1e-5)
+    np.testing.assert_allclose(student.blocks[1].feedforward_output.kernel.numpy(), outer[keep] @ projection, atol=1e-5)
+
+
+def test_a_standard_student_with_fewer_heads_keeps_the_first_heads(teacher):
+    student = _student(hidden_size=192, num_heads=6, intermediate_size=768)
+    projection = shrink_into(teacher, student)
+    key = teacher.blocks[0].attention.key_dense.kernel.numpy()[:, :6, :]
+    np.testing.assert_allclose(student.blocks[0].attention.key_dense.kernel.numpy(), np.tensordot(projection, key, axes=([0], [0])), atol=1e-5)
+    output = teacher.blocks[0].attention.output_dense.kernel.numpy()[:6]
+    np.testing.assert_allclose(student.blocks[0].attention.output_dense.kernel.numpy(), output @ projection, atol=1e-5)

