@@ -2,9 +2,11 @@
 
 Distillation students start here instead of at random (as DistilBERT takes every other layer of its
 teacher). The student may be narrower: the teacher's hidden axis is projected onto its `width` leading
-principal directions, those of the word-embedding matrix (P, teacher_width x width, orthonormal
-columns), the directions the residual stream uses most; what writes into the stream is multiplied by P,
-what reads from it by P^T. Layer norms keep a P^2-weighted mean of their gains and the projected biases.
+principal directions (P, teacher_width x width, orthonormal columns): those the teacher's residual
+stream uses most, from its layers' outputs on sample texts (`stream_directions`); what writes into the
+stream is multiplied by P, what reads from it by P^T. Layer norms keep a P^2-weighted mean of their
+gains, scaled so that the narrower stream keeps the projected stream's norm (`gain_scale`), and the
+projected biases.
 Heads re-split: a student with 6 heads of 64 takes the teacher's 12 heads of 32 two by two (the same
 query/key/value widths, reshaped); where it has fewer heads it keeps the first ones, and where it has fewer
 feed-forward units, those with the largest input and output weight norms. Fewer layers: layers evenly spaced through the
@@ -14,10 +16,24 @@ teacher's depth, the first included. This is an approximation that training repa
 import numpy as np
 
 
-def principal_directions(word_embeddings_VxD, width):
-    """The `width` leading right singular vectors of the embedding matrix, (D, width)."""
-    _, _, right = np.linalg.svd(np.asarray(word_embeddings_VxD, np.float64), full_matrices=False)
-    return right[:width].T
+def principal_directions(vectors_NxD, width):
+    """The `width` leading right singular vectors of the rows (uncentred), (D, width), and the share of
+    the rows' energy they keep."""
+    _, values, right = np.linalg.svd(np.asarray(vectors_NxD, np.float64), full_matrices=False)
+    return right[:width].T, float(np.sum(values[:width] ** 2) / np.sum(values ** 2))
+
+
+def stream_directions(teacher, inputs, width):
+    """P from the teacher's residual stream: the leading directions of every layer's output over the
+    real tokens of `inputs` (encoder inputs), and the gain scale sqrt(kept share * D_teacher / width)
+    under which a student's layer norms give the projected stream's norm."""
+    outputs = teacher(inputs)
+    real = np.asarray(inputs["input_mask"]) == 1
+    vectors = np.concatenate([np.asarray(layer)[real] for layer in outputs["encoder_outputs"]])
+    if len(vectors) < width:
+        raise ValueError(f"{len(vectors)} token vectors cannot give {width} directions: give the teacher more text.")
+    projection, kept = principal_directions(vectors, width)
+    return projection, float(np.sqrt(kept * teacher.hidden_size / width))
 
 
 def _layer_map(student_layers, teacher_layers):
@@ -63,15 +79,16 @@ def shrunk_value(teacher_value, student_shape, projection, is_norm_gain=False):
 
 
 def shrink_into(teacher, student, projection=None, gain_scale=1.0):
-    """Sets every weight of `student` (a `BertEncoder`) from `teacher` (a `BertEncoder`); returns P.
+    """Sets every weight of `student` (a `BertEncoder`) from `teacher` (a `BertEncoder`); returns P
+    (default: the word embeddings' leading directions; `stream_directions` gives better ones).
 
     Feed-forward units are chosen per layer by the norm of their input and output weights together,
     so that a unit is kept or dropped in both of its matrices.
     """
     if projection is None:
-        projection = principal_directions(teacher.word_embeddings.embeddings.numpy(), student.hidden_size)
+        projection, _ = principal_directions(teacher.word_embeddings.embeddings.numpy(), student.hidden_size)
     if teacher.hidden_size == student.hidden_size:
-        projection = np.eye(teacher.hidden_size)
+        projection, gain_scale = np.eye(teacher.hidden_size), 1.0
     layers = _layer_map(student.num_layers, teacher.num_layers)
     teacher_values = {variable.path: variable.numpy() for variable in teacher.weights}
     for variable in student.weights:

@@ -93,6 +93,26 @@ def test_a_teacher_read_with_other_tokenizer_settings_is_refused(tmp_path):
         _task(tmp_path, "tokenizer.lowercase=false")
 
 
+def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_dir):
+    """student_init=teacher through the task's own hook: the stream projection, the re-split heads and the
+    projection head give back the teacher's embeddings (numpy BERT) when nothing has to be dropped."""
+    task = _task(tmp_path, "model.hidden_size=384", "model.num_layers=6", "model.num_heads=12", "model.intermediate_size=1536",
+                 "model.attention={type: standard}")
+    task.load_data()
+    backbone = task.config.build_model()
+    model = task.build_model(backbone)
+    task.initialize(model, backbone)
+    texts = task.eval_texts[:6]
+    ids = hugging_face_ids(minilm_dir / "vocab.txt", texts, 32)
+    word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
+    outputs = model.predict({"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"),
+                             "input_type_ids": 0 * word_ids}, verbose=0)
+    expected = reference_embeddings(minilm_dir, ids)
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(outputs["teacher_space"], expected, atol=1e-4)
+    np.testing.assert_allclose(outputs["embedding"], expected, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(tmp_path, capsys):
     """Through the CLI: the run's metrics equal numpy on the reloaded model's outputs and the cached

@@ -5,7 +5,7 @@ import pytest
 
 import configs
 from models.hf_import import load_hf_bert
-from models.shrink import principal_directions
+from models.shrink import stream_directions
 from models.shrink import shrink_into
 
 
@@ -14,9 +14,9 @@ def teacher(minilm_dir):
     return load_hf_bert(minilm_dir)
 
 
-def _inputs():
+def _inputs(shape=(2, 12)):
     rng = np.random.default_rng(0)
-    ids = rng.integers(1000, 5000, (2, 12)).astype("int32")
+    ids = rng.integers(1000, 5000, shape).astype("int32")
     mask = np.ones_like(ids)
     mask[1, 8:] = 0
     return {"input_word_ids": ids, "input_mask": mask, "input_type_ids": 0 * ids}
@@ -26,6 +26,29 @@ def _student(**model):
     base = {"vocab_size": 30522, "hidden_size": 384, "num_layers": 6, "num_heads": 12, "intermediate_size": 1536,
             "attention": {"type": "standard"}, "activation": "gelu"}
     return configs.BUILDERS["bert"](**(base | model))
+
+
+def _assert_leading_subspace(projection, rows):
+    """P spans the leading eigenvectors of rows^T rows (numpy's symmetric eigensolver, not an SVD)."""
+    values, vectors = np.linalg.eigh(rows.astype(np.float64).T @ rows)
+    leading = vectors[:, np.argsort(values)[::-1][: projection.shape[1]]]
+    np.testing.assert_allclose(projection @ projection.T, leading @ leading.T, atol=1e-5)
+    return np.sort(values)[::-1]
+
+
+def test_stream_directions_are_the_residual_streams_leading_ones_with_the_norm_keeping_gain(teacher):
+    inputs = _inputs((8, 16))  # 6 layers x 124 real tokens: more rows than the 192 directions
+    with pytest.raises(ValueError, match="120 token vectors.*192"):
+        stream_directions(teacher, _inputs(), 192)
+    projection, gain = stream_directions(teacher, inputs, 192)
+    real = inputs["input_mask"] == 1
+    rows = np.concatenate([np.asarray(layer)[real] for layer in teacher(inputs)["encoder_outputs"]])
+    values = _assert_leading_subspace(projection, rows)
+    assert gain == pytest.approx(np.sqrt(values[:192].sum() / values.sum() * 384 / 192), rel=1e-6)
+    student = _student(hidden_size=192, num_heads=6, intermediate_size=384, num_layers=2, attention={"type": "fixed", "head_size": 64})
+    shrink_into(teacher, student, projection, gain_scale=gain)
+    gamma = teacher.blocks[3].attention_norm.gamma.numpy()
+    np.testing.assert_allclose(student.blocks[1].attention_norm.gamma.numpy(), gain * (np.square(projection).T @ gamma), rtol=1e-5)
 
 
 def test_a_student_of_the_teachers_shape_is_the_teacher(teacher):
@@ -41,7 +64,7 @@ def test_a_half_width_fixed_head_student_takes_projected_and_resplit_weights(tea
     embeddings = teacher.word_embeddings.embeddings.numpy()
     assert projection.shape == (384, 192)
     np.testing.assert_allclose(projection.T @ projection, np.eye(192), atol=1e-6)
-    np.testing.assert_allclose(projection, principal_directions(embeddings, 192))
+    _assert_leading_subspace(projection, embeddings)
     np.testing.assert_allclose(student.word_embeddings.embeddings.numpy(), embeddings @ projection, atol=1e-6)
     # layer 1 of 3 is the teacher's layer 2; its 12 query heads of 32 become 6 of 64, read through P
     query = teacher.blocks[2].attention.query_dense.kernel.numpy().reshape(384, 6, 64)

