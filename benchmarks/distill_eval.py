@@ -72,13 +72,14 @@ class Encoder:
     space (texts -> (N, D_teacher) unit rows)."""
 
     def __init__(self, name, backbone, tokenizer, to_teacher=None, parameters=None):
+        from training.embeddings import SentenceEncoder
+
         self.name, self.backbone, self.tokenizer, self.to_teacher_space = name, backbone, tokenizer, to_teacher
         self.parameters = parameters if parameters is not None else backbone.count_params()
+        self.sentence_encoder = SentenceEncoder(backbone, tokenizer, SEQUENCE_LENGTH)
 
     def pooled(self, texts, batch_size=32):
-        from training.tasks.distill import mean_embeddings
-
-        return mean_embeddings(self.backbone, self.tokenizer, texts, SEQUENCE_LENGTH, batch_size)
+        return self.sentence_encoder.pooled(texts, batch_size)
 
     def embed(self, texts):
         return unit(self.pooled(texts))

@@ -39,6 +39,7 @@ import typing
 import keras
 import numpy as np
 
+from training import embeddings
 from training.tasks.base import Task
 from training.tasks.base import TaskSettings
 
@@ -184,7 +185,7 @@ class DistillTask(Task):
         _, teacher, _ = runs.load_source(self.source.path)
         tokenizer = wordpiece_tokenizer(self.vocabulary_file(), **tokenizer_settings(self.config))
         pad = tokenizer.token_to_id("[PAD]")
-        word_ids, mask = _padded(_truncated(tokenizer, self.train_texts[:STREAM_TEXTS], self.training.sequence_length), pad)
+        word_ids, mask = embeddings.padded(embeddings.token_ids(tokenizer, self.train_texts[:STREAM_TEXTS], self.training.sequence_length), pad)
         inputs = {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": np.zeros_like(word_ids)}
         projection, gain = stream_directions(teacher, inputs, backbone.hidden_size)
         projection = shrink_into(teacher, backbone, projection, gain_scale=gain)
@@ -306,64 +307,21 @@ def teacher_outputs(task, tokenizer, texts):
             raise ValueError(f"{base}.npy does not match the sha256 recorded in {base}.json (changed or cut short): "
                              "delete both files to compute the teacher's outputs again.")
         return np.load(io.BytesIO(data))
-    embeddings = compute_teacher_embeddings(task.source, tokenizer, texts, task.training.sequence_length)
+    vectors = compute_teacher_embeddings(task.source, tokenizer, texts, task.training.sequence_length)
     buffer = io.BytesIO()
-    np.save(buffer, embeddings)
+    np.save(buffer, vectors)
     tf.io.gfile.makedirs(directory)
     runs.write_bytes_atomically(base + ".npy", buffer.getvalue())
     runs.write_json_atomically(base + ".json", {"sha256": hashlib.sha256(buffer.getvalue()).hexdigest(), "texts": len(texts),
-                                                "width": int(embeddings.shape[1]), "teacher": task.source.name,
+                                                "width": int(vectors.shape[1]), "teacher": task.source.name,
                                                 "sequence_length": task.training.sequence_length})
-    return embeddings
+    return vectors
 
 
 def compute_teacher_embeddings(source, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH):
-    """The teacher's unit mean embeddings of `texts` (see `mean_embeddings`)."""
+    """The teacher's unit mean embeddings of `texts` (`training.embeddings.SentenceEncoder`)."""
     from training import runs
 
     _, teacher, _ = runs.load_source(source.path)
-    pooled = mean_embeddings(teacher, tokenizer, texts, sequence_length, batch_size, desc="teacher outputs")
-    return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
-
-
-def mean_embeddings(encoder, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH, desc=None):
-    """The mean of `encoder`'s token vectors over each text's real tokens, float32 (N, D), computed in
-    length-sorted batches, each padded to its longest text ([CLS] text [SEP], cut as the packer cuts)."""
-    import tensorflow as tf
-    from tqdm import tqdm
-
-    ids = _truncated(tokenizer, texts, sequence_length)
-    pad = tokenizer.token_to_id("[PAD]")
-    order = np.argsort([len(row) for row in ids], kind="stable")
-    forward = tf.function(lambda word_ids, mask: encoder({"input_word_ids": word_ids, "input_mask": mask,
-                                                          "input_type_ids": tf.zeros_like(word_ids)}, training=False)["sequence_output"],
-                          reduce_retracing=True)
-    pooled = np.zeros((len(texts), encoder.hidden_size), np.float32)
-    for first in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", mininterval=2.0, disable=desc is None):
-        rows = order[first:first + batch_size]
-        word_ids, mask = _padded([ids[row] for row in rows], pad)
-        sequence = forward(tf.constant(word_ids), tf.constant(mask)).numpy()
-        pooled[rows] = (sequence * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
-    return pooled
-
-
-def _padded(rows, pad):
-    """Id rows -> (word ids, mask), int32 (N, longest row), padded with `pad`."""
-    width = max(len(row) for row in rows)
-    word_ids = np.full((len(rows), width), pad, np.int32)
-    mask = np.zeros((len(rows), width), np.int32)
-    for line, row in enumerate(rows):
-        word_ids[line, :len(row)], mask[line, :len(row)] = row, 1
-    return word_ids, mask
-
-
-def _truncated(tokenizer, texts, sequence_length, chunk=1024):
-    """[CLS] text [SEP] ids of each text, as the student's packer makes them: pieces cut to sequence_length - 2."""
-    import tensorflow as tf
-
-    first, last = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    rows = []
-    for start in range(0, len(texts), chunk):
-        pieces = tokenizer(tf.constant(texts[start:start + chunk]))
-        rows += [[first, *row[: sequence_length - 2], last] for row in pieces.to_list()]
-    return rows
+    encoder = embeddings.SentenceEncoder(teacher, tokenizer, sequence_length)
+    return encoder.encode(texts, batch_size, progress="teacher outputs")

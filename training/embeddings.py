@@ -1,0 +1,102 @@
+"""Sentence embeddings of a list of strings: `SentenceEncoder` (a preset or run by name, `encode`).
+
+    >>> from training.embeddings import SentenceEncoder
+    >>> encoder = SentenceEncoder.from_preset("path/to/preset")   # or a run directory
+    >>> vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell."])   # (2, width) float32, unit rows
+
+Texts are tokenised as the encoder's vocabulary says (`training.tokenizer`, BERT's WordPiece), cut to
+`sequence_length` tokens, sorted by length and run in batches, each padded to its own longest text, so
+that short texts cost little; the embedding is the mean of the token vectors over the real tokens
+(sentence-transformers' mean pooling), scaled to unit length unless `normalize=False`.
+"""
+
+import numpy as np
+
+
+class SentenceEncoder:
+    """A backbone (`BertEncoder`), its tokenizer and the pooling: `encode(texts)` -> numpy (N, width)."""
+
+    def __init__(self, backbone, tokenizer, sequence_length=128):
+        if isinstance(sequence_length, bool) or not isinstance(sequence_length, int) or sequence_length < 3:
+            raise ValueError(f"`sequence_length` must be an integer >= 3. Received: sequence_length={sequence_length!r}")
+        import tensorflow as tf
+
+        self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, sequence_length
+        self._forward = tf.function(lambda word_ids, mask: backbone({"input_word_ids": word_ids, "input_mask": mask,
+                                                                     "input_type_ids": tf.zeros_like(word_ids)}, training=False)["sequence_output"],
+                                    reduce_retracing=True)
+
+    @classmethod
+    def from_preset(cls, preset, sequence_length=128):
+        """A Keras preset directory (`concise-export`'s `keras/`), a run directory or a Hugging Face BERT folder."""
+        import os
+
+        from models.bert import BertEncoder
+        from models.presets import tokenizer_settings
+        from training import runs
+        from training.tokenizer import wordpiece_tokenizer
+
+        from models.presets import METADATA_FILE
+
+        if os.path.isfile(os.path.join(str(preset), METADATA_FILE)):  # a Keras preset (runs have none)
+            settings = tokenizer_settings(preset)
+            return cls(BertEncoder.from_preset(preset), wordpiece_tokenizer(**settings), sequence_length)
+        source, backbone, _ = runs.load_source(preset)
+        tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
+                                        strip_accents=source.tokenizer.get("strip_accents"))
+        return cls(backbone, tokenizer, sequence_length)
+
+    @property
+    def width(self):
+        return self.backbone.hidden_size
+
+    def encode(self, texts, batch_size=32, normalize=True, progress=None):
+        """float32 (len(texts), width): one embedding per string, in the order given (`progress`: a
+        progress bar's caption, None for none)."""
+        if isinstance(texts, str) or not all(isinstance(text, str) for text in texts):
+            raise ValueError("`texts` must be a list of strings.")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}")
+        if not texts:
+            return np.zeros((0, self.width), np.float32)
+        pooled = self.pooled(list(texts), batch_size, progress)
+        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12) if normalize else pooled
+
+    def pooled(self, texts, batch_size=32, progress=None):
+        """The mean of the token vectors over each text's real tokens, float32 (N, width), computed in
+        length-sorted batches, each padded to its longest text ([CLS] text [SEP], cut to sequence_length)."""
+        import tensorflow as tf
+        from tqdm import tqdm
+
+        ids = token_ids(self.tokenizer, texts, self.sequence_length)
+        pad = self.tokenizer.token_to_id("[PAD]")
+        order = np.argsort([len(row) for row in ids], kind="stable")
+        pooled = np.zeros((len(texts), self.width), np.float32)
+        for first in tqdm(range(0, len(texts), batch_size), desc=progress, unit="batch", mininterval=2.0, disable=progress is None):
+            rows = order[first:first + batch_size]
+            word_ids, mask = padded([ids[row] for row in rows], pad)
+            sequence = self._forward(tf.constant(word_ids), tf.constant(mask)).numpy()
+            pooled[rows] = (sequence * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+        return pooled
+
+
+def padded(rows, pad):
+    """Id rows -> (word ids, mask), int32 (N, longest row), padded with `pad`."""
+    width = max(len(row) for row in rows)
+    word_ids = np.full((len(rows), width), pad, np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for line, row in enumerate(rows):
+        word_ids[line, :len(row)], mask[line, :len(row)] = row, 1
+    return word_ids, mask
+
+
+def token_ids(tokenizer, texts, sequence_length, chunk=1024):
+    """[CLS] text [SEP] ids of each text, as the student's packer makes them: pieces cut to sequence_length - 2."""
+    import tensorflow as tf
+
+    first, last = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    rows = []
+    for start in range(0, len(texts), chunk):
+        pieces = tokenizer(tf.constant(texts[start:start + chunk]))
+        rows += [[first, *row[: sequence_length - 2], last] for row in pieces.to_list()]
+    return rows
