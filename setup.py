@@ -18,7 +18,7 @@ setuptools.setup(
     license="Apache-2.0",
     python_requires=">=3.10,<3.13",
     packages=setuptools.find_packages(include=["models*", "training*", "export*", "configs*"]),
-    package_data={"configs": ["*.yaml"], "training": ["data/*.txt", "data/*/*"]},
+    package_data={"configs": ["*.yaml"], "training": ["data/*.txt", "data/*/*"], "models": ["shipped/*/*", "shipped/*/assets/tokenizer/*"]},
     install_requires=[
         "tensorflow>=2.20,<2.21",
         "keras>=3.10,<4",

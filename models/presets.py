@@ -9,6 +9,10 @@
     PRESET/tokenizer.json                    the tokenizer's settings (written by the exporter):
     PRESET/assets/tokenizer/vocabulary.txt   `lowercase`, `strip_accents`, the vocabulary asset
 
+`preset` is a folder, or the name of a preset shipped inside the package (`models/shipped/NAME/`,
+`shipped_presets()`): float16 weights, vocabulary, model card (README.md) and a manifest.json of every
+file's sha256, checked before anything is read (for any folder that has one).
+
 A preset is a plain Keras model directory: `BertEncoder.from_preset(path)` rebuilds the encoder
 from config.json and loads model.weights.h5, so it fine-tunes in Keras 3 with any optimizer
 (every variable is a Keras variable; no SavedModel in between). The task classes load
@@ -21,6 +25,7 @@ Example:
 >>> pretrainer = BertPretrainer.from_preset("exported/hub/1/keras")   # when saved with its MLM head
 """
 
+import hashlib
 import json
 import os
 
@@ -33,6 +38,57 @@ TASK_WEIGHTS_FILE = "task.weights.h5"
 METADATA_FILE = "metadata.json"
 TOKENIZER_FILE = "tokenizer.json"
 VOCABULARY_ASSET = "assets/tokenizer/vocabulary.txt"
+MANIFEST_FILE = "manifest.json"
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shipped")
+
+
+def shipped_presets():
+    """The names of the presets shipped inside the package."""
+    if not os.path.isdir(SHIPPED_DIR):
+        return []
+    return sorted(name for name in os.listdir(SHIPPED_DIR) if os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE)))
+
+
+def resolve(preset):
+    """The folder of `preset` (a folder, or a shipped preset's name), its manifest checked."""
+    path = str(preset)
+    if not os.path.isdir(path):
+        if path not in shipped_presets():
+            raise ValueError(f"{path!r} is neither a preset folder nor a shipped preset (shipped: {', '.join(shipped_presets()) or 'none'}).")
+        path = os.path.join(SHIPPED_DIR, path)
+    check_manifest(path)
+    return path
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(folder):
+    for root, _, names in os.walk(folder):
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            if relative != MANIFEST_FILE:
+                yield relative
+
+
+def write_manifest(folder):
+    """Writes manifest.json: the sha256 of every other file of `folder`."""
+    _write(folder, MANIFEST_FILE, {"sha256": {name: _sha256(os.path.join(folder, name)) for name in sorted(_files(folder))}})
+
+
+def check_manifest(folder):
+    """Raises ValueError naming the first file of `folder` that is missing or differs from its manifest."""
+    if not os.path.isfile(os.path.join(folder, MANIFEST_FILE)):
+        return
+    for name, expected in _read(folder, MANIFEST_FILE)["sha256"].items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path) or _sha256(path) != expected:
+            raise ValueError(f"{path} is missing or does not match the sha256 in {os.path.join(folder, MANIFEST_FILE)}: reinstall the package or re-export the preset.")
 
 
 def _read(preset, name):
@@ -57,12 +113,18 @@ def _check_class(config, cls, path):
         raise ValueError(f"{path} holds a {config.get('registered_name')!r}, not a {expected!r}.")
 
 
-def save_to_preset(model, preset):
-    """Writes `model` (a backbone, or a task model with `.encoder`) as a preset into the folder `preset`."""
+def save_to_preset(model, preset, weights_dtype=None):
+    """Writes `model` (a backbone, or a task model with `.encoder`) as a preset into the folder `preset`;
+    `weights_dtype="float16"` stores the backbone's weights at half size (they load into any dtype)."""
     os.makedirs(str(preset), exist_ok=True)
     backbone = getattr(model, "encoder", model)
     _write(preset, CONFIG_FILE, keras.saving.serialize_keras_object(backbone))
-    backbone.save_weights(os.path.join(str(preset), WEIGHTS_FILE))
+    stored = backbone
+    if weights_dtype is not None:
+        stored = backbone.__class__.from_config({**backbone.get_config(), "dtype": weights_dtype})
+        for target, variable in zip(stored.weights, backbone.weights):
+            target.assign(keras.ops.cast(variable, weights_dtype))
+    stored.save_weights(os.path.join(str(preset), WEIGHTS_FILE))
     if backbone is not model:
         _write(preset, TASK_CONFIG_FILE, keras.saving.serialize_keras_object(model))
         model.save_weights(os.path.join(str(preset), TASK_WEIGHTS_FILE))
@@ -76,6 +138,7 @@ class PresetMixin:
     def from_preset(cls, preset, **kwargs):
         """The backbone of `preset`, weights loaded; `kwargs` change constructor arguments
         that do not change the weights (e.g. `dropout=0.0`)."""
+        preset = resolve(preset)
         config = _read(preset, CONFIG_FILE)
         _check_class(config, cls, os.path.join(str(preset), CONFIG_FILE))
         model = cls.from_config({**config["config"], **kwargs})
@@ -92,6 +155,7 @@ class TaskPresetMixin:
     def from_preset(cls, preset, **kwargs):
         """The task model saved in `preset` (task.json of this class, no `kwargs`), else a new
         head of this class, built with `kwargs`, on the preset's backbone."""
+        preset = resolve(preset)
         task_path = os.path.join(str(preset), TASK_CONFIG_FILE)
         if not kwargs and os.path.isfile(task_path):
             config = _read(preset, TASK_CONFIG_FILE)
@@ -109,6 +173,7 @@ class TaskPresetMixin:
 def tokenizer_settings(preset):
     """The tokenizer of `preset` as `training.tokenizer.wordpiece_tokenizer`'s arguments:
     dict(path=the vocabulary, lowercase, strip_accents)."""
+    preset = resolve(preset)
     settings = _read(preset, TOKENIZER_FILE)
     return {"path": os.path.join(str(preset), settings["vocabulary"]), "lowercase": settings["lowercase"],
             "strip_accents": settings["strip_accents"]}

@@ -35,3 +35,27 @@ def test_encode_gives_the_reference_mean_embeddings_in_order(encoder, minilm_dir
 def test_bad_arguments_name_the_argument(encoder, texts, batch_size, message):
     with pytest.raises(ValueError, match=message):
         encoder.encode(texts, batch_size=batch_size)
+
+
+def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(minilm_dir, tmp_path, monkeypatch):
+    from models import presets
+    from models.hf_import import load_hf_bert
+
+    folder = tmp_path / "shipped" / "minilm_f16"
+    presets.save_to_preset(load_hf_bert(minilm_dir), folder, weights_dtype="float16")
+    presets.save_tokenizer(folder, (minilm_dir / "vocab.txt").read_text(encoding="utf-8"), True, True)
+    presets.write_manifest(folder)
+    assert (folder / presets.WEIGHTS_FILE).stat().st_size < 22_713_216 * 2 * 1.01  # 2 bytes a parameter: float16
+    monkeypatch.setattr(presets, "SHIPPED_DIR", str(tmp_path / "shipped"))
+    assert presets.shipped_presets() == ["minilm_f16"]
+    expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", TEXTS, 64))
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    vectors = SentenceEncoder.from_preset("minilm_f16", sequence_length=64).encode(TEXTS)
+    np.testing.assert_allclose(vectors, expected, atol=3e-3)  # float16 weights
+    assert np.min(np.sum(vectors * expected, axis=1)) > 0.9999
+    with pytest.raises(ValueError, match="'minilm_l6' is neither a preset folder nor a shipped preset \\(shipped: minilm_f16\\)"):
+        SentenceEncoder.from_preset("minilm_l6")
+    vocabulary = folder / presets.VOCABULARY_ASSET
+    vocabulary.write_text(vocabulary.read_text(encoding="utf-8").replace("[UNK]", "[UNKNOWN]"), encoding="utf-8")
+    with pytest.raises(ValueError, match="vocabulary.txt is missing or does not match the sha256"):
+        SentenceEncoder.from_preset("minilm_f16")

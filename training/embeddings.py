@@ -28,18 +28,18 @@ class SentenceEncoder:
 
     @classmethod
     def from_preset(cls, preset, sequence_length=128):
-        """A Keras preset directory (`concise-export`'s `keras/`), a run directory or a Hugging Face BERT folder."""
+        """A shipped preset's name (`models.presets.shipped_presets()`), a Keras preset folder
+        (`concise-export`'s `keras/`), a run directory or a Hugging Face BERT folder."""
         import os
 
+        from models import presets
         from models.bert import BertEncoder
-        from models.presets import tokenizer_settings
         from training import runs
         from training.tokenizer import wordpiece_tokenizer
 
-        from models.presets import METADATA_FILE
-
-        if os.path.isfile(os.path.join(str(preset), METADATA_FILE)):  # a Keras preset (runs have none)
-            settings = tokenizer_settings(preset)
+        if not os.path.isdir(str(preset)) or os.path.isfile(os.path.join(str(preset), presets.METADATA_FILE)):  # runs have none
+            preset = presets.resolve(preset)
+            settings = presets.tokenizer_settings(preset)
             return cls(BertEncoder.from_preset(preset), wordpiece_tokenizer(**settings), sequence_length)
         source, backbone, _ = runs.load_source(preset)
         tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
