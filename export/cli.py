@@ -25,6 +25,7 @@ def main(argv=None):
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--run", help="a run directory (config.json, backbone.weights.h5, vocab.txt) or a concise-collaborative output")
     source.add_argument("--hf-dir", help="a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt, tokenizer_config.json)")
+    source.add_argument("--preset", help="a preset shipped with the package (by name) or a Keras preset folder")
     parser.add_argument("--out", required=True, help="export directory (versions already in it are kept)")
     parser.add_argument("--version", type=int, help="integer version (default: one above the highest present)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
@@ -33,8 +34,8 @@ def main(argv=None):
     parser.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="serving embedding: mean of tokens or pooled [CLS]")
     parser.add_argument("--recover", action="store_true", help="only finish the commits of killed exports into OUT and remove their leftovers")
     args = parser.parse_args(argv)
-    if not args.recover and not (args.run or args.hf_dir):
-        parser.error("--run or --hf-dir is required (unless --recover)")
+    if not args.recover and not (args.run or args.hf_dir or args.preset):
+        parser.error("--run, --hf-dir or --preset is required (unless --recover)")
     try:
         if args.recover:
             print(json.dumps(commit.recover(args.out, _store(args.out)), indent=1))
@@ -42,7 +43,7 @@ def main(argv=None):
         commit.check_out_dir(args.out, _store(args.out))  # before TensorFlow is imported
         from export.savedmodels import export_run
 
-        written = export_run(args.run or args.hf_dir, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
+        written = export_run(args.run or args.hf_dir or args.preset, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
                              model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None)
     except ValueError as error:
         parser.exit(2, f"concise-export: error: {error}\n")

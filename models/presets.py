@@ -170,6 +170,14 @@ class TaskPresetMixin:
     save_to_preset = save_to_preset
 
 
+def backbone_arguments(preset, cls):
+    """The constructor arguments of the `cls` (e.g. `BertEncoder`) saved in `preset`."""
+    preset = resolve(preset)
+    config = _read(preset, CONFIG_FILE)
+    _check_class(config, cls, os.path.join(preset, CONFIG_FILE))
+    return {name: config["config"][name] for name in cls.config_arguments() if name in config["config"]}
+
+
 def tokenizer_settings(preset):
     """The tokenizer of `preset` as `training.tokenizer.wordpiece_tokenizer`'s arguments:
     dict(path=the vocabulary, lowercase, strip_accents)."""

@@ -37,16 +37,24 @@ def test_bad_arguments_name_the_argument(encoder, texts, batch_size, message):
         encoder.encode(texts, batch_size=batch_size)
 
 
-def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(minilm_dir, tmp_path, monkeypatch):
+def _ship(minilm_dir, root, monkeypatch):
+    """all-MiniLM-L6-v2 as a shipped preset `minilm_f16` (float16 weights, manifest) under `root`."""
     from models import presets
     from models.hf_import import load_hf_bert
 
-    folder = tmp_path / "shipped" / "minilm_f16"
+    folder = root / "minilm_f16"
     presets.save_to_preset(load_hf_bert(minilm_dir), folder, weights_dtype="float16")
     presets.save_tokenizer(folder, (minilm_dir / "vocab.txt").read_text(encoding="utf-8"), True, True)
     presets.write_manifest(folder)
+    monkeypatch.setattr(presets, "SHIPPED_DIR", str(root))
+    return folder
+
+
+def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(minilm_dir, tmp_path, monkeypatch):
+    from models import presets
+
+    folder = _ship(minilm_dir, tmp_path / "shipped", monkeypatch)
     assert (folder / presets.WEIGHTS_FILE).stat().st_size < 22_713_216 * 2 * 1.01  # 2 bytes a parameter: float16
-    monkeypatch.setattr(presets, "SHIPPED_DIR", str(tmp_path / "shipped"))
     assert presets.shipped_presets() == ["minilm_f16"]
     expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", TEXTS, 64))
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
@@ -59,3 +67,17 @@ def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(mini
     vocabulary.write_text(vocabulary.read_text(encoding="utf-8").replace("[UNK]", "[UNKNOWN]"), encoding="utf-8")
     with pytest.raises(ValueError, match="vocabulary.txt is missing or does not match the sha256"):
         SentenceEncoder.from_preset("minilm_f16")
+
+
+def test_a_shipped_preset_exports_and_serves_like_any_model(minilm_dir, tmp_path, monkeypatch):
+    """concise-export --preset NAME: the served embedding equals the preset's encode()."""
+    import tensorflow as tf
+
+    from export import cli
+
+    _ship(minilm_dir, tmp_path / "shipped", monkeypatch)
+    assert cli.main(["--preset", "minilm_f16", "--out", str(tmp_path / "export"), "--seq-length", "64"]) == 0
+    served = tf.saved_model.load(str(tmp_path / "export" / "serving" / "1")).signatures["serving_default"](text=tf.constant(TEXTS))
+    embedding = served["embedding"].numpy()
+    np.testing.assert_allclose(embedding / np.linalg.norm(embedding, axis=1, keepdims=True),
+                               SentenceEncoder.from_preset("minilm_f16", sequence_length=64).encode(TEXTS), atol=2e-5)

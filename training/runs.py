@@ -132,12 +132,21 @@ def read_source(path, kind=None):
         kind: "hf" or "run" to insist on one (the error then says what is missing), or None.
     """
     path = str(path)
+    if kind is None and not tf.io.gfile.isdir(path):
+        from models import presets
+
+        if path in presets.shipped_presets():
+            return _read_preset(presets.resolve(path))
     if not tf.io.gfile.isdir(path):
-        raise ValueError(f"Not a directory: {path!r} (expected a run directory or a Hugging Face BERT folder).")
+        raise ValueError(f"Not a directory: {path!r} (expected a run directory, a Hugging Face BERT folder or a preset).")
     if kind == "hf" and not is_hf_folder(path):
         raise ValueError(f"{path} has no model.safetensors: not a Hugging Face BERT folder.")
     if kind != "run" and is_hf_folder(path):
         return _read_hf_folder(path)
+    if kind is None and is_preset_folder(path):
+        from models import presets
+
+        return _read_preset(presets.resolve(path))
     config = read_json(join(path, CONFIG))
     for key in ("model_type", "model"):
         if key not in config:
@@ -153,6 +162,23 @@ def read_source(path, kind=None):
                   tokenizer_settings(config, join(path, CONFIG)), config.get("task"),
                   model_weights=model_weights if tf.io.gfile.exists(model_weights) else None,
                   name=config.get("name") or _basename(path))
+
+
+def is_preset_folder(path):
+    from models import presets
+
+    return tf.io.gfile.exists(join(path, presets.METADATA_FILE)) and tf.io.gfile.exists(join(path, presets.TOKENIZER_FILE))
+
+
+def _read_preset(path):
+    """A Keras preset folder (`models.presets`; a shipped preset's) as a source: its BERT encoder."""
+    from models import presets
+    from models.bert import BertEncoder
+
+    model = presets.backbone_arguments(path, BertEncoder)
+    settings = presets.tokenizer_settings(path)
+    return Source(path, "preset", "bert", model, join(path, presets.WEIGHTS_FILE), settings["path"],
+                  {"lowercase": settings["lowercase"], "strip_accents": settings["strip_accents"]}, name=_basename(path))
 
 
 def _read_hf_folder(path):
@@ -193,7 +219,11 @@ def load_source(path, kind=None):
         `concise-collaborative` output, a BertModel checkpoint).
     """
     source = read_source(path, kind)
-    if source.kind == "hf":
+    if source.kind == "preset":
+        from models.bert import BertEncoder
+
+        backbone, model = BertEncoder.from_preset(source.path), None
+    elif source.kind == "hf":
         from models.hf_import import load_hf_model
 
         backbone, model = load_hf_model(source.path)
