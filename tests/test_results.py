@@ -11,6 +11,7 @@ import importlib.util
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -81,3 +82,17 @@ def test_readme_collaborative_protocol_and_fine_tuning_figures_are_the_committed
     figure = f"dev accuracy **{100 * tuned['eval_accuracy']:.1f}%** against {100 * record['majority_class_accuracy']:.1f}%"
     assert figure in README, figure
     assert f"{tuned['steps']} steps" in README and f"{record['seconds'] / 60:.0f} min" in README
+
+
+def test_readme_distillation_table_is_the_committed_data():
+    """The distillation table is `distill_eval.py --markdown` of the committed results, which name their
+    machine, date and command; recall@10 is recomputed here for a hand-made case."""
+    distill_eval = _benchmark_module("distill_eval")
+    result = json.loads((RESULTS / "distill_eval.json").read_text())
+    assert result["machine"] and result["date"] and result["command"].startswith("python benchmarks/distill_eval.py")
+    rows = result["rows"]
+    assert distill_eval.table(rows, next(iter(rows))) in README
+    queries, own = np.eye(12)[:3], np.eye(12)[:3] * 0.5  # query i's own document is row i
+    assert distill_eval.recall_at_10(queries, own) == 1.0
+    closer = np.tile(np.eye(12)[0], (10, 1))  # 10 more documents nearer to query 0 than its own
+    assert distill_eval.recall_at_10(queries, np.vstack([own, closer])) == pytest.approx(2 / 3)

@@ -29,18 +29,10 @@ class SentenceEncoder:
     @classmethod
     def from_preset(cls, preset, sequence_length=128):
         """A shipped preset's name (`models.presets.shipped_presets()`), a Keras preset folder
-        (`concise-export`'s `keras/`), a run directory or a Hugging Face BERT folder."""
-        import os
-
-        from models import presets
-        from models.bert import BertEncoder
+        (`concise-export`'s `keras/`), a run directory (local or gs://) or a Hugging Face BERT folder."""
         from training import runs
         from training.tokenizer import wordpiece_tokenizer
 
-        if not os.path.isdir(str(preset)) or os.path.isfile(os.path.join(str(preset), presets.METADATA_FILE)):  # runs have none
-            preset = presets.resolve(preset)
-            settings = presets.tokenizer_settings(preset)
-            return cls(BertEncoder.from_preset(preset), wordpiece_tokenizer(**settings), sequence_length)
         source, backbone, _ = runs.load_source(preset)
         tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
                                         strip_accents=source.tokenizer.get("strip_accents"))

@@ -132,13 +132,13 @@ def read_source(path, kind=None):
         kind: "hf" or "run" to insist on one (the error then says what is missing), or None.
     """
     path = str(path)
-    if kind is None and not tf.io.gfile.isdir(path):
+    if not tf.io.gfile.isdir(path):
         from models import presets
 
-        if path in presets.shipped_presets():
+        if kind is None and path in presets.shipped_presets():
             return _read_preset(presets.resolve(path))
-    if not tf.io.gfile.isdir(path):
-        raise ValueError(f"Not a directory: {path!r} (expected a run directory, a Hugging Face BERT folder or a preset).")
+        raise ValueError(f"Not a directory: {path!r} (expected a run directory, a Hugging Face BERT folder, a preset "
+                         f"folder or a shipped preset: {', '.join(presets.shipped_presets()) or 'none is shipped'}).")
     if kind == "hf" and not is_hf_folder(path):
         raise ValueError(f"{path} has no model.safetensors: not a Hugging Face BERT folder.")
     if kind != "run" and is_hf_folder(path):
