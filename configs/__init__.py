@@ -299,7 +299,10 @@ def _read(name_or_path, seen=()):
 def _merge(base, override):
     merged = dict(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if key == "attention" and isinstance(value, dict) and isinstance(merged.get(key), dict) \
+                and value.get("type", merged[key].get("type")) != merged[key].get("type"):
+            merged[key] = value  # another attention type: its base's arguments (head_size...) do not apply
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = _merge(merged[key], value)
         else:
             merged[key] = value

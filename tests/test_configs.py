@@ -144,6 +144,9 @@ def test_nested_attention_overrides():
     standard = configs.load_config("tiny_lm", ["model.attention.type=standard", "model.attention.head_size=null"])
     assert standard.model.attention == {"type": "standard"}
     assert standard.build_model().blocks[0].attention._head_size == 32 // 4
+    # A preset naming another attention type than its base's replaces the base's attention whole.
+    assert configs.load_config("distill_minilm_d192_standard").model.attention == {"type": "standard"}
+    assert configs.load_config("distill_minilm_d384_standard").model.attention == {"type": "standard"}
 
 
 def test_a_run_directory_written_before_the_nested_form_still_loads(tmp_path):
