@@ -19,7 +19,9 @@ Measures, on data never trained on:
 - retrieval recall@10: each held-out paragraph's first sentence finds the rest of its paragraph among
   `--pairs` candidates;
 - serving throughput (sentences/s of the encoder's forward pass over length-sorted batches, batch 1
-  and 32, medium held-out texts) and its ratio to the teacher measured in the same run, interleaved;
+  and 32, texts spread over the middle half of the held-out lengths) and its ratio to the teacher
+  measured in the same run, interleaved;
+Every encoder reads texts cut to the length the students were distilled at (`training.sequence_length`).
 - parameters, float16 size, embedding width.
 Results: `--out` (JSON) and a Markdown table on stdout, with the machine and the date.
 """
@@ -39,7 +41,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 WORDNET = pathlib.Path(__file__).resolve().parents[1] / "training" / "data" / "wordnet_topics"
-SEQUENCE_LENGTH = 128
 
 
 def unit(rows):
@@ -71,12 +72,14 @@ class Encoder:
     """A name, an embedding function (texts -> (N, D) unit rows), and optionally the way into the teacher's
     space (texts -> (N, D_teacher) unit rows)."""
 
+    sequence_length = 64  # set by main(): the length the students were distilled at
+
     def __init__(self, name, backbone, tokenizer, to_teacher=None, parameters=None):
         from training.embeddings import SentenceEncoder
 
         self.name, self.backbone, self.tokenizer, self.to_teacher_space = name, backbone, tokenizer, to_teacher
         self.parameters = parameters if parameters is not None else backbone.count_params()
-        self.sentence_encoder = SentenceEncoder(backbone, tokenizer, SEQUENCE_LENGTH)
+        self.sentence_encoder = SentenceEncoder(backbone, tokenizer, self.sequence_length)
 
     def pooled(self, texts, batch_size=32):
         return self.sentence_encoder.pooled(texts, batch_size)
@@ -169,10 +172,11 @@ def probe_accuracy(train_x, train_y, dev_x, dev_y):
 
 
 def recall_at_10(queries, documents):
-    """Share of queries whose own document (same row) is among the 10 most similar documents."""
+    """Share of queries whose own document (same row) is among the 10 most similar documents; a
+    document scoring the same as the own one counts as ranked above it."""
     scores = np.asarray(queries @ documents.T)
     own = np.diag(scores)
-    return float(np.mean(np.sum(scores > own[:, None], axis=1) < 10))
+    return float(np.mean(np.sum(scores >= own[:, None], axis=1) - 1 < 10))
 
 
 def bag_of_words(probe, pairs):
@@ -191,7 +195,7 @@ def throughput(encoders, texts, rounds=3):
     """Median sentences/s of each distinct backbone's forward pass at batch 1 and 32, interleaved."""
     timings = {}
     for batch_size, count in ((1, 64), (32, 512)):
-        chosen = texts[:count]
+        chosen = texts[:: max(1, len(texts) // count)][:count]  # spread over the same band of lengths
         for encoder in encoders:
             encoder.pooled(chosen[:batch_size * 2], batch_size)  # warm-up: traces
         for _ in range(rounds):
@@ -235,8 +239,13 @@ def main(argv=None):
         return
     if not (args.runs and args.data_dir):
         parser.error("--runs and --data-dir are required (unless --markdown)")
+    from training import runs
     from training.tasks.distill import default_teacher
 
+    lengths = {runs.load_model(run)[0].training.sequence_length for run in args.runs}
+    if len(lengths) != 1:
+        parser.error(f"the runs were distilled at different lengths {sorted(lengths)}: compare them in separate tables")
+    Encoder.sequence_length = lengths.pop()
     texts, pairs, fit_texts = heldout_data(args.data_dir, args.texts, args.pairs, args.fit_texts)
     probe = (read_tsv(WORDNET / "train.tsv"), read_tsv(WORDNET / "dev.tsv"))
     teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), fit_texts)
@@ -253,7 +262,7 @@ def main(argv=None):
         rows[name][f"sentences_per_s_batch_{batch_size}"] = value
     result = {"machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
               "date": datetime.date.today().isoformat(), "command": " ".join(["python benchmarks/distill_eval.py", *(argv or sys.argv[1:])]),
-              "texts": len(texts), "pairs": len(pairs[0]), "rows": rows}
+              "texts": len(texts), "pairs": len(pairs[0]), "sequence_length": Encoder.sequence_length, "rows": rows}
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))

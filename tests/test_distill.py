@@ -93,6 +93,16 @@ def test_a_teacher_read_with_other_tokenizer_settings_is_refused(tmp_path):
         _task(tmp_path, "tokenizer.lowercase=false")
 
 
+def test_another_vocabulary_or_a_length_beyond_the_teachers_positions_is_refused(tmp_path, minilm_dir):
+    other = tmp_path / "vocab.txt"
+    other.write_text((minilm_dir / "vocab.txt").read_text(encoding="utf-8").replace("[unused0]", "[mine]"), encoding="utf-8")
+    with pytest.raises(ValueError, match=f"The vocabulary {other} differs from the teacher's"):
+        _task(tmp_path, f"tokenizer.vocabulary={other}")
+    _task(tmp_path, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}")  # the teacher's own: accepted
+    with pytest.raises(ValueError, match="training.sequence_length=600 exceeds the teacher's max_sequence_length=512"):
+        _task(tmp_path, "training.sequence_length=600")
+
+
 def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_dir):
     """student_init=teacher through the task's own hook: the stream projection, the re-split heads and the
     projection head give back the teacher's embeddings (numpy BERT) when nothing has to be dropped."""
@@ -114,7 +124,7 @@ def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_
 
 
 @pytest.mark.slow
-def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(tmp_path, capsys):
+def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(tmp_path, capsys, monkeypatch):
     """Through the CLI: the run's metrics equal numpy on the reloaded model's outputs and the cached
     teacher outputs; the export serves the student's mean embedding, 32-d, not the projection."""
     import tensorflow as tf
@@ -127,7 +137,9 @@ def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     metrics = json.loads(out[out.index("{"):])
-    config, model, backbone, vocabulary = runs.load_model(tmp_path / "run")
+    with monkeypatch.context() as patched:  # a finished run loads without its teacher
+        patched.setattr(distill, "default_teacher", lambda: pytest.fail("the teacher was looked up"))
+        config, model, backbone, vocabulary = runs.load_model(tmp_path / "run")
     assert config.task.teacher_width == 384 and backbone.hidden_size == 32
     task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
     task.check()

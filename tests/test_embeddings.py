@@ -27,6 +27,8 @@ def test_encode_gives_the_reference_mean_embeddings_in_order(encoder, minilm_dir
     raw = encoder.encode(TEXTS[:2], normalize=False)
     np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), expected[:2], atol=2e-5)
     assert encoder.encode([]).shape == (0, 384)
+    np.testing.assert_allclose(encoder.encode(np.array(TEXTS[:3])), encoder.encode(iter(TEXTS[:3])), atol=1e-6)
+    np.testing.assert_allclose(encoder.encode(iter(TEXTS[:3])), expected[:3], atol=2e-5)  # a generator is read once
 
 
 @pytest.mark.parametrize("texts, batch_size, message", [
@@ -35,6 +37,11 @@ def test_encode_gives_the_reference_mean_embeddings_in_order(encoder, minilm_dir
 def test_bad_arguments_name_the_argument(encoder, texts, batch_size, message):
     with pytest.raises(ValueError, match=message):
         encoder.encode(texts, batch_size=batch_size)
+
+
+def test_a_sequence_length_beyond_the_encoders_positions_is_refused(encoder):
+    with pytest.raises(ValueError, match="max_sequence_length=512"):
+        SentenceEncoder(encoder.backbone, encoder.tokenizer, sequence_length=513)
 
 
 def _ship(minilm_dir, root, monkeypatch):

@@ -96,3 +96,6 @@ def test_readme_distillation_table_is_the_committed_data():
     assert distill_eval.recall_at_10(queries, own) == 1.0
     closer = np.tile(np.eye(12)[0], (10, 1))  # 10 more documents nearer to query 0 than its own
     assert distill_eval.recall_at_10(queries, np.vstack([own, closer])) == pytest.approx(2 / 3)
+    tied = np.tile(np.eye(12)[1] * 0.5, (10, 1))  # 10 documents as near to query 1 as its own: a tie is a miss
+    assert distill_eval.recall_at_10(queries, np.vstack([own, tied])) == pytest.approx(2 / 3)
+    assert distill_eval.recall_at_10(queries, np.vstack([own, tied[:9]])) == 1.0

@@ -17,8 +17,10 @@ class SentenceEncoder:
     """A backbone (`BertEncoder`), its tokenizer and the pooling: `encode(texts)` -> numpy (N, width)."""
 
     def __init__(self, backbone, tokenizer, sequence_length=128):
-        if isinstance(sequence_length, bool) or not isinstance(sequence_length, int) or sequence_length < 3:
-            raise ValueError(f"`sequence_length` must be an integer >= 3. Received: sequence_length={sequence_length!r}")
+        limit = getattr(backbone, "max_sequence_length", sequence_length)
+        if isinstance(sequence_length, bool) or not isinstance(sequence_length, int) or not 3 <= sequence_length <= limit:
+            raise ValueError(f"`sequence_length` must be an integer in [3, the encoder's max_sequence_length={limit}]. "
+                             f"Received: sequence_length={sequence_length!r}")
         import tensorflow as tf
 
         self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, sequence_length
@@ -45,13 +47,16 @@ class SentenceEncoder:
     def encode(self, texts, batch_size=32, normalize=True, progress=None):
         """float32 (len(texts), width): one embedding per string, in the order given (`progress`: a
         progress bar's caption, None for none)."""
-        if isinstance(texts, str) or not all(isinstance(text, str) for text in texts):
+        if isinstance(texts, (str, bytes)):
+            raise ValueError("`texts` must be a list of strings, not one string.")
+        texts = [text.item() if isinstance(text, np.str_) else text for text in texts]  # a generator or numpy array too
+        if not all(isinstance(text, str) for text in texts):
             raise ValueError("`texts` must be a list of strings.")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}")
         if not texts:
             return np.zeros((0, self.width), np.float32)
-        pooled = self.pooled(list(texts), batch_size, progress)
+        pooled = self.pooled(texts, batch_size, progress)
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12) if normalize else pooled
 
     def pooled(self, texts, batch_size=32, progress=None):

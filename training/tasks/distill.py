@@ -144,9 +144,10 @@ class DistillTask(Task):
 
     name, Config = "distill", DistillSettings
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.teacher = self.settings.teacher or default_teacher()
+    @property
+    def teacher(self):
+        """The teacher's location, resolved only when it is needed (a finished run loads without it)."""
+        return self.settings.teacher or default_teacher()
 
     @functools.cached_property
     def source(self):
@@ -165,6 +166,11 @@ class DistillTask(Task):
         if tokenizer_settings(self.config) != teacher_settings:
             raise ValueError(f"The tokenizer settings {tokenizer_settings(self.config)} differ from the teacher's {teacher_settings} "
                              f"(task.teacher={self.teacher!r}): the student reads the teacher's vocabulary as the teacher does.")
+        _check_same_vocabulary(source.vocabulary, self.config.tokenizer.vocabulary or self.settings.init, self.teacher)
+        limit = int(source.model.get("max_sequence_length", self.training.sequence_length))
+        if self.training.sequence_length > limit:
+            raise ValueError(f"training.sequence_length={self.training.sequence_length} exceeds the teacher's max_sequence_length={limit} "
+                             f"(task.teacher={self.teacher!r}).")
         self.settings = dataclasses.replace(self.settings, teacher_width=int(source.model["hidden_size"]))
 
     def vocabulary_file(self):
@@ -247,6 +253,22 @@ class DistillTask(Task):
         teacher = self.eval_targets[:first] @ self.eval_targets[:first].T
         return {"eval_loss": loss, "eval_cosine_to_teacher": cosine,
                 "eval_similarity_spearman": metric_functions.spearman(teacher[upper], student[upper])}
+
+
+def _check_same_vocabulary(teacher_vocabulary, other, teacher):
+    """The student must read the teacher's vocabulary: `other` (tokenizer.vocabulary, or task.init's
+    folder) must hold the same tokens, else a one-line error names it."""
+    if not other:
+        return
+    import tensorflow as tf
+
+    from training import runs
+
+    path = other if not tf.io.gfile.isdir(other) else runs.read_source(other).vocabulary
+    with tf.io.gfile.GFile(teacher_vocabulary, "rb") as mine, tf.io.gfile.GFile(path, "rb") as theirs:
+        if mine.read().split() != theirs.read().split():
+            raise ValueError(f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
+                             "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset).")
 
 
 def _packer(tokenizer, sequence_length):
