@@ -155,6 +155,25 @@ class DistillTask(Task):
 
         return runs.read_source(self.teacher)
 
+    @functools.cached_property
+    def teacher_backbone(self):
+        """The teacher's encoder, weights loaded (once: the initialisation and the outputs share it)."""
+        from training import runs
+
+        return runs.load_source(self.source.path)[1]
+
+    @functools.cached_property
+    def teacher_digest(self):
+        """sha256 of the teacher's weights and vocabulary files (read once per run)."""
+        import tensorflow as tf
+
+        digest = hashlib.sha256()
+        for path in (self.source.weights, self.source.vocabulary):
+            with tf.io.gfile.GFile(path, "rb") as file:
+                for block in iter(lambda: file.read(1 << 20), b""):
+                    digest.update(block)
+        return digest.hexdigest()
+
     def check(self):
         super().check()
         from training.trainer import tokenizer_settings
@@ -184,11 +203,10 @@ class DistillTask(Task):
             return
         from models.shrink import shrink_into
         from models.shrink import stream_directions
-        from training import runs
         from training.tokenizer import wordpiece_tokenizer
         from training.trainer import tokenizer_settings
 
-        _, teacher, _ = runs.load_source(self.source.path)
+        teacher = self.teacher_backbone
         tokenizer = wordpiece_tokenizer(self.vocabulary_file(), **tokenizer_settings(self.config))
         pad = tokenizer.token_to_id("[PAD]")
         word_ids, mask = embeddings.padded(embeddings.token_ids(tokenizer, self.train_texts[:STREAM_TEXTS], self.training.sequence_length), pad)
@@ -263,12 +281,12 @@ def _check_same_vocabulary(teacher_vocabulary, other, teacher):
     import tensorflow as tf
 
     from training import runs
+    from training.text import read_vocabulary
 
     path = other if not tf.io.gfile.isdir(other) else runs.read_source(other).vocabulary
-    with tf.io.gfile.GFile(teacher_vocabulary, "rb") as mine, tf.io.gfile.GFile(path, "rb") as theirs:
-        if mine.read().split() != theirs.read().split():
-            raise ValueError(f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
-                             "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset).")
+    if read_vocabulary(teacher_vocabulary) != read_vocabulary(path):
+        raise ValueError(f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
+                         "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset).")
 
 
 def _packer(tokenizer, sequence_length):
@@ -290,13 +308,7 @@ def _packer(tokenizer, sequence_length):
 def cache_fingerprint(task, tokenizer, texts):
     """sha256 of what the teacher's outputs depend on: its weights and vocabulary, the tokenizer
     settings, the sequence length and the texts."""
-    import tensorflow as tf
-
-    digest = hashlib.sha256()
-    for path in (task.source.weights, task.source.vocabulary):
-        with tf.io.gfile.GFile(path, "rb") as file:
-            for block in iter(lambda: file.read(1 << 20), b""):
-                digest.update(block)
+    digest = hashlib.sha256(task.teacher_digest.encode())
     settings = {"lowercase": tokenizer.module.lowercase, "strip_accents": tokenizer.module.strip_accents,
                 "sequence_length": task.training.sequence_length, "pooling": "mean, unit length"}
     digest.update(json.dumps(settings, sort_keys=True).encode())
@@ -323,13 +335,15 @@ def teacher_outputs(task, tokenizer, texts):
     base = runs.join(directory, cache_fingerprint(task, tokenizer, texts))
     if tf.io.gfile.exists(base + ".json"):
         record = runs.read_json(base + ".json")
-        with tf.io.gfile.GFile(base + ".npy", "rb") as file:
-            data = file.read() if tf.io.gfile.exists(base + ".npy") else b""
+        data = b""
+        if tf.io.gfile.exists(base + ".npy"):
+            with tf.io.gfile.GFile(base + ".npy", "rb") as file:
+                data = file.read()
         if hashlib.sha256(data).hexdigest() != record.get("sha256"):
             raise ValueError(f"{base}.npy does not match the sha256 recorded in {base}.json (changed or cut short): "
                              "delete both files to compute the teacher's outputs again.")
         return np.load(io.BytesIO(data))
-    vectors = compute_teacher_embeddings(task.source, tokenizer, texts, task.training.sequence_length)
+    vectors = compute_teacher_embeddings(task.teacher_backbone, tokenizer, texts, task.training.sequence_length)
     buffer = io.BytesIO()
     np.save(buffer, vectors)
     tf.io.gfile.makedirs(directory)
@@ -340,10 +354,7 @@ def teacher_outputs(task, tokenizer, texts):
     return vectors
 
 
-def compute_teacher_embeddings(source, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH):
-    """The teacher's unit mean embeddings of `texts` (`training.embeddings.SentenceEncoder`)."""
-    from training import runs
-
-    _, teacher, _ = runs.load_source(source.path)
+def compute_teacher_embeddings(teacher, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH):
+    """The unit mean embeddings of `texts` by `teacher`, an encoder (`training.embeddings.SentenceEncoder`)."""
     encoder = embeddings.SentenceEncoder(teacher, tokenizer, sequence_length)
     return encoder.encode(texts, batch_size, progress="teacher outputs")
