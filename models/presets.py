@@ -81,14 +81,31 @@ def write_manifest(folder):
     _write(folder, MANIFEST_FILE, {"sha256": {name: _sha256(os.path.join(folder, name)) for name in sorted(_files(folder))}})
 
 
+# folder -> the (name, size, mtime) of its manifest and files when their sha256s last matched: one
+# load reads a preset through several entry points, each resolving it, and hashes its weights once.
+_VERIFIED = {}
+
+
+def _stamp(folder, names):
+    stats = [(name, os.stat(os.path.join(folder, name))) for name in (MANIFEST_FILE, *names)]
+    return tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
+
+
 def check_manifest(folder):
-    """Raises ValueError naming the first file of `folder` that is missing or differs from its manifest."""
+    """Raises ValueError naming the first file of `folder` that is missing or differs from its manifest
+    (files unchanged since they last matched, in this process, are not hashed again)."""
     if not os.path.isfile(os.path.join(folder, MANIFEST_FILE)):
         return
-    for name, expected in _read(folder, MANIFEST_FILE)["sha256"].items():
+    expected = _read(folder, MANIFEST_FILE)["sha256"]
+    missing = {name for name in expected if not os.path.isfile(os.path.join(folder, name))}
+    key = os.path.abspath(folder)
+    if not missing and _VERIFIED.get(key) == _stamp(folder, expected):
+        return
+    for name, digest in expected.items():
         path = os.path.join(folder, name)
-        if not os.path.isfile(path) or _sha256(path) != expected:
+        if name in missing or _sha256(path) != digest:
             raise ValueError(f"{path} is missing or does not match the sha256 in {os.path.join(folder, MANIFEST_FILE)}: reinstall the package or re-export the preset.")
+    _VERIFIED[key] = _stamp(folder, expected)
 
 
 def _read(preset, name):

@@ -1,6 +1,8 @@
 """`training.embeddings.SentenceEncoder`: `encode(list of strings)` equals a numpy BERT's mean embeddings
 (Hugging Face `tokenizers` ids) of all-MiniLM-L6-v2, in the order given, whatever the batch size."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -65,7 +67,10 @@ def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(mini
     assert presets.shipped_presets() == ["minilm_f16"]
     expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", TEXTS, 64))
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    hashed = []
+    monkeypatch.setattr(presets, "_sha256", lambda path, real=presets._sha256: hashed.append(path) or real(path))
     vectors = SentenceEncoder.from_preset("minilm_f16", sequence_length=64).encode(TEXTS)
+    assert sorted(hashed) == sorted(str(folder / name) for name in json.loads((folder / presets.MANIFEST_FILE).read_text())["sha256"])
     np.testing.assert_allclose(vectors, expected, atol=3e-3)  # float16 weights
     assert np.min(np.sum(vectors * expected, axis=1)) > 0.9999
     with pytest.raises(ValueError, match="Not a directory: 'minilm_l6' \\(.*a shipped preset: minilm_f16\\)"):
