@@ -122,12 +122,12 @@ def build_encoders(run_dirs, teacher_dir, fit_texts):
     import configs
     from models.shrink import shrink_into
     from training import runs
-    from training.tokenizer import wordpiece_tokenizer
+    from training.embeddings import SentenceEncoder
 
-    source, teacher_backbone, _ = runs.load_source(teacher_dir)
-    tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
-                                    strip_accents=source.tokenizer.get("strip_accents"))
-    teacher = Encoder(f"teacher {os.path.basename(os.path.dirname(source.path.rstrip('/'))) if source.name == 'model' else source.name}", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
+    loaded, source = SentenceEncoder.from_preset(teacher_dir), runs.read_source(teacher_dir)
+    teacher_backbone, tokenizer = loaded.backbone, loaded.tokenizer
+    name = os.path.basename(os.path.dirname(source.path.rstrip("/"))) if source.name == "model" else source.name  # a package's model/
+    teacher = Encoder(f"teacher {name}", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
     half = configs.BUILDERS[source.model_type](**(source.model | {"num_layers": source.model["num_layers"] // 2}))
     shrink_into(teacher_backbone, half)
     encoders = [Encoder(f"teacher, {half.num_layers} of {teacher_backbone.num_layers} layers", half, tokenizer,
@@ -242,7 +242,7 @@ def main(argv=None):
     from training import runs
     from training.tasks.distill import default_teacher
 
-    lengths = {runs.load_model(run)[0].training.sequence_length for run in args.runs}
+    lengths = {runs.read_json(runs.join(run, runs.CONFIG))["training"]["sequence_length"] for run in args.runs}
     if len(lengths) != 1:
         parser.error(f"the runs were distilled at different lengths {sorted(lengths)}: compare them in separate tables")
     Encoder.sequence_length = lengths.pop()
