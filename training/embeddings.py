@@ -23,10 +23,15 @@ class SentenceEncoder:
                              f"Received: sequence_length={sequence_length!r}")
         import tensorflow as tf
 
+        from models.heads import mean_pooled
+
         self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, sequence_length
-        self._forward = tf.function(lambda word_ids, mask: backbone({"input_word_ids": word_ids, "input_mask": mask,
-                                                                     "input_type_ids": tf.zeros_like(word_ids)}, training=False)["sequence_output"],
-                                    reduce_retracing=True)
+
+        def forward(word_ids, mask):  # pooled in the graph: (B, D) comes back, not (B, T, D)
+            inputs = {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": tf.zeros_like(word_ids)}
+            return mean_pooled(backbone(inputs, training=False)["sequence_output"], mask)
+
+        self._forward = tf.function(forward, reduce_retracing=True)
 
     @classmethod
     def from_preset(cls, preset, sequence_length=128):
@@ -72,8 +77,7 @@ class SentenceEncoder:
         for first in tqdm(range(0, len(texts), batch_size), desc=progress, unit="batch", mininterval=2.0, disable=progress is None):
             rows = order[first:first + batch_size]
             word_ids, mask = padded([ids[row] for row in rows], pad)
-            sequence = self._forward(tf.constant(word_ids), tf.constant(mask)).numpy()
-            pooled[rows] = (sequence * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+            pooled[rows] = self._forward(tf.constant(word_ids), tf.constant(mask)).numpy()
         return pooled
 
 
