@@ -26,9 +26,9 @@ tables. `--jobs N` trains N runs at once, each on cpu_count / N threads (on 2 co
 of 1 thread gave ~1.2x the runs per hour; a run's last bits depend on its thread count).
 
     python benchmarks/studies.py                                   # shipped corpus, seeds 0, 1, 2
-    python benchmarks/studies.py --corpus /work/corpus-build/corpus --jobs 2
+    python benchmarks/studies.py --corpus corpus --jobs 2
     python benchmarks/studies.py --study heads --seeds 0           # one study, one seed
-    python benchmarks/studies.py --corpus /work/corpus-build/corpus --markdown
+    python benchmarks/studies.py --corpus corpus --markdown
 """
 
 import argparse

@@ -6,7 +6,7 @@
 # builds, on a GPU machine that has JAX and no TensorFlow.
 #
 #   # 1. on a CPU machine with this package installed (TensorFlow): tokenise and pack once
-#   bash scripts/gpu_heads_study.sh prepare /work/corpus-build/corpus prepared_lm1b
+#   bash scripts/gpu_heads_study.sh prepare corpus prepared_lm1b
 #   # 2. copy prepared_lm1b/ and this repository to the GPU machine (numpy, keras, jax), then
 #   bash scripts/gpu_heads_study.sh train prepared_lm1b runs_lm1b 20000
 #

@@ -4,7 +4,7 @@ The studies need more text than the shipped sample (`training/data/python_refere
 documentation packages are real, freely licensed English prose that the package registry serves to
 every machine of this project, so the corpus is rebuilt, never committed:
 
-    python -m training.make_corpus --out /work/corpus-build/corpus --cache /work/corpus-build/cache
+    python -m training.make_corpus --out corpus --cache corpus-cache
 
 Each package is fetched with `apt-get download` into the cache (nothing is installed), unpacked with
 `dpkg-deb -x` into a temporary directory, and its documents (HTML, man pages in roff, POD,
