@@ -78,6 +78,24 @@ def test_texts_are_drawn_reproducibly_whole_or_as_one_sentence():
     assert len(distill.draw_texts(lines, 1000, 1.0)) < 150  # the shared third sentence is kept once
 
 
+def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
+    for name, word in (("docs", "manual"), ("general", "proverb")):
+        for split in ("train", "heldout"):
+            (tmp_path / name / split).mkdir(parents=True)
+            (tmp_path / name / split / f"{split}-00000.txt").write_text(
+                "".join(f"This {split} {word} paragraph number {i} is here.\n" for i in range(80)))
+    task = _task(tmp_path, "task.dataset=text_files", f"task.data_dir=[{tmp_path / 'docs'}, {tmp_path / 'general'}]",
+                 "task.train_texts=41", "task.eval_texts=33", "task.sentence_share=0")
+    assert task.settings.data_dir == (str(tmp_path / "docs"), str(tmp_path / "general"))
+    task.load_data()
+    assert [sum(word in text for text in task.train_texts) for word in ("manual", "proverb")] == [21, 20]
+    assert all(" train " in text for text in task.train_texts)
+    assert [sum(word in text for text in task.eval_texts) for word in ("manual", "proverb")] == [17, 15]  # 33 cut to 2 batches of 16
+    assert all(" heldout " in text for text in task.eval_texts)
+    with pytest.raises(ValueError, match="task.data_dir"):
+        _task(tmp_path, "task.dataset=text_files", "task.data_dir=[a, 3]")
+
+
 @pytest.mark.parametrize("override, message", [
     ("task.train_texts=0", "task.train_texts"), ("task.sentence_share=1.5", "task.sentence_share"),
     ("task.projection_weight=-1", "task.projection_weight"), ("task.similarity_weight=.nan", "task.similarity_weight"),

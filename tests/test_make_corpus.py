@@ -404,3 +404,78 @@ def test_default_sources_name_each_package_once():
     assert len(names) == len(set(names))
     assert make_corpus.source_spec("linux-doc-6.1").include == ("usr/share/doc/linux-doc-6.1/html/*.html",)
     assert make_corpus.source_spec("some-other-doc") == make_corpus.SourceSpec("some-other-doc")
+
+
+# A GCIDE-like dictd database as `dictfmt` lays it out: its header entry, a licence notice at column 0,
+# an entry with senses, labels, a quotation and its attribution, a WordNet-sourced block and synonyms.
+DICTD = """\
+00-database-short
+   A test dictionary
+
+This notice at column 0 is licence text of the database and not an entry of it at all.
+
+Affect \\Af*fect"\\, v. t. [imp. & p. p. {Affected}; p. pr. & vb.
+   n. {Affecting}.] [L. affectus, p. p. of afficere; ad + facere to make: cf. F. affecter. See {Fact}.]
+   1. To act upon; to produce an effect or change upon.
+      [1913 Webster]
+
+            The climate affected their health and spirits.
+                                                  --Macaulay.
+      [1913 Webster]
+
+   2. To love; to regard with affection. [Obs.]
+      [1913 Webster]
+
+   3. A state of mind taken from a semantic network of words and their meanings.
+      [WordNet 1.5]
+
+   Syn: To influence; move; touch; melt; subdue; overcome.
+      [1913 Webster]
+
+Afeard \\A*feard"\\, a. [AS. [=a]f[=ae]red, p. p.]
+   Afraid of something that is coming soon. [Obs.] --Shak.
+   [1913 Webster]
+"""
+
+FORTUNES = """\
+A journey of a thousand miles begins with a single step.
+		-- Lao Tsu
+%
+Never put off until tomorrow
+what you can do the day after tomorrow.
+		-- Mark Twain
+%
+"""
+
+
+def test_dictionary_and_fortune_entries_by_hand():
+    assert make_corpus.dictd_entries(DICTD) == [
+        ["To act upon; to produce an effect or change upon.", "The climate affected their health and spirits.",
+         "To love; to regard with affection."],
+        ["Afraid of something that is coming soon."],
+    ]  # the header, the notice, headwords, etymologies, labels, sources, attributions and WordNet's block: gone
+    assert make_corpus.fortune_entries(FORTUNES) == [
+        ["A journey of a thousand miles begins with a single step."],
+        ["Never put off until tomorrow what you can do the day after tomorrow."]]
+    assert make_corpus.document_format("usr/share/dictd/gcide.dict.dz") == "dictd"
+    assert make_corpus.document_format("usr/share/games/fortunes/food") == "fortune"
+    assert make_corpus.document_format("usr/share/games/fortunes/food.dat") is None
+
+
+def test_each_dictionary_entry_is_its_own_document(tmp_path):
+    root = tmp_path / "unpacked"
+    (root / "dict-gcide/usr/share/dictd").mkdir(parents=True)
+    entries = "\n\n".join(f"Word{i} \\Word{i}\\, n.\n   The meaning number {i} of this word, written as a sentence.\n   [1913 Webster]"
+                          for i in range(200))
+    (root / "dict-gcide/usr/share/dictd/gcide.dict.dz").write_bytes(gzip.compress(entries.encode(), mtime=0))
+    (root / "dict-gcide/usr/share/doc/dict-gcide").mkdir(parents=True)
+    (root / "dict-gcide/usr/share/doc/dict-gcide/copyright").write_text(COPYRIGHT)
+    assert make_corpus.main(["--out", str(tmp_path / "out"), "--unpacked", str(root), "--packages", "dict-gcide",
+                             "--min-words", "1", "--no-progress"]) == 0
+    held_out = {i for i in range(200) if make_corpus.is_heldout("dict-gcide", f"usr/share/dictd/gcide.dict.dz#{i}")}
+    assert 0 < len(held_out) < 20  # 1 in 50 entries by the same hash rule, not the whole file
+    text = (tmp_path / "out/heldout/heldout-00000.txt").read_text()
+    assert text == "".join(f"The meaning number {i} of this word, written as a sentence.\n" for i in sorted(held_out))
+    manifest = json.loads((tmp_path / "out/manifest.json").read_text())
+    assert manifest["sources"][0]["documents"] == 200 and manifest["sources"][0]["heldout_documents"] == len(held_out)
+    assert make_corpus.PACKAGE_SETS["general"] == ("dict-gcide", "fortunes")

@@ -152,6 +152,15 @@ DEFAULT_SOURCES = tuple(SourceSpec(package, **files) for package, files in (
 ))
 DEFAULT_PACKAGES = tuple(source.package for source in DEFAULT_SOURCES)
 
+# General English for distillation (`--packages general`): a dictionary's definitions and quotations
+# (GCIDE: Webster's 1913 with its supplements, WordNet-derived definitions left out, see
+# `dictd_entries`) and fortune(6)'s quotations, jokes and sayings; each entry is its own document.
+GENERAL_SOURCES = tuple(SourceSpec(package, **files) for package, files in (
+    ("dict-gcide", {"include": ("usr/share/dictd/gcide.dict.dz",)}),
+    ("fortunes", {"include": ("usr/share/games/fortunes/*",), "exclude": ("*/ascii-art", "*/art")}),
+))
+PACKAGE_SETS = {"docs": DEFAULT_PACKAGES, "general": tuple(source.package for source in GENERAL_SOURCES)}
+
 # Path components naming a translation (ISO 639-1, optionally with a region): never English prose.
 _TRANSLATION_DIR = re.compile(
     r"^(ar|bg|ca|cs|da|de|el|es|et|eu|fa|fi|fr|gl|he|hi|hr|hu|id|it|ja|ka|ko|lt|lv|nb|nl|nn|pl|pt|ro|ru"
@@ -161,7 +170,7 @@ _TRANSLATION_DIR = re.compile(
 
 def source_spec(package):
     """The SourceSpec of a default package, or one taking every document under usr/share."""
-    for source in DEFAULT_SOURCES:
+    for source in DEFAULT_SOURCES + GENERAL_SOURCES:
         if source.package == package:
             return source
     return SourceSpec(package)
@@ -565,8 +574,79 @@ def text_paragraphs(text):
     return paragraphs
 
 
+# ---------------------------------------------------------------------------------------------
+# Dictionaries (dictd) and fortune files: many short entries in one file, each its own document
+# ---------------------------------------------------------------------------------------------
+
+_DICTD_HEADWORD = re.compile(r"[^\\\s][^\\\n]*\\[^\\\n]+\\")  # `Affect \Af*fect"\`: headword and pronunciation
+_DICTD_PART_OF_SPEECH = re.compile(r"^(?:[;,]\s*|(?:pl|sing|[a-z]{1,5})\.\s*|&\s*|\{[^{}\n]*\}\s*)+")
+_DICTD_SOURCE_LINE = re.compile(r"^\s*\[[^\[\]]*\]\s*$", re.MULTILINE)  # [1913 Webster], [WordNet 1.5], [PJC]
+_DICTD_LABEL = re.compile(r"\[[^\[\]\n]{1,30}\]")  # [Obs.], [Colloq.], [R.]
+_ATTRIBUTION = re.compile(r"\s--\s?[A-Z][^\n]*$|^\s*--.*$", re.MULTILINE)  # --Milton.  /  -- Mark Twain
+
+
+def _skip_brackets(text):
+    """`text` after a leading balanced [...] group (etymologies nest: `AS. [=a]f?ran`); `text` if none."""
+    depth = 0
+    for index, character in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(character, 0)
+        if depth == 0:
+            return text[index + 1:]
+    return ""
+
+
+def _definition_text(block):
+    """A dictd block without its headword, pronunciation, part of speech and etymology."""
+    text = block[_DICTD_HEADWORD.match(block).end():]
+    while True:
+        text = _DICTD_PART_OF_SPEECH.sub("", text.lstrip(" ,;\n"))
+        if not text.startswith("["):
+            return text
+        text = _skip_brackets(text)
+
+
+def dictd_entries(text, skip_source="WordNet"):
+    """Entries of a dictd database (as `dictfmt` writes GCIDE): each a list of its definitions and
+    quotations, headwords, pronunciations, etymologies, labels, synonym lists and attributions removed.
+
+    A block whose source tag names `skip_source` is left out (GCIDE's definitions taken from WordNet,
+    whose glosses are this project's labelled probe: they must not be trained on). Blocks at column 0
+    without a pronunciation (the database's own header and licence notice) are not entries.
+    """
+    entries = []
+    for block in re.split(r"\n[ \t]*\n", text.replace("\r\n", "\n")):
+        if not block.strip():
+            continue
+        if not block[0].isspace():
+            entries.append([] if _DICTD_HEADWORD.match(block) else None)
+            if entries[-1] is None:
+                continue
+            block = _definition_text(block)
+        if not entries or entries[-1] is None or (skip_source and re.search(rf"^\s*\[[^\]]*{skip_source}", block, re.MULTILINE)):
+            continue
+        block = _DICTD_SOURCE_LINE.sub("", block).strip()
+        if not block or block.startswith(("Syn.", "Syn:")):  # synonym lists
+            continue
+        block = _ATTRIBUTION.sub("", block.removeprefix("Note:"))
+        block = _DICTD_LABEL.sub("", block.replace("{", "").replace("}", ""))
+        entries[-1].append(_LIST_MARKER.sub("", " ".join(block.split())))
+    return [entry for entry in entries if entry]
+
+
+def fortune_entries(text):
+    """Entries of a fortune(6) file (separated by lines holding `%`), each one paragraph, attributions removed."""
+    entries = []
+    for entry in re.split(r"^%[ \t]*$", text.replace("\r\n", "\n"), flags=re.MULTILINE):
+        entry = _ATTRIBUTION.sub("", entry)
+        if entry.strip():
+            entries.append([" ".join(entry.split())])
+    return entries
+
+
 CONVERTERS = {"html": html_paragraphs, "man": man_paragraphs, "pod": pod_paragraphs, "rst": rst_paragraphs,
               "text": text_paragraphs}
+# Formats whose files hold many entries: each entry is a document (split and counted on its own).
+ENTRY_CONVERTERS = {"dictd": dictd_entries, "fortune": fortune_entries}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -575,7 +655,11 @@ CONVERTERS = {"html": html_paragraphs, "man": man_paragraphs, "pod": pod_paragra
 
 
 def document_format(relative_path):
-    """The converter name for a file ('html', 'man', 'pod', 'rst', 'text'), or None if not a document."""
+    """The converter name for a file ('html', 'man', 'pod', 'rst', 'text', 'dictd', 'fortune'), or None."""
+    if relative_path.endswith(".dict.dz"):
+        return "dictd"
+    if relative_path.startswith("usr/share/games/fortunes/") and "." not in relative_path.rsplit("/", 1)[-1]:
+        return "fortune"  # the .dat and .u8 beside each file are its index and a UTF-8 twin
     path = relative_path[:-3] if relative_path.endswith(".gz") else relative_path
     name = path.rsplit("/", 1)[-1]
     suffix = name.rsplit(".", 1)[-1].lower() if "." in name else ""
@@ -620,8 +704,9 @@ def _selected(relative_path, source):
 
 
 def read_document(path):
-    """A document's text: gunzipped if .gz, UTF-8 with Latin-1 as the fallback of old man pages."""
-    data = gzip.decompress(pathlib.Path(path).read_bytes()) if str(path).endswith(".gz") else pathlib.Path(path).read_bytes()
+    """A document's text: gunzipped if .gz or .dz (dictzip is gzip), UTF-8 with Latin-1 as the fallback of old man pages."""
+    data = pathlib.Path(path).read_bytes()
+    data = gzip.decompress(data) if str(path).endswith((".gz", ".dz")) else data
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -744,28 +829,43 @@ def _convert_package(package, writers, seen, paragraph_min_words, progress):
     documents = list_documents(package.root, package.source)
     for relative, kind in _progress(documents, package.name, progress):
         try:
-            paragraphs = CONVERTERS[kind](read_document(package.root / relative))
+            units = _document_units(package.root / relative, relative, kind)
         except (OSError, EOFError, ValueError, gzip.BadGzipFile) as error:
             entry["unreadable_documents"].append(f"{relative}: {type(error).__name__}")
             continue
-        split = "heldout" if is_heldout(package.name, relative) else "train"
-        entry["documents"] += 1
-        entry["heldout_documents"] += split == "heldout"
-        kept = 0
-        for paragraph in map(clean_paragraph, paragraphs):
-            if not is_prose(paragraph, paragraph_min_words):
-                continue
-            key = dedup_key(paragraph)
-            if key in seen:
-                entry["duplicate_paragraphs"] += 1
-                continue
-            seen.add(key)
-            writers[split].write(paragraph)
-            entry["paragraphs"][split] += 1
-            entry["words"][split] += len(paragraph.split())
-            kept += 1
-        entry["documents_without_prose"] += kept == 0
+        for name, paragraphs in units:
+            _write_document(package.name, name, paragraphs, writers, seen, paragraph_min_words, entry)
     return entry
+
+
+def _document_units(path, relative, kind):
+    """(name, paragraphs) of each document in a file: the file itself, or each entry of a dictionary or
+    fortune file (named `relative#index`, so that entries, not the whole file, are held out)."""
+    text = read_document(path)
+    if kind in ENTRY_CONVERTERS:
+        return [(f"{relative}#{index}", paragraphs) for index, paragraphs in enumerate(ENTRY_CONVERTERS[kind](text))]
+    return [(relative, CONVERTERS[kind](text))]
+
+
+def _write_document(package, relative, paragraphs, writers, seen, paragraph_min_words, entry):
+    """Writes one document's new prose paragraphs to its split and counts them in the manifest entry."""
+    split = "heldout" if is_heldout(package, relative) else "train"
+    entry["documents"] += 1
+    entry["heldout_documents"] += split == "heldout"
+    kept = 0
+    for paragraph in map(clean_paragraph, paragraphs):
+        if not is_prose(paragraph, paragraph_min_words):
+            continue
+        key = dedup_key(paragraph)
+        if key in seen:
+            entry["duplicate_paragraphs"] += 1
+            continue
+        seen.add(key)
+        writers[split].write(paragraph)
+        entry["paragraphs"][split] += 1
+        entry["words"][split] += len(paragraph.split())
+        kept += 1
+    entry["documents_without_prose"] += kept == 0
 
 
 def _progress(items, description, enabled):
@@ -925,8 +1025,10 @@ def _positive(text):
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m training.make_corpus", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory (train/, heldout/, manifest.json)")
-    parser.add_argument("--packages", nargs="+", default=list(DEFAULT_PACKAGES),
-                        help=f"Debian packages to read (default: {' '.join(DEFAULT_PACKAGES)})")
+    parser.add_argument("--packages", nargs="+", default=["docs"],
+                        help="Debian packages to read, or the sets `docs` (English documentation, the default: "
+                             f"{' '.join(DEFAULT_PACKAGES)}) and `general` (general English for distillation: "
+                             f"{' '.join(PACKAGE_SETS['general'])})")
     parser.add_argument("--cache", help="where downloaded .deb files are kept (default: OUT/deb-cache)")
     parser.add_argument("--unpacked", help="read already unpacked packages from UNPACKED/<package>/ instead of apt")
     parser.add_argument("--min-words", type=_positive, default=DEFAULT_MIN_WORDS,
@@ -939,7 +1041,8 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    names = sorted(set(args.packages))  # name order: the output does not depend on the order given
+    # name order: the output does not depend on the order given
+    names = sorted({name for given in args.packages for name in PACKAGE_SETS.get(given, (given,))})
     if args.unpacked:
         packages = unpacked_packages(names, args.unpacked)
     else:

