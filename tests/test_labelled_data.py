@@ -154,3 +154,64 @@ def test_bad_inputs_name_the_file_line_or_label(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         make_labelled_data.main(["--out", str(tmp_path / "out"), "--train-per-class", "0"])
     assert exit_info.value.code == 2
+
+
+PACKAGES_INDEX = """\
+Package: freeciv-client
+Source: freeciv
+Section: games
+Description: Civilization turn based strategy game
+
+Package: freeciv-data
+Source: freeciv
+Section: games
+Description: Civilization turn based strategy game (data files)
+
+Package: freeciv-server
+Source: freeciv
+Section: games
+Description: Civilization turn based strategy game (server)
+
+Package: libsndfile1
+Source: libsndfile
+Section: libs
+Description: Library for reading/writing audio files
+
+Package: audacity
+Section: sound
+Description: fast, cross-platform audio editor
+
+Package: gimp-dev
+Source: gimp
+Section: contrib/graphics
+Description: GNU Image Manipulation Program headers
+
+Package: gimp
+Section: graphics
+Description: GNU Image Manipulation Program
+
+Package: tiny
+Section: net
+Description: a ping
+"""
+
+
+def test_debian_descriptions_one_program_per_source_in_the_chosen_sections(tmp_path):
+    assert make_labelled_data.debian_descriptions(PACKAGES_INDEX) == [
+        ("Civilization turn based strategy game", "games"), ("fast, cross-platform audio editor", "sound"),
+        ("GNU Image Manipulation Program", "graphics")]  # data/-dev/lib packages, 2-word texts, other sections: out
+    index = tmp_path / "Packages"
+    index.write_text(PACKAGES_INDEX)
+    assert make_labelled_data.read_packages_index(index).decode() == PACKAGES_INDEX
+
+
+def test_shipped_debian_set_is_balanced_distinct_and_in_the_reader_layout():
+    folder = DATA_DIR.parent / "debian_sections"
+    train, dev = (read_tsv(folder / f"{split}.tsv") for split in ("train", "dev"))
+    assert train[0] == dev[0] == ["sentence", "label"]
+    train_counts, dev_counts = (collections.Counter(label for _, label in rows[1:]) for rows in (train, dev))
+    assert set(train_counts) == set(dev_counts) == set(make_labelled_data.DEBIAN_SECTIONS)
+    assert set(train_counts.values()) == {250} and set(dev_counts.values()) == {100}
+    texts = [text.casefold() for rows in (train, dev) for text, _ in rows[1:]]
+    assert len(set(texts)) == len(texts)
+    assert "sha256 of the decompressed index" in (folder / "PROVENANCE.md").read_text()

