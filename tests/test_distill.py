@@ -5,6 +5,7 @@ run, then exported and served at its own width."""
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
@@ -176,3 +177,31 @@ def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(
     assert embedding.shape == (4, 32)
     unit = embedding / np.linalg.norm(embedding, axis=1, keepdims=True)
     np.testing.assert_allclose(unit, outputs["embedding"][:4], atol=1e-5)
+    _ship_and_load(tmp_path, task.eval_texts[:8], outputs["embedding"][:8], monkeypatch, capsys)
+
+
+def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
+    """export.ship writes a float16 preset with its model card; it loads by name and embeds as the run does."""
+    from export import ship
+    from models import presets
+    from training.embeddings import SentenceEncoder
+
+    rows = {"teacher x": {"probe_accuracy": 0.9, "cosine_to_teacher": 1.0}, "student run": {"probe_accuracy": 0.45, "cosine_to_teacher": 0.25, "parameters": 1e6}}
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"machine": "m", "date": "d", "command": "python benchmarks/distill_eval.py", "rows": rows}))
+    shipped = tmp_path / "shipped"
+    arguments = ["--run", str(tmp_path / "run"), "--results", str(results), "--shipped-dir", str(shipped)]
+    assert ship.main([*arguments, "--name", "Bad/Name"]) == 2 and not shipped.exists()
+    assert "--name 'Bad/Name'" in capsys.readouterr().err
+    assert ship.main([*arguments, "--name", "tiny-student"]) == 0
+    card = (shipped / "tiny-student" / "README.md").read_text()
+    assert "| WordNet topics linear probe | 0.450 (50% of the teacher's) | 0.900 |" in card and "fixed` with head size 16" in card
+    monkeypatch.setattr(presets, "SHIPPED_DIR", str(shipped))
+    encoder = SentenceEncoder.from_preset("tiny-student", sequence_length=32)
+    assert encoder.backbone.dtype == "float32" and os.listdir(shipped) == ["tiny-student"]  # staging removed
+    np.testing.assert_allclose(encoder.encode(texts), embeddings, atol=5e-3)  # float16 weights
+    weights = shipped / "tiny-student" / presets.WEIGHTS_FILE
+    weights.write_bytes(weights.read_bytes()[:-1] + b"x")
+    presets._VERIFIED.clear()
+    with pytest.raises(ValueError, match="does not match the sha256"):
+        SentenceEncoder.from_preset("tiny-student")
