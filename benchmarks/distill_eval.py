@@ -14,8 +14,8 @@ Measures, on data never trained on:
   space (the student's learned projection; the PCA reconstruction; the dropped-layer teacher's own) over
   `--texts` held-out corpus texts; similarity Spearman: the encoder's own pairwise cosines against the
   teacher's, same texts (every encoder, at its own width);
-- linear-probe accuracy on WordNet topics (scikit-learn logistic regression on standardised frozen
-  embeddings, train.tsv -> dev.tsv);
+- linear-probe accuracy on WordNet topics and on Debian package sections (scikit-learn logistic
+  regression on standardised frozen embeddings, train.tsv -> dev.tsv);
 - retrieval recall@10: each held-out paragraph's first sentence finds the rest of its paragraph among
   `--pairs` candidates;
 - serving throughput (sentences/s of the encoder's forward pass over length-sorted batches, batch 1
@@ -40,7 +40,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-WORDNET = pathlib.Path(__file__).resolve().parents[1] / "training" / "data" / "wordnet_topics"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "training" / "data"
+# Linear probes: result key -> shipped labelled set (train.tsv -> dev.tsv).
+PROBES = {"probe_accuracy": DATA / "wordnet_topics", "debian_probe_accuracy": DATA / "debian_sections"}
 
 
 def unit(rows):
@@ -145,7 +147,7 @@ def build_encoders(run_dirs, teacher_dir, fit_texts):
     return teacher, encoders
 
 
-def quality(encoder, teacher_embeddings, texts, probe, pairs):
+def quality(encoder, teacher_embeddings, texts, probes, pairs):
     """cosine to the teacher, similarity Spearman, probe accuracy, recall@10 of one encoder."""
     from scipy.stats import spearmanr
 
@@ -155,10 +157,10 @@ def quality(encoder, teacher_embeddings, texts, probe, pairs):
     spearman = spearmanr((teacher_embeddings[:first] @ teacher_embeddings[:first].T)[upper], (own[:first] @ own[:first].T)[upper])[0]
     in_teacher_space = encoder.teacher_space(texts)
     cosine = None if in_teacher_space is None else float(np.mean(np.sum(in_teacher_space * teacher_embeddings, axis=1)))
-    (train_texts, train_labels), (dev_texts, dev_labels) = probe
-    accuracy = probe_accuracy(encoder.embed(train_texts), train_labels, encoder.embed(dev_texts), dev_labels)
+    accuracies = {key: probe_accuracy(encoder.embed(train_texts), train_labels, encoder.embed(dev_texts), dev_labels)
+                  for key, ((train_texts, train_labels), (dev_texts, dev_labels)) in probes.items()}
     queries, documents = pairs
-    return {"cosine_to_teacher": cosine, "similarity_spearman": float(spearman), "probe_accuracy": accuracy,
+    return {"cosine_to_teacher": cosine, "similarity_spearman": float(spearman), **accuracies,
             "recall_at_10": recall_at_10(encoder.embed(queries), encoder.embed(documents))}
 
 
@@ -179,16 +181,16 @@ def recall_at_10(queries, documents):
     return float(np.mean(np.sum(scores >= own[:, None], axis=1) - 1 < 10))
 
 
-def bag_of_words(probe, pairs):
+def bag_of_words(probes, pairs):
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    (train_texts, train_labels), (dev_texts, dev_labels) = probe
-    vectorizer = TfidfVectorizer(sublinear_tf=True).fit(train_texts)
-    accuracy = probe_accuracy(vectorizer.transform(train_texts).toarray(), train_labels, vectorizer.transform(dev_texts).toarray(), dev_labels)
+    row = {}
+    for key, ((train_texts, train_labels), (dev_texts, dev_labels)) in probes.items():
+        vectorizer = TfidfVectorizer(sublinear_tf=True).fit(train_texts)
+        row[key] = probe_accuracy(vectorizer.transform(train_texts).toarray(), train_labels, vectorizer.transform(dev_texts).toarray(), dev_labels)
     queries, documents = pairs
     vectorizer = TfidfVectorizer(sublinear_tf=True).fit(queries + documents)
-    return {"probe_accuracy": accuracy,
-            "recall_at_10": recall_at_10(vectorizer.transform(queries).toarray(), vectorizer.transform(documents).toarray())}
+    return {**row, "recall_at_10": recall_at_10(vectorizer.transform(queries).toarray(), vectorizer.transform(documents).toarray())}
 
 
 def throughput(encoders, texts, rounds=3):
@@ -209,11 +211,11 @@ def throughput(encoders, texts, rounds=3):
 def table(rows, teacher_name):
     """The Markdown table of the README: each encoder's figures, throughput also as a ratio to the teacher's."""
     teacher = rows[teacher_name]
-    lines = ["| encoder | width | parameters | cos to teacher | similarity Spearman | WordNet probe | recall@10 "
-             "| sentences/s, batch 1 | batch 32 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| encoder | width | parameters | cos to teacher | similarity Spearman | WordNet probe | Debian probe "
+             "| recall@10 | sentences/s, batch 1 | batch 32 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in rows.items():
         cells = [f"{row['width']}" if "width" in row else "", f"{row['parameters'] / 1e6:.1f}M" if "parameters" in row else ""]
-        cells += ["" if row.get(key) is None else f"{row[key]:.3f}" for key in ("cosine_to_teacher", "similarity_spearman", "probe_accuracy", "recall_at_10")]
+        cells += ["" if row.get(key) is None else f"{row[key]:.3f}" for key in ("cosine_to_teacher", "similarity_spearman", *PROBES, "recall_at_10")]
         for batch_size in (1, 32):
             key = f"sentences_per_s_batch_{batch_size}"
             ratio = "" if name == teacher_name or key not in row else f" ({row[key] / teacher[key]:.2f}x)"
@@ -247,15 +249,15 @@ def main(argv=None):
         parser.error(f"the runs were distilled at different lengths {sorted(lengths)}: compare them in separate tables")
     Encoder.sequence_length = lengths.pop()
     texts, pairs, fit_texts = heldout_data(args.data_dir, args.texts, args.pairs, args.fit_texts)
-    probe = (read_tsv(WORDNET / "train.tsv"), read_tsv(WORDNET / "dev.tsv"))
+    probes = {key: (read_tsv(folder / "train.tsv"), read_tsv(folder / "dev.tsv")) for key, folder in PROBES.items()}
     teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), fit_texts)
     teacher_embeddings = teacher.embed(texts)
     rows = {}
     for encoder in [teacher, *encoders]:
         rows[encoder.name] = {"width": encoder.width, "parameters": int(encoder.parameters),
-                              **quality(encoder, teacher_embeddings, texts, probe, pairs)}
+                              **quality(encoder, teacher_embeddings, texts, probes, pairs)}
         print(encoder.name, rows[encoder.name], flush=True)
-    rows["bag of words (TF-IDF)"] = bag_of_words(probe, pairs)
+    rows["bag of words (TF-IDF)"] = bag_of_words(probes, pairs)
     timed = [encoder for encoder in [teacher, *encoders] if type(encoder) is Encoder and not encoder.name.startswith("random")]
     by_length = sorted(texts, key=len)
     for (name, batch_size), value in throughput(timed, by_length[len(by_length) // 4: 3 * len(by_length) // 4]).items():
