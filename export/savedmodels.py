@@ -209,16 +209,24 @@ def task_serving_model(model, tokenizer, seq_length, signature):
     return root, {"serving_default": root.serve_text.get_concrete_function()}
 
 
-def write_warmup_requests(path, model_name, texts=WARMUP_TEXTS, inputs=("text",)):
-    """TF Serving's warm-up file: PredictionLog records of `serving_default` requests (every
-    input of `inputs` gets the same texts)."""
+def warmup_batches(seq_length, texts=WARMUP_TEXTS):
+    """The warm-up requests: one text, a few texts, then one text per chunk length a request can be
+    padded to (`export.chunking.bucket_lengths`), so that the first request of each length is not slow."""
+    from export.chunking import bucket_lengths
+
+    return [[texts[0]], list(texts)] + [[" ".join(["a"] * (length - 2))] for length in bucket_lengths(seq_length)]
+
+
+def write_warmup_requests(path, model_name, seq_length, texts=WARMUP_TEXTS, inputs=("text",)):
+    """TF Serving's warm-up file: PredictionLog records of `serving_default` requests (`warmup_batches`;
+    every input of `inputs` gets the same texts)."""
     from tensorflow_serving.apis import model_pb2
     from tensorflow_serving.apis import predict_pb2
     from tensorflow_serving.apis import prediction_log_pb2
 
     tf.io.gfile.makedirs(os.path.dirname(str(path)))
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for batch in ([texts[0]], list(texts)):
+        for batch in warmup_batches(seq_length, texts):
             request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name, signature_name="serving_default"))
             for name in inputs:
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(batch, dtype=tf.string))
@@ -408,7 +416,7 @@ def _write_version(staged, encoder, model, vocabulary, export):
         served, signatures = task_serving_model(model, tokenizer, export["seq_length"], signature)
     inputs = signature.texts if signature else ("text",)
     tf.saved_model.save(served, serving_dir, signatures=signatures)
-    write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"], inputs=inputs)
+    write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"], export["seq_length"], inputs=inputs)
     with open(os.path.join(folder, commit.MODELS_CONFIG), "w") as file:
         file.write(models_config(export["model_name"]))
     for part, marker in commit.MARKERS.items():  # the export id in both halves

@@ -343,13 +343,18 @@ def test_warmup_requests_and_models_config_are_valid(exported):
     serving = pathlib.Path(exported["written"]["serving"])
     records = list(tf.data.TFRecordDataset(str(serving / "assets.extra" / "tf_serving_warmup_requests")).as_numpy_iterator())
     assert len(records) >= 1
-    signature = tf.saved_model.load(str(serving)).signatures["serving_default"]
+    serving_model = tf.saved_model.load(str(serving))
+    signature = serving_model.signatures["serving_default"]
+    padded = set()  # the chunk lengths the warm-up requests reach: every bucket up to the export's length
     for record in records:
         log = prediction_log_pb2.PredictionLog.FromString(record)
         request = log.predict_log.request
         assert request.model_spec.name == "tiny_bert_fixed" and request.model_spec.signature_name == "serving_default"
         text = tf.make_ndarray(request.inputs["text"])
         assert signature(text=tf.constant(text))["embedding"].shape == (len(text), 32)
+        longest = serving_model.signatures["tokenize"](text=tf.constant(text))["input_mask"].numpy().sum(1).max()
+        padded.add(min(-(-longest // 16) * 16, SEQ_LENGTH))
+    assert padded == set(range(16, SEQ_LENGTH + 1, 16))
     config = text_format.Parse((serving.parent / "models.config").read_text(), model_server_config_pb2.ModelServerConfig())
     (model,) = config.model_config_list.config
     assert (model.name, model.base_path, model.model_platform) == ("tiny_bert_fixed", "/models/tiny_bert_fixed", "tensorflow")

