@@ -203,12 +203,12 @@ def encoders():
     """(name, source for export_run, loaded backbone, tokenizer) of the teacher and each shipped preset."""
     from models import presets
     from training import runs
-    from training.tokenizer import wordpiece_tokenizer
+    from training.text import WordPieceModule
 
     for name, source in [("all-MiniLM-L6-v2", str(minilm_folder())), *[(preset, preset) for preset in presets.shipped_presets()]]:
         loaded, backbone, _ = runs.load_source(source)
-        tokenizer = wordpiece_tokenizer(loaded.vocabulary, lowercase=loaded.tokenizer.get("lowercase", True),
-                                        strip_accents=loaded.tokenizer.get("strip_accents"))
+        tokenizer = WordPieceModule(loaded.vocabulary, lowercase=loaded.tokenizer.get("lowercase", True),
+                                    strip_accents=loaded.tokenizer.get("strip_accents"))
         yield name, source, backbone, tokenizer
 
 

@@ -13,7 +13,7 @@ most `chunk_size` x one of seq_length / bucket lengths. Core TF ops only: stock 
 import tensorflow as tf
 
 CHUNK_SIZE = 64  # rows a chunk holds: enough for efficient matrix products, small enough to bound memory
-BUCKET = 16  # chunks are padded to a multiple of this many tokens
+BUCKET = 8  # chunks are padded to a multiple of this many tokens
 
 
 def bucket_lengths(seq_length, bucket=BUCKET):
