@@ -219,7 +219,7 @@ def training_loop(options):
     Its log lives on the VM and is copied to RUN_DIR/launcher/ every 5 minutes and at the end (a
     preempted VM takes its disk with it); the final exit code goes to RUN_DIR/launcher/status.
     """
-    overrides = [*options.overrides, *([f"training.data_dir={options.data_dir}"] if options.data_dir else [])]
+    overrides = [*options.overrides, *([f"task.data_dir={options.data_dir}"] if options.data_dir else [])]
     train = shlex.join(["concise-train", "--config", options.config, "--run-dir", options.run_dir.rstrip("/"),
                         "--strategy", "tpu", "--tpu", "local", *[arg for text in overrides for arg in ("--set", text)]])
     log_copy = shlex.quote(f"{options.launcher_dir}/") + '"$(hostname).log"'
@@ -489,7 +489,7 @@ def _add_run(parser):
     group.add_argument("--config", required=True, help="preset name, e.g. lm1b_fixed_d256_p32_h8")
     group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="config override, repeatable, e.g. training.train_steps=100000")
-    group.add_argument("--data-dir", help="gs:// folder of the data (sets training.data_dir)")
+    group.add_argument("--data-dir", help="gs:// folder of the data (sets task.data_dir)")
     group.add_argument("--max-restarts", type=int, default=100,
                        help=f"restarts after exit code {RESTART_EXIT_CODE} on one VM (default: %(default)s)")
 

@@ -57,6 +57,37 @@ def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path
         logits = encoder.mlm(inputs, training=False)["mlm_logits"].numpy()[0, 0, : len(tokens)]
         probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
         _assert_ranked_as_printed(top, rank, probabilities, tokens, word, sentence)
+    _assert_similarities_as_printed(out)
+
+
+def _assert_similarities_as_printed(out):
+    """The shipped encoder's and the teacher's printed cosines: the teacher's equal a numpy BERT on
+    Hugging Face `tokenizers` ids, the shipped encoder's its Keras encoder with numpy pooling on the
+    same ids; under both every paraphrase scores above every unrelated pair."""
+    from test_hf_export import hugging_face_ids
+    from test_hf_export import reference_embeddings
+
+    from models import presets
+    from models.bert import BertEncoder
+    from training.quickstart import PARAPHRASES
+    from training.quickstart import SIMILARITY_PAIRS
+    from training.tasks.distill import default_teacher
+
+    [name] = presets.shipped_presets()[:1]
+    rows = re.findall(r"    (paraphrase|unrelated ) +(-?\d\.\d{3}) +(-?\d\.\d{3})   (.*) / (.*)", out)
+    assert [(a, b) for *_, a, b in rows] == list(SIMILARITY_PAIRS) and f"{name} (" in out
+    teacher = pathlib.Path(default_teacher())
+    texts = [text for pair in SIMILARITY_PAIRS for text in pair]
+    ids = hugging_face_ids(teacher / "vocab.txt", texts, 128, strip_accents=True)
+    encoder = BertEncoder.from_preset(name)
+    student = np.stack([np.asarray(encoder({"input_word_ids": np.array([row]), "input_mask": np.ones((1, len(row)), "int32"),
+                                            "input_type_ids": np.zeros((1, len(row)), "int32")})["sequence_output"])[0].mean(0) for row in ids])
+    for column, embeddings in ((1, student), (2, reference_embeddings(teacher, ids))):
+        unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+        expected = (unit[0::2] * unit[1::2]).sum(1)
+        printed = np.array([float(row[column]) for row in rows])
+        np.testing.assert_allclose(printed, expected, atol=0.0015)
+        assert printed[:PARAPHRASES].min() > printed[PARAPHRASES:].max(), (column, printed)
 
 
 def _assert_ranked_as_printed(top, rank, probabilities, tokens, word, sentence, tie=1e-6):

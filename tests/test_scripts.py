@@ -5,6 +5,7 @@ the remote bash (the restart loop, the detached launch) runs locally with fake `
 `concise-train` executables on PATH.
 """
 
+import argparse
 import importlib.util
 import os
 import pathlib
@@ -142,8 +143,23 @@ def test_install_from_a_pip_requirement_without_the_tpu_swap(capsys):
 
 def test_train_command_and_data_dir(capsys):
     assert _dry_run(capsys, "train", *TARGET, *RUN) == [TRAIN]
-    line = _dry_run(capsys, "train", *TARGET, *RUN, "--data-dir", "gs://my-bucket/data/txt")[0]
-    assert "--set training.train_steps=200 --set training.data_dir=gs://my-bucket/data/txt >>" in line
+    line = _dry_run(capsys, "train", *TARGET, *RUN, "--config", "tiny_lm", "--set", "task.dataset=text_files",
+                    "--data-dir", "gs://my-bucket/data/txt")[0]
+    assert "--set task.data_dir=gs://my-bucket/data/txt >>" in line
+    # The command the VM runs, resolved as concise-train itself resolves it: its own parser, then the config.
+    import configs
+
+    remote = shlex.split(shlex.split(line)[-1].removeprefix("--command="))
+    loop = shlex.split(remote[remote.index("-c") + 1])  # the detached bash loop
+    start = next(index for index, word in enumerate(loop) if word == "concise-train" and loop[index + 1] == "--config")
+    argv = loop[start + 1: loop.index(">>", start)]
+    parser = argparse.ArgumentParser()
+    configs.add_config_arguments(parser)
+    for flag in ("--run-dir", "--strategy", "--tpu"):
+        parser.add_argument(flag)
+    args = parser.parse_args(argv)
+    config = configs.load_config(args.config, args.set)
+    assert (config.task.data_dir, config.task.dataset, config.training.train_steps) == ("gs://my-bucket/data/txt", "text_files", 200)
 
 
 def test_remote_command_quoting_survives_awkward_overrides(capsys):

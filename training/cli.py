@@ -1,17 +1,20 @@
-"""`concise-train-lm`: train a causal language model from a preset or YAML config."""
+"""`concise-train` (also installed as `concise-train-lm`): train or resume any task's model from a preset or YAML config."""
 
 import argparse
 import json
+import os
 import sys
 
 import configs
 
 
 def main(argv=None):
+    name = os.path.basename(sys.argv[0]) if os.path.basename(sys.argv[0]).startswith("concise-train") else "concise-train"
     parser = argparse.ArgumentParser(
-        prog="concise-train-lm",
-        description="Train (or resume) a causal language model: tf.distribute, resumable checkpoints, TensorBoard.",
-        epilog="Example: concise-train-lm --config tiny_lm --run-dir runs/tiny --set training.train_steps=200",
+        prog=name,
+        description="Train (or resume) a model for any task (language models, BERT, fine-tuning, distillation): "
+                    "tf.distribute, resumable checkpoints, TensorBoard.",
+        epilog=f"Example: {name} --config tiny_lm --run-dir runs/tiny --set training.train_steps=200",
     )
     configs.add_config_arguments(parser)
     parser.add_argument("--run-dir", required=True, help="run directory: config.json, vocab, checkpoints, logs (resumed if present)")
@@ -33,9 +36,9 @@ def main(argv=None):
 
         metrics = train(config, args.run_dir, verbose=0 if args.quiet else "auto")
     except ValueError as error:
-        parser.exit(2, f"concise-train-lm: error: {error}\n")
+        parser.exit(2, f"{name}: error: {error}\n")
     except Preempted as preempted:
-        parser.exit(PREEMPTED_EXIT_CODE, f"concise-train-lm: {preempted}\n")
+        parser.exit(PREEMPTED_EXIT_CODE, f"{name}: {preempted}\n")
     print(json.dumps(metrics, indent=1))
     return 0
 
