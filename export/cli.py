@@ -29,7 +29,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="export directory (versions already in it are kept)")
     parser.add_argument("--version", type=int, help="integer version (default: one above the highest present)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
-    parser.add_argument("--seq-length", type=int, help="sequence length of the preprocessor and serving model (default min(128, max))")
+    parser.add_argument("--seq-length", type=int, help="sequence length of the preprocessor and serving model (default: a run's own training.sequence_length, else min(128, max))")
     parser.add_argument("--model-name", help="TF Serving model name (default: the run's config name)")
     parser.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="serving embedding: mean of tokens or pooled [CLS]")
     parser.add_argument("--recover", action="store_true", help="only finish the commits of killed exports into OUT and remove their leftovers")

@@ -325,8 +325,9 @@ def _export_settings(source, seq_length, model_name, pooling):
     if pooling not in ("mean", "cls"):
         raise ValueError(f"`pooling` must be 'mean' or 'cls'. Received: pooling={pooling!r}")
     max_length = source.model["max_sequence_length"]
-    seq_length = seq_length or min(DEFAULT_SEQ_LENGTH, max_length)
-    if not 3 <= seq_length <= max_length:
+    if seq_length is None:  # a run's own length (what it was trained and evaluated at), else 128
+        seq_length = min(source.sequence_length or DEFAULT_SEQ_LENGTH, max_length)
+    if isinstance(seq_length, bool) or not isinstance(seq_length, int) or not 3 <= seq_length <= max_length:
         raise ValueError(f"`seq_length` must be in [3, max_sequence_length={max_length}]. Received: seq_length={seq_length}")
     return {"model_name": model_name or source.name, "seq_length": seq_length, "pooling": pooling, **source.tokenizer}
 
@@ -343,8 +344,8 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
         out_dir: the export directory, local or gs:// (created; other versions in it are kept).
         version: integer version; default: one above the highest present (1 if none).
         overwrite: replace an existing version instead of failing.
-        seq_length: sequence length of the preprocessor and of the serving model
-            (default min(128, max_sequence_length)).
+        seq_length: sequence length of the preprocessor and of the serving model (default:
+            a run's own training.sequence_length, else min(128, max_sequence_length)).
         model_name: the TF Serving model name (default: the run's config name, or the
             Hugging Face folder's name).
         pooling: the serving `embedding`: "mean" over non-padding tokens or "cls"

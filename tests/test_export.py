@@ -626,3 +626,19 @@ def test_export_refuses_language_models_and_bad_lengths(small_run, tmp_path):
     with pytest.raises(ValueError, match="model_type='causal_lm'"):
         export_run(small_run, tmp_path / "out")
     assert config["model_type"] == "bert"
+
+
+def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path):
+    """A run trained at 64 serves at 64 unless told otherwise (at 128 its answers to long texts would
+    differ from the trainer's); a length outside [3, max] is refused before anything is written."""
+    from export.savedmodels import export_run
+
+    config = json.loads((small_run / "config.json").read_text())
+    config["training"]["sequence_length"] = 24
+    (small_run / "config.json").write_text(json.dumps(config))
+    written = export_run(small_run, tmp_path / "out")
+    assert json.loads((pathlib.Path(written["serving"]) / "assets.extra" / "export.json").read_text())["seq_length"] == 24
+    for bad in (0, 2, 10_000, True):
+        with pytest.raises(ValueError, match="seq_length"):
+            export_run(small_run, tmp_path / f"bad{bad}", seq_length=bad)
+        assert not (tmp_path / f"bad{bad}").exists()

@@ -106,6 +106,7 @@ class Source:
     model_weights: the whole task model's weights (backbone + head) where the run has them
         (a finished run, or a conversion of one), else None.
     name: the run's config name, or the Hugging Face folder's name.
+    sequence_length: the length a run was trained at (None for other sources).
     """
 
     path: str
@@ -118,6 +119,7 @@ class Source:
     task: dict = None
     model_weights: str = None
     name: str = None
+    sequence_length: int = None
 
 
 def is_hf_folder(path):
@@ -161,7 +163,7 @@ def read_source(path, kind=None):
     return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
                   tokenizer_settings(config, join(path, CONFIG)), config.get("task"),
                   model_weights=model_weights if tf.io.gfile.exists(model_weights) else None,
-                  name=config.get("name") or _basename(path))
+                  name=config.get("name") or _basename(path), sequence_length=(config.get("training") or {}).get("sequence_length"))
 
 
 def is_preset_folder(path):
