@@ -20,6 +20,7 @@ that name the key. `--set model.num_heads=16` style overrides apply after the YA
 
 import argparse
 import dataclasses
+import math
 import json
 import inspect
 import pathlib
@@ -155,6 +156,11 @@ class TrainingConfig:
     keep_checkpoints: int = 3
 
     def __post_init__(self):
+        for name in ("learning_rate", "weight_decay", "label_smoothing", "adam_beta_1", "adam_beta_2", "adam_epsilon",
+                     "train_epochs", "warmup_fraction"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"`training.{name}` must be a finite number. Received: training.{name}={value!r}")
         for name, allowed in (("strategy", STRATEGIES), ("decay", ("rsqrt", "linear", "constant")), ("precision", PRECISIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"`training.{name}` must be one of {allowed}. Received: training.{name}={getattr(self, name)!r}")
@@ -168,7 +174,7 @@ class TrainingConfig:
         for name in ("learning_rate", "warmup_steps", "weight_decay", "label_smoothing", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`training.{name}` must be >= 0. Received: training.{name}={getattr(self, name)!r}")
-        for name in ("adam_beta_1", "adam_beta_2") + (("warmup_fraction",) if self.warmup_fraction is not None else ()):
+        for name in ("adam_beta_1", "adam_beta_2", "label_smoothing") + (("warmup_fraction",) if self.warmup_fraction is not None else ()):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"`training.{name}` must be in [0, 1). Received: training.{name}={getattr(self, name)!r}")
         if self.decay == "linear" and self.train_epochs is None and self.warmup_fraction is None and self.train_steps <= self.warmup_steps:

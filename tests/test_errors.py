@@ -33,6 +33,11 @@ def test_unknown_preset(capsys):
         ("training.batch_size=0", "training.batch_size=0"),
         ("training.keep_checkpoints=0", "training.keep_checkpoints=0"),
         ("task.mask_rate=1.5", "task.mask_rate=1.5"),
+        ("training.learning_rate=.nan", "training.learning_rate=nan"),
+        ("training.learning_rate=.inf", "training.learning_rate=inf"),
+        ("training.weight_decay=.nan", "training.weight_decay=nan"),
+        ("training.label_smoothing=2", "training.label_smoothing=2.0"),
+        ("training.adam_epsilon=.inf", "training.adam_epsilon=inf"),
     ],
 )
 def test_values_that_must_be_refused(tmp_path, capsys, override, expected):
