@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import posixpath
+import re
 import tarfile
 import tempfile
 
@@ -50,6 +51,7 @@ from training.text import read_vocabulary
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 DEFAULT_SEQ_LENGTH = 128
+SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 WARMUP_TEXTS = ("The quick brown fox jumps over the lazy dog.", "", "Fixed head size attention keeps each head expressive.")
 
 
@@ -329,7 +331,11 @@ def _export_settings(source, seq_length, model_name, pooling):
         seq_length = min(source.sequence_length or DEFAULT_SEQ_LENGTH, max_length)
     if isinstance(seq_length, bool) or not isinstance(seq_length, int) or not 3 <= seq_length <= max_length:
         raise ValueError(f"`seq_length` must be in [3, max_sequence_length={max_length}]. Received: seq_length={seq_length}")
-    return {"model_name": model_name or source.name, "seq_length": seq_length, "pooling": pooling, **source.tokenizer}
+    if model_name is not None and not SAFE_MODEL_NAME.fullmatch(str(model_name)):
+        raise ValueError(f"`model_name` must be 1-64 letters, digits and _.- (it goes into paths and models.config). "
+                         f"Received: model_name={model_name!r}")
+    default_name = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name or "model")[:64].lstrip(".") or "model"
+    return {"model_name": model_name or default_name, "seq_length": seq_length, "pooling": pooling, **source.tokenizer}
 
 
 def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling="mean", kind=None):

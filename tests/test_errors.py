@@ -129,3 +129,10 @@ def test_corpus_under_one_batch_is_named(tmp_path, capsys):
                                     "--set", "model.vocab_size=200"],
            "evaluation split holds less than one batch of 8 rows of 64 tokens", "training.batch_size")
     assert not (tmp_path / "run" / "checkpoint").exists() and not (tmp_path / "run" / "model.weights.h5").exists()
+
+
+@pytest.mark.parametrize("name", ['x"; rm -rf /', "../up", "a" * 65, "with space", ".hidden", ""])
+def test_unsafe_model_names_are_refused_before_anything_is_written(tmp_path, capsys, minilm_dir, name):
+    """The name goes into models.config and paths: letters, digits and _.- only, at most 64."""
+    _fails(capsys, export_cli.main, ["--hf-dir", str(minilm_dir), "--out", str(tmp_path / "out"), "--model-name", name], "model_name")
+    assert not (tmp_path / "out").exists()
