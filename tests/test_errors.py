@@ -136,3 +136,17 @@ def test_unsafe_model_names_are_refused_before_anything_is_written(tmp_path, cap
     """The name goes into models.config and paths: letters, digits and _.- only, at most 64."""
     _fails(capsys, export_cli.main, ["--hf-dir", str(minilm_dir), "--out", str(tmp_path / "out"), "--model-name", name], "model_name")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_changed_vocabulary_is_refused_on_resume(tmp_path, capsys):
+    """inputs.json keeps the sha256 of the run's vocabulary: a truncated vocab.txt (reused as the
+    trained vocabulary's cache) stops the resumed run with one line naming it, not silently."""
+    argv = ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", "training.train_steps=2",
+            "--set", "training.steps_per_epoch=1", "--set", "training.eval_batches=1", "--set", "training.steps_per_execution=1"]
+    assert train_cli.main(argv) == 0
+    capsys.readouterr()
+    vocabulary = tmp_path / "run" / "vocab.txt"
+    recorded = (tmp_path / "run" / "inputs.json").read_text()
+    vocabulary.write_text(vocabulary.read_text()[:-40])
+    _fails(capsys, train_cli.main, [*argv, "--set", "training.train_steps=3"], str(vocabulary), "differs from the vocabulary")
+    assert (tmp_path / "run" / "inputs.json").read_text() == recorded

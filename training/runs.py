@@ -22,6 +22,7 @@ through the same functions (`read_source`), so anything that starts from a train
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import tempfile
@@ -36,6 +37,7 @@ VOCABULARY = "vocab.txt"
 BACKBONE_WEIGHTS = "backbone.weights.h5"
 MODEL_WEIGHTS = "model.weights.h5"
 METRICS = "metrics.json"
+INPUTS = "inputs.json"  # sha256 of every file the run depends on, recorded when first used
 CHECKPOINT_PREFIX = "ckpt"  # RUN/checkpoint/ckpt-STEP.*
 
 
@@ -51,6 +53,15 @@ def write_bytes_atomically(path, data):
     with tf.io.gfile.GFile(temporary, "wb") as file:
         file.write(data.encode("utf-8") if isinstance(data, str) else data)
     tf.io.gfile.rename(temporary, path, overwrite=True)
+
+
+def file_sha256(path):
+    """The sha256 of a file (local or gs://), read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with tf.io.gfile.GFile(str(path), "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json_atomically(path, value):
@@ -291,6 +302,20 @@ class RunDirectory:
         """The final weights: the backbone alone, then the whole task model."""
         save_weights(backbone, self.file(BACKBONE_WEIGHTS))
         save_weights(model, self.file(MODEL_WEIGHTS))
+
+    def verify_inputs(self, files, record=True):
+        """Checks the files a run depends on ({name: path}: its vocabulary, the prepared shards'
+        manifest) against the sha256s in inputs.json; a file seen for the first time is recorded
+        there (when `record`). A file that changed since (a truncated vocab.txt, a rebuilt data
+        folder) is refused: a resumed run would silently read other ids or other data."""
+        recorded = read_json(self.file(INPUTS)) if tf.io.gfile.exists(self.file(INPUTS)) else {}
+        current = {name: file_sha256(path) for name, path in files.items()}
+        for name, digest in current.items():
+            if recorded.get(name, digest) != digest:
+                raise ValueError(f"{files[name]} differs from the {name} this run started with (sha256 recorded in "
+                                 f"{self.file(INPUTS)}): restore it, or start a new run directory.")
+        if record and any(name not in recorded for name in current):
+            write_json_atomically(self.file(INPUTS), {**recorded, **current})
 
     def write_metrics(self, metrics):
         write_json_atomically(self.file(METRICS), metrics)

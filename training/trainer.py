@@ -242,6 +242,7 @@ def _train(config, run_dir, verbose, preemption):
     if is_chief:
         run.start(config.to_dict() | {"name": config.name, "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)}})
     vocabulary = prepare_vocabulary(config, run, task, source)
+    run.verify_inputs({"vocabulary": vocabulary, **task.input_files()}, record=is_chief)
     tokenizer = wordpiece_tokenizer(vocabulary, **tokenizer_settings(config))
     model, backbone, checkpoints, position = _build(config, task, strategy, run, source, is_chief)
     step = checkpoints.step

@@ -52,6 +52,11 @@ class Task:
         """Lines to learn a vocabulary from when neither the config nor `init` gives one."""
         raise ValueError(f"Task {self.name!r} needs a vocabulary: set task.init or tokenizer.vocabulary.")
 
+    def input_files(self):
+        """{name: path} of data files a resumed run must find unchanged (verified by sha256 against the
+        run's inputs.json); this default: none beyond the vocabulary, which the trainer checks."""
+        return {}
+
     def vocabulary_file(self):
         """The vocabulary the task's data must be read with (e.g. a teacher's), or None (this default):
         the config's, task.init's, or one trained on `vocabulary_text`."""

@@ -49,6 +49,11 @@ class _TextCorpusTask(Task):
             return
         self.train_lines, self.eval_lines = corpus_splits(settings.dataset, settings.data_dir)
 
+    def input_files(self):
+        if self.settings.dataset != "prepared":
+            return {}
+        return {"prepared data manifest": f"{self.settings.data_dir.rstrip('/')}/{shards.MANIFEST}"}
+
     def vocabulary_text(self):
         if self.settings.dataset == "prepared":
             raise ValueError(f"task.dataset='prepared' needs the vocabulary the shards were made with: set "
