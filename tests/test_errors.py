@@ -150,3 +150,20 @@ def test_a_changed_vocabulary_is_refused_on_resume(tmp_path, capsys):
     vocabulary.write_text(vocabulary.read_text()[:-40])
     _fails(capsys, train_cli.main, [*argv, "--set", "training.train_steps=3"], str(vocabulary), "differs from the vocabulary")
     assert (tmp_path / "run" / "inputs.json").read_text() == recorded
+
+
+def test_a_second_trainer_on_a_run_directory_is_refused(tmp_path, capsys):
+    """Another process (here: another open file, as flock sees one) holding the run's lock stops the
+    trainer before it writes anything; once released, the same command trains."""
+    import fcntl
+
+    run = tmp_path / "run"
+    run.mkdir()
+    argv = ["--config", "tiny_lm", "--run-dir", str(run), "--quiet", "--set", "training.train_steps=1",
+            "--set", "training.steps_per_epoch=1", "--set", "training.eval_batches=1", "--set", "training.steps_per_execution=1"]
+    with open(run / ".lock", "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _fails(capsys, train_cli.main, argv, "Another trainer is running on", str(run))
+        assert sorted(path.name for path in run.iterdir()) == [".lock"]
+    assert train_cli.main(argv) == 0
+    assert train_cli.main(argv) == 0  # the first run released its lock: a resume of the same process works

@@ -251,6 +251,9 @@ def load_source(path, kind=None):
     return source, backbone, model
 
 
+_LOCKS = {}  # absolute run directory -> the open .lock file this process holds (see RunDirectory.lock)
+
+
 class RunDirectory:
     """Paths and the read/write operations of one run directory (local or gs://)."""
 
@@ -302,6 +305,30 @@ class RunDirectory:
         """The final weights: the backbone alone, then the whole task model."""
         save_weights(backbone, self.file(BACKBONE_WEIGHTS))
         save_weights(model, self.file(MODEL_WEIGHTS))
+
+    def lock(self):
+        """Takes this process's exclusive lock on a local run directory (`.lock`, flock: released by
+        `unlock` or when the process ends, however it ends); a second trainer on the same directory is refused. On gs:// there
+        is no lock: one trainer per run directory is the rule (the Cloud TPU launcher keeps one per VM)."""
+        if "://" in self.path:
+            return
+        import fcntl
+
+        tf.io.gfile.makedirs(self.path)
+        handle = open(self.file(".lock"), "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise ValueError(f"Another trainer is running on {self.path} (it holds {self.file('.lock')}): "
+                             "wait for it to finish, or use another run directory.") from None
+        _LOCKS[os.path.abspath(self.path)] = handle
+
+    def unlock(self):
+        """Releases this process's lock on the directory, if it holds one."""
+        handle = _LOCKS.pop(os.path.abspath(self.path), None) if "://" not in self.path else None
+        if handle is not None:
+            handle.close()
 
     def verify_inputs(self, files, record=True):
         """Checks the files a run depends on ({name: path}: its vocabulary, the prepared shards'

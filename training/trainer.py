@@ -222,8 +222,11 @@ def train(config, run_dir, verbose="auto"):
     Raises:
         training.checkpoints.Preempted: on SIGTERM, once a checkpoint at the step reached is saved.
     """
-    with handle_preemption() as preemption:
-        return _train(config, run_dir, verbose, preemption)
+    try:
+        with handle_preemption() as preemption:
+            return _train(config, run_dir, verbose, preemption)
+    finally:
+        runs.RunDirectory(run_dir).unlock()
 
 
 def _train(config, run_dir, verbose, preemption):
@@ -240,6 +243,7 @@ def _train(config, run_dir, verbose, preemption):
     strategy = choose_strategy(training.strategy, training.tpu)
     is_chief = _is_chief(strategy)
     if is_chief:
+        run.lock()
         run.start(config.to_dict() | {"name": config.name, "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)}})
     vocabulary = prepare_vocabulary(config, run, task, source)
     run.verify_inputs({"vocabulary": vocabulary, **task.input_files()}, record=is_chief)
