@@ -315,12 +315,33 @@ def _merge(base, override):
     return merged
 
 
+ENVIRONMENT_EXIT_CODE = 3  # the machine, not the input: a read-only folder, a full disk, a missing permission
+
+
+def environment_errors():
+    """The exceptions that mean the environment failed (OSError, and TensorFlow's file-system errors)."""
+    import tensorflow as tf
+
+    return (OSError, tf.errors.PermissionDeniedError, tf.errors.ResourceExhaustedError, tf.errors.UnavailableError)
+
+
+def environment_error(error):
+    """One line for an OSError (or TensorFlow's file errors): what failed, on which file."""
+    name = getattr(error, "filename", None)
+    reason = getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)
+    return f"{name}: {reason}" if name else " ".join(str(reason).split())
+
+
 def parse_override(text):
     """`a.b=value` -> (["a", "b"], value parsed as YAML)."""
     key, separator, value = text.partition("=")
     if not separator or not key:
         raise ValueError(f"An override must look like key.subkey=value. Received: {text!r}")
-    return key.strip().split("."), yaml.safe_load(value)
+    try:
+        return key.strip().split("."), yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        reason = " ".join(str(getattr(error, "problem", None) or error).split())
+        raise ValueError(f"--set {text!r}: the value is not valid YAML ({reason}).") from None
 
 
 def _check_type(key, value, expected):

@@ -17,6 +17,8 @@ import argparse
 import json
 import sys
 
+import configs
+
 from export import commit
 
 
@@ -47,6 +49,8 @@ def main(argv=None):
                              model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None)
     except ValueError as error:
         parser.exit(2, f"concise-export: error: {error}\n")
+    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
+        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-export: error: {configs.environment_error(error)}\n")
     print(json.dumps(written, indent=1))
     return 0
 

@@ -167,3 +167,40 @@ def test_a_second_trainer_on_a_run_directory_is_refused(tmp_path, capsys):
         assert sorted(path.name for path in run.iterdir()) == [".lock"]
     assert train_cli.main(argv) == 0
     assert train_cli.main(argv) == 0  # the first run released its lock: a resume of the same process works
+
+
+def test_a_bad_yaml_value_in_set_is_one_line(tmp_path, capsys):
+    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", "training.seed=[unclosed"],
+           "--set 'training.seed=[unclosed'", "not valid YAML")
+    assert not (tmp_path / "run").exists()
+
+
+def test_environment_failures_are_one_line_with_exit_code_3(tmp_path, capsys, monkeypatch):
+    """A full disk (or a read-only folder: root ignores permissions, so the failure is injected) gives
+    exit code 3, one line naming the file, no traceback, and no temporary file left behind."""
+    import errno
+
+    import configs
+    import tensorflow as tf
+
+    from training import runs
+
+    class FullDisk(tf.io.gfile.GFile):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device", self.name)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tf.io.gfile, "GFile", FullDisk)
+        with pytest.raises(OSError):
+            runs.write_bytes_atomically(tmp_path / "kept" / "file.json", "{}")
+    assert list((tmp_path / "kept").iterdir()) == []  # the temporary file is removed
+
+    def full(self, config):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "config.json"))
+
+    monkeypatch.setattr(runs.RunDirectory, "start", full)
+    with pytest.raises(SystemExit) as exit_info:
+        train_cli.main(["--config", "tiny_lm", "--run-dir", str(tmp_path / "run")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == configs.ENVIRONMENT_EXIT_CODE, error
+    assert error == f"concise-train: error: {tmp_path / 'run' / 'config.json'}: No space left on device\n"

@@ -24,6 +24,8 @@ import shutil
 import sys
 import tempfile
 
+import configs
+
 from models.transformer import head_size_of
 
 
@@ -124,6 +126,8 @@ def main(argv=None):
         task = None if task_source is None else _converted_task_model(task_source, model, converted)
     except ValueError as error:
         parser.exit(2, f"concise-collaborative: error: {error}\n")
+    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
+        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-collaborative: error: {configs.environment_error(error)}\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 
+import configs
+
 
 def evaluate_run(path):
     """The metrics of the task model saved in run directory `path` (a dict: the task's name and
@@ -45,6 +47,8 @@ def main(argv=None):
         metrics = evaluate_run(args.run)
     except ValueError as error:
         parser.exit(2, f"concise-evaluate: error: {error}\n")
+    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
+        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-evaluate: error: {configs.environment_error(error)}\n")
     if args.output:
         from training import runs
 

@@ -161,6 +161,8 @@ def main(argv=None):
         manifest = prepare(config, args.out, args.rows_per_shard, args.shuffle_seed, progress=not args.quiet)
     except ValueError as error:
         parser.exit(2, f"concise-prepare-data: error: {error}\n")
+    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
+        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-prepare-data: error: {configs.environment_error(error)}\n")
     counts = {split: {key: value for key, value in values.items() if key != "shards"} for split, values in manifest["splits"].items()}
     print(f"{args.out}: {counts}")
     return 0

@@ -141,6 +141,8 @@ def main(argv=None):
         written = export_run(out / "run", out / "export")
     except ValueError as error:
         parser.exit(2, f"concise-quickstart: error: {error}\n")
+    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
+        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-quickstart: error: {configs.environment_error(error)}\n")
     print(f"[3/3] masked-word predictions of the exported encoder ({written['encoder']}, .mlm), "
           "next to an untrained model of the same shape:", flush=True)
     show_predictions(written["encoder"], written["preprocess"], BertPretrainer(config.build_model()))

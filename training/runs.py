@@ -50,9 +50,14 @@ def write_bytes_atomically(path, data):
     path = str(path)
     tf.io.gfile.makedirs(os.path.dirname(path) or ".")
     temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with tf.io.gfile.GFile(temporary, "wb") as file:
-        file.write(data.encode("utf-8") if isinstance(data, str) else data)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    try:
+        with tf.io.gfile.GFile(temporary, "wb") as file:
+            file.write(data.encode("utf-8") if isinstance(data, str) else data)
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    except BaseException:  # disk full, a read-only folder, a kill signal's exception: no temporary file left
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+        raise
 
 
 def file_sha256(path):
