@@ -204,3 +204,20 @@ def test_environment_failures_are_one_line_with_exit_code_3(tmp_path, capsys, mo
     error = capsys.readouterr().err
     assert exit_info.value.code == configs.ENVIRONMENT_EXIT_CODE, error
     assert error == f"concise-train: error: {tmp_path / 'run' / 'config.json'}: No space left on device\n"
+
+
+@pytest.mark.parametrize("output, expected", [("{dir}", "is a directory"), ("{dir}/missing/metrics.json", "does not exist")])
+def test_evaluate_output_that_is_a_directory_or_in_a_missing_folder(tmp_path, capsys, output, expected):
+    from training import evaluate_cli
+
+    output = output.format(dir=tmp_path)
+    _fails(capsys, evaluate_cli.main, ["--run", str(tmp_path / "no-run"), "--output", output], "--output", expected)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_quickstart_out_that_is_a_file(tmp_path, capsys):
+    from training import quickstart
+
+    (tmp_path / "taken").write_text("mine")
+    _fails(capsys, quickstart.main, ["--out", str(tmp_path / "taken")], "--out", "is a file")
+    assert (tmp_path / "taken").read_text() == "mine"

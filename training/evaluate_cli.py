@@ -11,6 +11,7 @@ metrics as JSON (--output also writes them to a file). The run directory is only
 
 import argparse
 import json
+import pathlib
 import sys
 
 import configs
@@ -38,21 +39,33 @@ def evaluate_run(path):
     return {"task": config.task.name, **task.evaluate(model, eval_data, eval_steps)}
 
 
+def _check_output(output):
+    """--output must be a file in an existing folder (local paths; gs:// is checked when written)."""
+    if output is None or "://" in output:
+        return
+    path = pathlib.Path(output)
+    if path.is_dir():
+        raise ValueError(f"--output {output!r} is a directory: give a file name, e.g. {path / 'metrics.json'}")
+    if not path.parent.is_dir():
+        raise ValueError(f"--output {output!r}: its folder {str(path.parent)!r} does not exist (it is not created)")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="concise-evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="a finished run directory, or a concise-collaborative output of one")
     parser.add_argument("--output", help="also write the metrics to this JSON file")
     args = parser.parse_args(argv)
     try:
+        _check_output(args.output)  # before the evaluation: a bad --output must not cost one
         metrics = evaluate_run(args.run)
+        if args.output:
+            from training import runs
+
+            runs.write_json_atomically(args.output, metrics)
     except ValueError as error:
         parser.exit(2, f"concise-evaluate: error: {error}\n")
     except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
         parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-evaluate: error: {configs.environment_error(error)}\n")
-    if args.output:
-        from training import runs
-
-        runs.write_json_atomically(args.output, metrics)
     print(json.dumps(metrics, indent=1))
     return 0
 

@@ -132,6 +132,9 @@ def main(argv=None):
     start = time.time()
     try:
         config = configs.load_config(args.config, args.set)
+        blocking = next((path for path in (out, *out.parents) if path.exists() and not path.is_dir()), None)
+        if blocking is not None:
+            raise ValueError(f"--out {args.out!r}: {str(blocking)!r} is a file, not a folder")
         if config.model_type != "bert":
             raise ValueError(f"The quickstart pretrains a BERT. Received: model_type={config.model_type!r} ({args.config})")
         print(f"[1/3] pretraining {config.name} (masked LM) on the shipped corpus -> {out / 'run'}", flush=True)
