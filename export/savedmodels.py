@@ -338,6 +338,16 @@ def _export_settings(source, seq_length, model_name, pooling):
     return {"model_name": model_name or default_name, "seq_length": seq_length, "pooling": pooling, **source.tokenizer}
 
 
+def _fix_seed_states(model):
+    """Dropout's seed-generator states are drawn at random when a model is built: fixed here (generator
+    i of the model gets seed i + 1, distinct ones) so that the same run exported twice gives identical variables."""
+    import numpy as np
+
+    states = [variable for variable in model.variables if variable.path.endswith("seed_generator_state")]
+    for index, variable in enumerate(states):
+        variable.assign(np.array([index + 1, 0], dtype=variable.dtype))
+
+
 def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling="mean", kind=None):
     """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
@@ -365,6 +375,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
     store = _store(out_dir)
     commit.check_out_dir(out_dir, store)
     source, encoder, model = runs.load_source(source, kind)
+    _fix_seed_states(model or encoder)
     settings = _export_settings(source, seq_length, model_name, pooling)
     task = source.task if model is not None else None
     described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}

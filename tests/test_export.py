@@ -642,3 +642,17 @@ def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path
         with pytest.raises(ValueError, match="seq_length"):
             export_run(small_run, tmp_path / f"bad{bad}", seq_length=bad)
         assert not (tmp_path / f"bad{bad}").exists()
+
+
+def test_the_same_run_exported_twice_has_identical_variables(small_run, tmp_path):
+    """Dropout's seed-generator states were drawn at random per export; now every variable of the
+    encoder and of the serving model is the same, bit for bit."""
+    from export.savedmodels import export_run
+
+    written = [export_run(small_run, tmp_path / name) for name in ("first", "second")]
+    for artifact in ("encoder", "serving"):
+        readers = [tf.train.load_checkpoint(os.path.join(w[artifact], "variables", "variables")) for w in written]
+        names = sorted(set(readers[0].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"})  # it holds
+        assert names == sorted(set(readers[1].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"})  # layer names
+        for name in names:
+            np.testing.assert_array_equal(readers[0].get_tensor(name), readers[1].get_tensor(name), err_msg=f"{artifact}: {name}")
