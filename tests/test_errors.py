@@ -221,3 +221,17 @@ def test_quickstart_out_that_is_a_file(tmp_path, capsys):
     (tmp_path / "taken").write_text("mine")
     _fails(capsys, quickstart.main, ["--out", str(tmp_path / "taken")], "--out", "is a file")
     assert (tmp_path / "taken").read_text() == "mine"
+
+
+def test_a_model_error_does_not_block_the_corrected_command(tmp_path, capsys):
+    """A model the builder refuses (5 standard heads in a 32-wide model) fails after config.json is
+    written; the corrected command then trains instead of being refused as 'a different model' (a run
+    that has trained still refuses another model)."""
+    argv = ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", "training.train_steps=1",
+            "--set", "training.steps_per_epoch=1", "--set", "training.eval_batches=1", "--set", "training.steps_per_execution=1"]
+    standard = ["--set", "model.attention={type: standard}"]
+    _fails(capsys, train_cli.main, [*argv, *standard, "--set", "model.num_heads=5"], "num_heads=5")
+    assert (tmp_path / "run" / "config.json").exists()  # written before the builder refused the model
+    assert train_cli.main([*argv, *standard, "--set", "model.num_heads=4"]) == 0
+    capsys.readouterr()
+    _fails(capsys, train_cli.main, [*argv, *standard, "--set", "model.num_heads=8"], "holds a run with a different `model`")

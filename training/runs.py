@@ -286,7 +286,8 @@ class RunDirectory:
             raise ValueError(f"The run directory {self.path!r} is an existing file.")
 
     def start(self, config_dict):
-        """Creates the directory and writes config.json; an existing run of another model is refused."""
+        """Creates the directory and writes config.json; an existing run of another model is refused once it
+        has trained (before its first checkpoint, a failed command's config is replaced by the corrected one's)."""
         self.check_writable()
         if tf.io.gfile.exists(self.file(CONFIG)):
             import configs
@@ -294,11 +295,17 @@ class RunDirectory:
             saved = read_json(self.file(CONFIG))
             if isinstance(saved.get("model"), dict):  # a run started before the nested attention config
                 saved["model"] = configs.nest_legacy_attention(saved["model"])
-            for section in ("model_type", "model", "task"):
-                if saved.get(section) != config_dict.get(section):
-                    raise ValueError(f"{self.path} holds a run with a different `{section}`; use a new run directory.")
+            differs = [section for section in ("model_type", "model", "task") if saved.get(section) != config_dict.get(section)]
+            if differs and self.has_progress():
+                raise ValueError(f"{self.path} holds a run with a different `{differs[0]}`; use a new run directory.")
+            if differs and tf.io.gfile.exists(self.file(INPUTS)):  # an earlier command failed before its first
+                tf.io.gfile.remove(self.file(INPUTS))  # checkpoint (a model error): the corrected one starts afresh
         tf.io.gfile.makedirs(self.path)
         write_json_atomically(self.file(CONFIG), config_dict)
+
+    def has_progress(self):
+        """Whether the run has trained: a checkpoint committed, or final weights."""
+        return tf.io.gfile.exists(join(self.checkpoint_dir, "checkpoint")) or tf.io.gfile.exists(self.file(BACKBONE_WEIGHTS))
 
     def read_config(self):
         return read_json(self.file(CONFIG))
