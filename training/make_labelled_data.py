@@ -136,12 +136,17 @@ def tsv_text(examples):
     return "\n".join(rows) + "\n"
 
 
-def provenance_text(package, tarball_sha256, train, dev, seed, topics):
-    """PROVENANCE.md: where the text comes from, its licence, how it was built and the counts."""
+def count_table(train, dev):
+    """The Markdown lines of PROVENANCE.md's table: examples per label in each split, and the totals."""
     train_counts = collections.Counter(label for _, label in train)
     dev_counts = collections.Counter(label for _, label in dev)
-    classes = ", ".join(f"noun.{label} -> `{label}`" for label in sorted(topics.values()))
     rows = [f"| {label} | {train_counts[label]} | {dev_counts[label]} |" for label in sorted(train_counts)]
+    return ["| label | train | dev |", "| --- | --- | --- |", *rows, f"| total | {len(train)} | {len(dev)} |", ""]
+
+
+def provenance_text(package, tarball_sha256, train, dev, seed, topics):
+    """PROVENANCE.md: where the text comes from, its licence, how it was built and the counts."""
+    classes = ", ".join(f"noun.{label} -> `{label}`" for label in sorted(topics.values()))
     return "\n".join([
         "# WordNet noun topics: provenance",
         "",
@@ -155,11 +160,7 @@ def provenance_text(package, tarball_sha256, train, dev, seed, topics):
         "- Built by `python -m training.make_labelled_data`: definitions of at least 3 words, deduplicated",
         f"  case-insensitively, texts under two labels dropped; balanced classes drawn with seed {seed}.",
         "",
-        "| label | train | dev |",
-        "| --- | --- | --- |",
-        *rows,
-        f"| total | {len(train)} | {len(dev)} |",
-        "",
+        *count_table(train, dev),
     ])
 
 
@@ -236,9 +237,6 @@ def read_packages_index(path):
 
 def debian_provenance(index_path, index_sha256, release, train, dev, seed):
     """PROVENANCE.md of the Debian sections set."""
-    train_counts = collections.Counter(label for _, label in train)
-    dev_counts = collections.Counter(label for _, label in dev)
-    rows = [f"| {label} | {train_counts[label]} | {dev_counts[label]} |" for label in sorted(train_counts)]
     return "\n".join([
         "# Debian package sections: provenance",
         "",
@@ -252,11 +250,7 @@ def debian_provenance(index_path, index_sha256, release, train, dev, seed):
         "  the licence in its `/usr/share/doc/<package>/copyright`; the index is published by the Debian project.",
         "- Built by `python -m training.make_labelled_data --source debian --out training/data/debian_sections`.",
         "",
-        "| label | train | dev |",
-        "| --- | --- | --- |",
-        *rows,
-        f"| total | {len(train)} | {len(dev)} |",
-        "",
+        *count_table(train, dev),
     ])
 
 
