@@ -42,6 +42,7 @@ import unicodedata
 HELDOUT_ONE_IN = 50
 SHARD_BYTES = 10_000_000
 DEFAULT_MIN_WORDS = 20_000_000
+SET_MIN_WORDS = {"docs": DEFAULT_MIN_WORDS, "general": 3_000_000}  # what each set gives, less a margin
 DEFAULT_PARAGRAPH_MIN_WORDS = 10
 
 
@@ -1031,8 +1032,9 @@ def parse_args(argv):
                              f"{' '.join(PACKAGE_SETS['general'])})")
     parser.add_argument("--cache", help="where downloaded .deb files are kept (default: OUT/deb-cache)")
     parser.add_argument("--unpacked", help="read already unpacked packages from UNPACKED/<package>/ instead of apt")
-    parser.add_argument("--min-words", type=_positive, default=DEFAULT_MIN_WORDS,
-                        help="fail (exit 1) if the corpus has fewer words (default: %(default)s)")
+    parser.add_argument("--min-words", type=_positive,
+                        help="fail (exit 1) if the corpus has fewer words (default: 20,000,000 for docs, 3,000,000 for "
+                             "general, their sum for both, 1 for other packages): a failed download must not pass")
     parser.add_argument("--paragraph-min-words", type=_positive, default=DEFAULT_PARAGRAPH_MIN_WORDS,
                         help="the fewest words a kept paragraph has (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -1043,6 +1045,8 @@ def main(argv=None):
     args = parse_args(argv)
     # name order: the output does not depend on the order given
     names = sorted({name for given in args.packages for name in PACKAGE_SETS.get(given, (given,))})
+    if args.min_words is None:
+        args.min_words = max(1, sum(SET_MIN_WORDS.get(given, 0) for given in set(args.packages)))
     if args.unpacked:
         packages = unpacked_packages(names, args.unpacked)
     else:
