@@ -199,13 +199,16 @@ def measure(functions, texts, batch_ids, batch, rounds):
     return {name: float(np.median(values)) for name, values in rates.items()}
 
 
-def encoders():
-    """(name, source for export_run, loaded backbone, tokenizer) of the teacher and each shipped preset."""
+def encoders(chosen=None):
+    """(name, source for export_run, loaded backbone, tokenizer) of the teacher and each shipped preset
+    (only the names in `chosen`, when given)."""
     from models import presets
     from training import runs
     from training.text import WordPieceModule
 
     for name, source in [("all-MiniLM-L6-v2", str(minilm_folder())), *[(preset, preset) for preset in presets.shipped_presets()]]:
+        if chosen and name not in chosen:
+            continue
         loaded, backbone, _ = runs.load_source(source)
         tokenizer = WordPieceModule(loaded.vocabulary, lowercase=loaded.tokenizer.get("lowercase", True),
                                     strip_accents=loaded.tokenizer.get("strip_accents"))
@@ -257,6 +260,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--count", type=int, default=1024, help="texts of each length (batch 1024 uses them all)")
+    parser.add_argument("--encoders", nargs="+", help="only these (all-MiniLM-L6-v2 and shipped preset names; default: all)")
     parser.add_argument("--st-python", help="a Python with sentence-transformers and PyTorch CPU (a separate venv)")
     parser.add_argument("--out", default=str(RESULTS / "serving_benchmark.json"))
     parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
@@ -268,7 +272,7 @@ def main(argv=None):
     print(f"float32 matmul rate: {rate / 1e9:.0f} GFLOP/s", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        for name, source, backbone, tokenizer in encoders():
+        for name, source, backbone, tokenizer in encoders(args.encoders):
             rows += benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir)
     result = {"machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
               "date": datetime.date.today().isoformat(), "tensorflow": tf.__version__, "sequence_length": SEQ_LENGTH,
