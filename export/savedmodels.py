@@ -184,7 +184,15 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
         return chunked(segments, seq_length, tokenizer.pack, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS)
 
     root.serve_text = tf.function(embed_text, input_signature=[tf.TensorSpec([None], tf.string, name="text")])
-    root.serve_token_ids = tf.function(lambda **inputs: embed(inputs), input_signature=None)
+    def embed_ids(**inputs):  # ids as sent: outside the vocabulary or the segment types is an InvalidArgument
+        vocabulary, types = encoder.get_config()["vocab_size"], encoder.get_config()["type_vocab_size"]
+        checks = [tf.debugging.assert_non_negative(inputs[name], message=f"{name} must be >= 0") for name in ENCODER_INPUTS]
+        checks += [tf.debugging.assert_less(inputs["input_word_ids"], vocabulary, message=f"input_word_ids must be < {vocabulary}"),
+                   tf.debugging.assert_less(inputs["input_type_ids"], types, message=f"input_type_ids must be < {types}")]
+        with tf.control_dependencies(checks):
+            return embed({name: tf.identity(inputs[name]) for name in ENCODER_INPUTS})
+
+    root.serve_token_ids = tf.function(embed_ids, input_signature=None)
     root.tokenize = tf.function(
         lambda text: tokenizer.encode(text, seq_length), input_signature=[tf.TensorSpec([None], tf.string, name="text")]
     )

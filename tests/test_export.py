@@ -656,3 +656,17 @@ def test_the_same_run_exported_twice_has_identical_variables(small_run, tmp_path
         assert names == sorted(set(readers[1].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"})  # layer names
         for name in names:
             np.testing.assert_array_equal(readers[0].get_tensor(name), readers[1].get_tensor(name), err_msg=f"{artifact}: {name}")
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(exported):
+    """serve_token_ids takes ids as sent: a negative id or one past the vocabulary is an InvalidArgument
+    naming the input, not a silently wrapped or clipped embedding."""
+    serving = tf.saved_model.load(exported["written"]["serving"]).signatures["serve_token_ids"]
+    ids = np.array([[2, 50, 3]], "int32")
+    good = {"input_word_ids": tf.constant(ids), "input_mask": tf.ones_like(ids), "input_type_ids": tf.zeros_like(ids)}
+    assert np.isfinite(serving(**good)["embedding"].numpy()).all()
+    for name, value, message in (("input_word_ids", -1, ">= 0"), ("input_word_ids", 10**6, "<"), ("input_type_ids", 7, "<")):
+        bad = dict(good)
+        bad[name] = tf.constant(np.full_like(ids, value))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name} must be {message}"):
+            serving(**bad)
