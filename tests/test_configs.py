@@ -210,3 +210,16 @@ def test_conversion_to_collaborative_keeps_head_size_and_checks_the_shared_width
 def test_exponent_floats_are_floats():
     config = configs.load_config("tiny_lm", ["training.learning_rate=1e-4", "model.layer_norm_epsilon=1e-12"])
     assert config.training.learning_rate == 1e-4 and config.model.layer_norm_epsilon == 1e-12
+
+
+def test_every_preset_reads_back_from_json_unchanged():
+    """A resume compares the saved config.json with the config again: a value that JSON reads back as
+    another type (a tuple becomes a list) would make every resume look like a different run."""
+    import json
+
+    for name in configs.preset_names():
+        config = configs.load_config(name)
+        if config.task is None:
+            continue
+        written = config.to_dict()
+        assert json.loads(json.dumps(written)) == written, name

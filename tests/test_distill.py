@@ -87,7 +87,7 @@ def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
                 "".join(f"This {split} {word} paragraph number {i} is here.\n" for i in range(80)))
     task = _task(tmp_path, "task.dataset=text_files", f"task.data_dir=[{tmp_path / 'docs'}, {tmp_path / 'general'}]",
                  "task.train_texts=41", "task.eval_texts=33", "task.sentence_share=0")
-    assert task.settings.data_dir == (str(tmp_path / "docs"), str(tmp_path / "general"))
+    assert task.settings.data_dir == [str(tmp_path / "docs"), str(tmp_path / "general")]
     task.load_data()
     assert [sum(word in text for text in task.train_texts) for word in ("manual", "proverb")] == [21, 20]
     assert all(" train " in text for text in task.train_texts)

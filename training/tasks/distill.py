@@ -64,7 +64,7 @@ class DistillSettings(TaskSettings):
 
     teacher: typing.Optional[str] = None
     dataset: str = "sample"
-    data_dir: typing.Union[None, str, list] = None  # a list becomes a tuple
+    data_dir: typing.Union[None, str, list] = None
     train_texts: int = 50_000
     eval_texts: int = 1_024
     sentence_share: float = 0.5
@@ -82,7 +82,7 @@ class DistillSettings(TaskSettings):
         if isinstance(self.data_dir, (list, tuple)):
             if not all(isinstance(folder, str) and folder for folder in self.data_dir):
                 raise ValueError(f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}")
-            object.__setattr__(self, "data_dir", tuple(self.data_dir))
+            object.__setattr__(self, "data_dir", list(self.data_dir))  # a list, as config.json reads back
         elif self.data_dir is not None and not isinstance(self.data_dir, str):
             raise ValueError(f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}")
         for name in ("train_texts", "eval_texts"):
@@ -233,7 +233,7 @@ class DistillTask(Task):
         from training.pipeline import corpus_splits
 
         settings = self.settings
-        folders = settings.data_dir if isinstance(settings.data_dir, tuple) else (settings.data_dir,)
+        folders = settings.data_dir if isinstance(settings.data_dir, list) else [settings.data_dir]
         splits = [corpus_splits(settings.dataset, folder) for folder in folders]  # every folder checked first
         self.train_texts, self.eval_texts = [], []
         for index, (train_lines, eval_lines) in enumerate(splits):

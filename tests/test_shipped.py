@@ -1,0 +1,82 @@
+"""The concise encoders shipped inside the package: small, float16, hash-checked, documented, loadable by
+name with no network, exported and served like any other model, and still the student their model card
+describes (its figures recomputed here on the card's own probe set)."""
+
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models import presets
+
+SHIPPED = presets.shipped_presets()
+LIMIT = 25 * 10**6
+
+
+def test_a_concise_encoder_is_shipped():
+    assert SHIPPED, "no preset in models/shipped"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_preset_is_small_float16_hashed_and_documented(name):
+    import h5py
+
+    folder = pathlib.Path(presets.SHIPPED_DIR) / name
+    files = [path for path in folder.rglob("*") if path.is_file()]
+    assert sum(path.stat().st_size for path in files) <= LIMIT
+    manifest = json.loads((folder / presets.MANIFEST_FILE).read_text())["sha256"]
+    assert sorted(manifest) == sorted(str(path.relative_to(folder)) for path in files if path.name != presets.MANIFEST_FILE)
+    with h5py.File(folder / presets.WEIGHTS_FILE) as weights:
+        dtypes = set()
+        weights.visititems(lambda _, item: dtypes.add(str(item.dtype)) if isinstance(item, h5py.Dataset) and item.dtype.kind == "f" else None)
+    assert dtypes == {"float16"}
+    card = (folder / "README.md").read_text()
+    for section in ("## Model", "## Evaluation", "## Training", "## Data and licences", "## Intended use and limits"):
+        assert section in card, section
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
+    """`concise-export --preset NAME`: the served embedding equals the Keras encoder's mean pooling (numpy)
+    on the same ids, for texts of mixed lengths; the WordNet-topics probe of the card is recomputed."""
+    from export import cli as export_cli
+    from models.bert import BertEncoder
+
+    assert export_cli.main(["--preset", name, "--out", str(tmp_path / "export")]) == 0
+    texts = ["A man is playing a guitar.", "", "Stocks fell sharply on Monday, the third fall in a row. " * 6, "ok"]
+    serving = tf.saved_model.load(str(tmp_path / "export" / "serving" / "1"))
+    served = serving.signatures["serving_default"](text=tf.constant(texts))["embedding"].numpy()
+    inputs = serving.signatures["tokenize"](text=tf.constant(texts))
+    encoder = BertEncoder.from_preset(name)
+    sequence = np.asarray(encoder({key: value for key, value in inputs.items()}, training=False)["sequence_output"])
+    mask = inputs["input_mask"].numpy()[:, :, None]
+    np.testing.assert_allclose(served, (sequence * mask).sum(1) / mask.sum(1), atol=2e-5)
+    assert served.shape[1] == encoder.hidden_size and os.path.isdir(tmp_path / "export" / "hub" / "1" / "encoder")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_model_cards_probe_figure_holds_for_the_shipped_weights(name):
+    """The card's WordNet-topics probe accuracy (measured on the float32 run) recomputed from the shipped
+    float16 preset with scikit-learn: within one point."""
+    import csv
+    import re
+
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from training.embeddings import SentenceEncoder
+
+    card = (pathlib.Path(presets.SHIPPED_DIR) / name / "README.md").read_text()
+    stated = float(re.search(r"\| WordNet topics linear probe \| (\d\.\d+)", card).group(1))
+    length = int(re.search(r"Distilled at (\d+) tokens", card).group(1))
+    data = pathlib.Path(__file__).resolve().parents[1] / "training" / "data" / "wordnet_topics"
+    train, dev = ([row for row in csv.DictReader(open(data / f"{split}.tsv", encoding="utf-8"), delimiter="\t")] for split in ("train", "dev"))
+    encoder = SentenceEncoder.from_preset(name, sequence_length=length)
+    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=3000))
+    probe.fit(encoder.encode([row["sentence"] for row in train]), [row["label"] for row in train])
+    accuracy = np.mean(probe.predict(encoder.encode([row["sentence"] for row in dev])) == np.array([row["label"] for row in dev]))
+    assert abs(accuracy - stated) <= 0.01, (accuracy, stated)
