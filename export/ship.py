@@ -125,7 +125,8 @@ def ship(run, name, results_path, shipped_dir=None):
     try:
         presets.save_to_preset(backbone, staging, weights_dtype="float16")
         with open(source.vocabulary, encoding="utf-8") as file:
-            presets.save_tokenizer(staging, file.read(), source.tokenizer.get("lowercase", True), source.tokenizer.get("strip_accents"))
+            presets.save_tokenizer(staging, file.read(), source.tokenizer.get("lowercase", True), source.tokenizer.get("strip_accents"),
+                                   sequence_length=config["training"]["sequence_length"])
         with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as file:
             file.write(card)
         presets.write_manifest(staging)

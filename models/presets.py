@@ -46,7 +46,8 @@ def shipped_presets():
     """The names of the presets shipped inside the package."""
     if not os.path.isdir(SHIPPED_DIR):
         return []
-    return sorted(name for name in os.listdir(SHIPPED_DIR) if os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE)))
+    return sorted(name for name in os.listdir(SHIPPED_DIR)
+                  if not name.startswith(".") and os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE)))  # .x: staging
 
 
 def resolve(preset):
@@ -204,9 +205,16 @@ def tokenizer_settings(preset):
             "strip_accents": settings["strip_accents"]}
 
 
-def save_tokenizer(preset, vocabulary_text, lowercase, strip_accents):
-    """Writes tokenizer.json and the vocabulary asset of `preset`."""
+def trained_sequence_length(preset):
+    """The sequence length `preset` records having been trained at (tokenizer.json), or None."""
+    return _read(resolve(preset), TOKENIZER_FILE).get("sequence_length")
+
+
+def save_tokenizer(preset, vocabulary_text, lowercase, strip_accents, sequence_length=None):
+    """Writes tokenizer.json and the vocabulary asset of `preset`; `sequence_length`, when given, is the
+    length the encoder was trained at (what `SentenceEncoder.from_preset` and `concise-export` default to)."""
     os.makedirs(os.path.join(str(preset), os.path.dirname(VOCABULARY_ASSET)), exist_ok=True)
     with open(os.path.join(str(preset), VOCABULARY_ASSET), "w", encoding="utf-8") as file:
         file.write(vocabulary_text)
-    _write(preset, TOKENIZER_FILE, {"vocabulary": VOCABULARY_ASSET, "lowercase": lowercase, "strip_accents": strip_accents})
+    settings = {"vocabulary": VOCABULARY_ASSET, "lowercase": lowercase, "strip_accents": strip_accents}
+    _write(preset, TOKENIZER_FILE, settings if sequence_length is None else {**settings, "sequence_length": sequence_length})

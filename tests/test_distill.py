@@ -197,7 +197,8 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     card = (shipped / "tiny-student" / "README.md").read_text()
     assert "| WordNet topics linear probe | 0.450 (50% of the teacher's) | 0.900 |" in card and "fixed` with head size 16" in card
     monkeypatch.setattr(presets, "SHIPPED_DIR", str(shipped))
-    encoder = SentenceEncoder.from_preset("tiny-student", sequence_length=32)
+    encoder = SentenceEncoder.from_preset("tiny-student")  # at the length it was distilled at, recorded by ship
+    assert encoder.sequence_length == 32
     assert encoder.backbone.dtype == "float32" and os.listdir(shipped) == ["tiny-student"]  # staging removed
     np.testing.assert_allclose(encoder.encode(texts), embeddings, atol=5e-3)  # float16 weights
     weights = shipped / "tiny-student" / presets.WEIGHTS_FILE

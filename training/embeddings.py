@@ -34,15 +34,19 @@ class SentenceEncoder:
         self._forward = tf.function(forward, reduce_retracing=True)
 
     @classmethod
-    def from_preset(cls, preset, sequence_length=128):
+    def from_preset(cls, preset, sequence_length=None):
         """A shipped preset's name (`models.presets.shipped_presets()`), a Keras preset folder
-        (`concise-export`'s `keras/`), a run directory (local or gs://) or a Hugging Face BERT folder."""
+        (`concise-export`'s `keras/`), a run directory (local or gs://) or a Hugging Face BERT folder;
+        `sequence_length` defaults to the length it was trained at where it records one (a run, a shipped
+        preset), else 128."""
         from training import runs
         from training.tokenizer import wordpiece_tokenizer
 
         source, backbone, _ = runs.load_source(preset)
         tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
                                         strip_accents=source.tokenizer.get("strip_accents"))
+        if sequence_length is None:
+            sequence_length = min(source.sequence_length or 128, getattr(backbone, "max_sequence_length", 128))
         return cls(backbone, tokenizer, sequence_length)
 
     @property

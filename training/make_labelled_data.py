@@ -273,9 +273,9 @@ def build_debian(out, index_path, train_per_class=250, dev_per_class=100, seed=0
 
 
 def default_packages_index():
-    """The main amd64 (or any) Packages index apt keeps in /var/lib/apt/lists, or None."""
-    found = sorted(pathlib.Path("/var/lib/apt/lists").glob("*_main_binary-*_Packages*"))
-    return found[0] if found else None
+    """The largest main Packages index apt keeps in /var/lib/apt/lists, or None."""
+    found = sorted(pathlib.Path("/var/lib/apt/lists").glob("*_main_binary-*_Packages*"), key=lambda path: -path.stat().st_size)
+    return found[0] if found else None  # the largest: the release's own index, not -updates or -security
 
 
 def parse_args(argv):

@@ -122,7 +122,7 @@ class Source:
     model_weights: the whole task model's weights (backbone + head) where the run has them
         (a finished run, or a conversion of one), else None.
     name: the run's config name, or the Hugging Face folder's name.
-    sequence_length: the length a run was trained at (None for other sources).
+    sequence_length: the length a run (or a preset that records it) was trained at, else None.
     """
 
     path: str
@@ -196,7 +196,8 @@ def _read_preset(path):
     model = presets.backbone_arguments(path, BertEncoder)
     settings = presets.tokenizer_settings(path)
     return Source(path, "preset", "bert", model, join(path, presets.WEIGHTS_FILE), settings["path"],
-                  {"lowercase": settings["lowercase"], "strip_accents": settings["strip_accents"]}, name=_basename(path))
+                  {"lowercase": settings["lowercase"], "strip_accents": settings["strip_accents"]}, name=_basename(path),
+                  sequence_length=presets.trained_sequence_length(path))
 
 
 def _read_hf_folder(path):
@@ -298,14 +299,15 @@ class RunDirectory:
             differs = [section for section in ("model_type", "model", "task") if saved.get(section) != config_dict.get(section)]
             if differs and self.has_progress():
                 raise ValueError(f"{self.path} holds a run with a different `{differs[0]}`; use a new run directory.")
-            if differs and tf.io.gfile.exists(self.file(INPUTS)):  # an earlier command failed before its first
-                tf.io.gfile.remove(self.file(INPUTS))  # checkpoint (a model error): the corrected one starts afresh
+            if not self.has_progress() and tf.io.gfile.exists(self.file(INPUTS)):  # an earlier command failed before
+                tf.io.gfile.remove(self.file(INPUTS))  # its first checkpoint: the corrected one starts afresh
         tf.io.gfile.makedirs(self.path)
         write_json_atomically(self.file(CONFIG), config_dict)
 
     def has_progress(self):
-        """Whether the run has trained: a checkpoint committed, or final weights."""
-        return tf.io.gfile.exists(join(self.checkpoint_dir, "checkpoint")) or tf.io.gfile.exists(self.file(BACKBONE_WEIGHTS))
+        """Whether the run has trained: a checkpoint committed (or one of the earlier format), or final weights."""
+        return any(tf.io.gfile.exists(path) for path in (join(self.checkpoint_dir, "checkpoint"), self.legacy_checkpoint,
+                                                          self.file(BACKBONE_WEIGHTS)))
 
     def read_config(self):
         return read_json(self.file(CONFIG))
