@@ -146,8 +146,12 @@ def test_a_changed_vocabulary_is_refused_on_resume(tmp_path, capsys):
     assert train_cli.main(argv) == 0
     capsys.readouterr()
     vocabulary = tmp_path / "run" / "vocab.txt"
-    recorded = (tmp_path / "run" / "inputs.json").read_text()
-    vocabulary.write_text(vocabulary.read_text()[:-40])
+    recorded, original = (tmp_path / "run" / "inputs.json").read_text(), vocabulary.read_text()
+    other = tmp_path / "other-vocab.txt"  # another vocabulary named on the command line: refused before the copy is replaced
+    other.write_text(original.replace("\n", "\nzzz-extra\n", 1))
+    _fails(capsys, train_cli.main, [*argv, "--set", f"tokenizer.vocabulary={other}"], str(other), "differs from the vocabulary")
+    assert vocabulary.read_text() == original
+    vocabulary.write_text(original[:-40])
     _fails(capsys, train_cli.main, [*argv, "--set", "training.train_steps=3"], str(vocabulary), "differs from the vocabulary")
     assert (tmp_path / "run" / "inputs.json").read_text() == recorded
 

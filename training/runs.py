@@ -349,14 +349,20 @@ class RunDirectory:
         manifest) against the sha256s in inputs.json; a file seen for the first time is recorded
         there (when `record`). A file that changed since (a truncated vocab.txt, a rebuilt data
         folder) is refused: a resumed run would silently read other ids or other data."""
-        recorded = read_json(self.file(INPUTS)) if tf.io.gfile.exists(self.file(INPUTS)) else {}
         current = {name: file_sha256(path) for name, path in files.items()}
-        for name, digest in current.items():
-            if recorded.get(name, digest) != digest:
-                raise ValueError(f"{files[name]} differs from the {name} this run started with (sha256 recorded in "
-                                 f"{self.file(INPUTS)}): restore it, or start a new run directory.")
+        recorded = self.check_inputs(current, files)
         if record and any(name not in recorded for name in current):
             write_json_atomically(self.file(INPUTS), {**recorded, **current})
+
+    def check_inputs(self, digests, shown):
+        """Raises if a sha256 of `digests` ({name: sha256}) differs from the one inputs.json recorded
+        (`shown[name]` names the file in the message); returns what inputs.json holds."""
+        recorded = read_json(self.file(INPUTS)) if tf.io.gfile.exists(self.file(INPUTS)) else {}
+        for name, digest in digests.items():
+            if recorded.get(name, digest) != digest:
+                raise ValueError(f"{shown[name]} differs from the {name} this run started with (sha256 recorded in "
+                                 f"{self.file(INPUTS)}): restore it, or start a new run directory.")
+        return recorded
 
     def write_metrics(self, metrics):
         write_json_atomically(self.file(METRICS), metrics)

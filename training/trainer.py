@@ -17,6 +17,7 @@ an uninterrupted run's.
 """
 
 import dataclasses
+import hashlib
 import math
 import warnings
 
@@ -115,7 +116,10 @@ def prepare_vocabulary(config, run, task, source):
     if chosen:
         if not tf.io.gfile.exists(chosen):
             raise ValueError(f"Vocabulary file not found. Received: tokenizer.vocabulary={str(chosen)!r}")
-        run.write_vocabulary(runs.read_vocabulary(chosen))
+        tokens = runs.read_vocabulary(chosen)
+        text = "\n".join(tokens) + "\n"  # as write_vocabulary writes it: checked before the run's copy is replaced
+        run.check_inputs({"vocabulary": hashlib.sha256(text.encode("utf-8")).hexdigest()}, {"vocabulary": chosen})
+        run.write_vocabulary(tokens)
     else:
         lines = [line for _, line in zip(range(VOCABULARY_TRAINING_LINES), task.vocabulary_text())]
         settings = tokenizer_settings(config)
