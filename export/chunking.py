@@ -1,11 +1,12 @@
 """A served request in length-sorted chunks: bounded memory whatever the number of strings, and each
 chunk padded only to its own longest text (rounded up to a bucket), so short texts cost little.
 
-`chunked(segments, seq_length, pack, run)` sorts a request's tokenised rows by packed length, cuts the
-order into chunks of at most `chunk_size` rows, packs each chunk to the smallest multiple of `bucket`
-that holds its longest row (never beyond `seq_length`, where rows are truncated exactly as before),
-runs the model on it inside a `tf.while_loop` that holds one chunk at a time (`parallel_iterations=1`),
-and puts every output row back in the request's order. Padding is masked, so the answers are those of
+`chunked(texts, tokenize, seq_length, pack, run, names)` sorts a request's rows by length in bytes, cuts the
+order into chunks of at most `chunk_size` rows, and inside a `tf.while_loop` that holds one chunk at a time
+(`parallel_iterations=1`) tokenises the chunk, packs it to the smallest multiple of `bucket` that holds its
+longest row (never beyond `seq_length`, where rows are truncated exactly as before) and runs the model on
+it; every output row goes back to its place in the request. Nothing is held for the whole request but its
+strings, the order and the outputs. Padding is masked, so the answers are those of
 packing the whole request to `seq_length`, within float tolerance; the shapes the encoder sees are at
 most `chunk_size` x one of seq_length / bucket lengths. Core TF ops only: stock TF Serving runs it.
 """
@@ -31,11 +32,13 @@ def _output_specs(run, names):
     return tf.function(run, autograph=False).get_concrete_function(specs).structured_outputs
 
 
-def chunked(segments, seq_length, pack, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET):
-    """Outputs of `run` for every row of `segments`, computed chunk by chunk (see the module docstring).
+def chunked(texts, tokenize, seq_length, pack, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET):
+    """Outputs of `run` for every row of `texts`, computed chunk by chunk (see the module docstring).
 
     Args:
-        segments: 1 or 2 ragged int tensors [N, (words), (pieces)] or [N, (pieces)], one per text input.
+        texts: 1 or 2 string tensors [N], one per text input (the rows of a pair task side by side).
+        tokenize: `string [n] -> ragged int [n, (words), (pieces)] or [n, (pieces)]`, called on one chunk
+            at a time: a request is never tokenised whole, so its memory does not grow with its size.
         seq_length: the export's sequence length (the most a chunk is padded to).
         pack: `(segments, length) -> dict of int32 [n, length] inputs` (`WordPieceModule.pack`).
         run: `inputs dict -> nest of tensors [n, ...]` (the model and its pooling or head).
@@ -43,10 +46,8 @@ def chunked(segments, seq_length, pack, run, names, chunk_size=CHUNK_SIZE, bucke
     Returns:
         `run`'s output structure, every tensor [N, ...] in the request's order.
     """
-    segments = [_flat(segment) for segment in segments]
-    lengths = tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments]) + 1 + len(segments)
-    lengths = tf.minimum(lengths, seq_length)
-    order = tf.argsort(lengths, stable=True)
+    # Sorted by bytes, a proxy of the token count that costs no tokenisation: neighbours have similar lengths.
+    order = tf.argsort(tf.add_n([tf.strings.length(text) for text in texts]), stable=True)
     rows = tf.shape(order)[0]
     structure = _output_specs(run, names)
     specs = tf.nest.flatten(structure)
@@ -54,9 +55,10 @@ def chunked(segments, seq_length, pack, run, names, chunk_size=CHUNK_SIZE, bucke
 
     def body(index, arrays):
         chosen = order[index * chunk_size: tf.minimum((index + 1) * chunk_size, rows)]
-        longest = tf.reduce_max(tf.gather(lengths, chosen))
+        segments = [_flat(tokenize(tf.gather(text, chosen))) for text in texts]
+        longest = tf.reduce_max(tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments])) + 1 + len(texts)
         padded = tf.minimum((longest + bucket - 1) // bucket * bucket, seq_length)
-        outputs = tf.nest.flatten(run(pack([tf.gather(segment, chosen) for segment in segments], padded)))
+        outputs = tf.nest.flatten(run(pack(segments, padded)))
         return index + 1, [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
 
     count = (rows + chunk_size - 1) // chunk_size
