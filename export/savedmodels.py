@@ -43,6 +43,7 @@ import tempfile
 import tensorflow as tf
 
 from export import commit
+from export.chunking import bucket_lengths
 from export.chunking import chunked
 from training import runs
 from training.tasks import serving_signature
@@ -222,8 +223,6 @@ def task_serving_model(model, tokenizer, seq_length, signature):
 def warmup_batches(seq_length, texts=WARMUP_TEXTS):
     """The warm-up requests: one text, a few texts, then one text per chunk length a request can be
     padded to (`export.chunking.bucket_lengths`), so that the first request of each length is not slow."""
-    from export.chunking import bucket_lengths
-
     return [[texts[0]], list(texts)] + [[" ".join(["a"] * (length - 2))] for length in bucket_lengths(seq_length)]
 
 
