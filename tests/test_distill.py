@@ -142,6 +142,42 @@ def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_
     np.testing.assert_allclose(outputs["embedding"], expected, atol=1e-4)
 
 
+def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projection(tmp_path):
+    """task.init gave the backbone alone (a shipped preset, say): P and its bias are the ridge map of the
+    student's mean token vectors (numpy pooling) onto the teacher's embeddings (SciPy's lstsq on the
+    problem written as plain least squares: centred rows stacked on sqrt(lambda) I); when task.init gave
+    the whole model, P stays as loaded."""
+    import scipy.linalg
+
+    from training.tokenizer import wordpiece_tokenizer
+
+    task = _task(tmp_path, "task.student_init=random")
+    task.load_data()
+    backbone = task.config.build_model()
+    model = task.build_model(backbone)
+    loaded = model.projection.kernel.numpy().copy()
+    task.initialize(model, backbone, "model")
+    np.testing.assert_array_equal(model.projection.kernel.numpy(), loaded)
+
+    task.initialize(model, backbone, "backbone")
+    texts = task.train_texts
+    ids = hugging_face_ids(task.vocabulary_file(), texts, 32)
+    word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
+    mask = (word_ids > 0).astype("int32")
+    tokens = backbone.predict({"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": 0 * word_ids}, verbose=0)["sequence_output"]
+    pooled = (tokens * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
+    tokenizer = wordpiece_tokenizer(task.vocabulary_file(), lowercase=True, strip_accents=True)
+    targets = distill.teacher_outputs(task, tokenizer, texts)
+    pooled, targets = pooled.astype("float64"), targets.astype("float64")
+    centred = pooled - pooled.mean(0)
+    penalty = distill.RIDGE * np.sum(centred ** 2) / pooled.shape[1]
+    stacked = np.vstack([centred, np.sqrt(penalty) * np.eye(pooled.shape[1])])
+    kernel = scipy.linalg.lstsq(stacked, np.vstack([targets - targets.mean(0), np.zeros((pooled.shape[1], targets.shape[1]))]))[0]
+    np.testing.assert_allclose(model.projection.kernel.numpy(), kernel, atol=1e-3, rtol=1e-3)
+    np.testing.assert_allclose(model.projection.bias.numpy(), targets.mean(0) - pooled.mean(0) @ kernel, atol=1e-3, rtol=1e-3)
+    assert not np.allclose(model.projection.kernel.numpy(), loaded, atol=1e-2)
+
+
 @pytest.mark.slow
 def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(tmp_path, capsys, monkeypatch):
     """Through the CLI: the run's metrics equal numpy on the reloaded model's outputs and the cached

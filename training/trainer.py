@@ -146,7 +146,7 @@ def initialize_backbone(backbone, source):
 def initialize_model(model, backbone, source, task_settings):
     """Starts from task.init: the whole task model (head included) when `source` was trained
     for the same task with the same labels (a fine-tuned run, or its `concise-collaborative`
-    conversion: fine-tuning goes on with its head), else the backbone alone."""
+    conversion: fine-tuning goes on with its head), else the backbone alone. Returns "model" or "backbone"."""
     head_fits = (source.model_weights is not None and (source.task or {}).get("name") == task_settings.name
                  and (source.task or {}).get("labels") == getattr(task_settings, "labels", None))
     if head_fits:
@@ -154,8 +154,9 @@ def initialize_model(model, backbone, source, task_settings):
             # The file also holds the source's optimizer state: this run starts a fresh optimizer.
             warnings.filterwarnings("ignore", message=r"Skipping variable loading for optimizer")
             runs.load_weights(model, source.model_weights)
-    else:
-        initialize_backbone(backbone, source)
+        return "model"
+    initialize_backbone(backbone, source)
+    return "backbone"
 
 
 def resolve_steps(training, num_examples):
@@ -205,10 +206,9 @@ def _build(config, task, strategy, run, source, is_chief):
                       jit_compile=training.jit_compile, **task.compile_arguments())
         checkpoints = TrainingCheckpoints(run, model, training.keep_checkpoints, is_chief)
         position = checkpoints.restore()
-        if position is None and source is not None:
-            initialize_model(model, backbone, source, config.task)
-        elif position is None:
-            task.initialize(model, backbone)
+        if position is None:
+            started = initialize_model(model, backbone, source, config.task) if source is not None else None
+            task.initialize(model, backbone, started)
     return model, backbone, checkpoints, position or 0
 
 

@@ -62,9 +62,10 @@ class Task:
         the config's, task.init's, or one trained on `vocabulary_text`."""
         return None
 
-    def initialize(self, model, backbone):
-        """Sets the starting weights of a new run without task.init (this default keeps the seeded
-        random initialisation; the distill task can start a student from its teacher)."""
+    def initialize(self, model, backbone, started=None):
+        """Sets the starting weights of a new run. started: what task.init gave, "model" (head
+        included), "backbone" or None. This default keeps the seeded random initialisation or task.init's
+        weights; the distill task starts a student from its teacher, or fits its projection to a trained one."""
 
     def load_data(self):
         """Reads the task's examples (checked at once); called once before `datasets`."""

