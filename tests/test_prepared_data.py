@@ -255,3 +255,24 @@ def test_jax_shard_trainer_matches_the_tf_trainer_and_resumes_bit_identically(pr
     assert not result["tensorflow_imported"]
     assert result["bad_exit"] == 2 and "training.sequence_length=32" in jax.stderr and not (tmp_path / "jax" / "bad").exists()
     assert len(result["differences"]) > 20 and max(result["differences"].values()) == 0.0, result["differences"]
+
+
+def test_the_shuffle_folder_of_a_killed_run_is_removed_by_the_next(tmp_path):
+    """SIGKILL leaves a process no chance to clean up: the next prepare-data removes the shuffle folders whose
+    owner has ended, keeps those of running processes, and its own goes when its block ends."""
+    import signal
+
+    from training.prepare_data import WORK_PREFIX
+    from training.prepare_data import work_directory
+
+    script = f"import os, sys, time; os.mkdir(os.path.join(sys.argv[1], '{WORK_PREFIX}%d-abc' % os.getpid())); print('ready', flush=True); time.sleep(60)"
+    killed = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert killed.stdout.readline().strip() == "ready"
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    (tmp_path / f"{WORK_PREFIX}{killed.pid}-abc" / "3.bin").write_bytes(b"rows")
+    alive = tmp_path / f"{WORK_PREFIX}{os.getpid()}-def"  # a running process's (this one's)
+    alive.mkdir()
+    with work_directory(str(tmp_path)) as work:
+        assert sorted(path.name for path in tmp_path.iterdir()) == sorted([alive.name, os.path.basename(work)])
+    assert [path.name for path in tmp_path.iterdir()] == [alive.name]

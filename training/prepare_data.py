@@ -16,6 +16,7 @@ byte-identical files.
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 
@@ -27,6 +28,30 @@ from training import shards
 DEFAULT_ROWS_PER_SHARD = 8192
 # Bucket files of the two-pass shuffle of the training rows (memory: the rows / SHUFFLE_BUCKETS).
 SHUFFLE_BUCKETS = 64
+# The shuffle's local folder: WORK_PREFIX + the owner's process id + a random tail, in the temporary folder.
+WORK_PREFIX = "concise-prepare-data-"
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def work_directory(root=None):
+    """A fresh local folder for the shuffle, removed when the block ends. A process killed outright
+    (SIGKILL, power loss) cannot remove its own: such folders, whose owner process has ended, are
+    removed here first, so at most the folders of running processes are ever left."""
+    root = root or tempfile.gettempdir()
+    for name in os.listdir(root):
+        owner = name[len(WORK_PREFIX):].split("-", 1)[0]
+        if name.startswith(WORK_PREFIX) and owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=root)
 
 
 def _row_arrays(chunks, fields, counts):
@@ -41,7 +66,7 @@ def _shuffled(arrays, seed, buckets=SHUFFLE_BUCKETS):
     memory at a time: each row goes to a random bucket file (local temporary folder), then each
     bucket is permuted."""
     rng = np.random.default_rng([seed, buckets])
-    with tempfile.TemporaryDirectory() as work:
+    with work_directory() as work:
         paths = [os.path.join(work, f"{bucket}.bin") for bucket in range(buckets)]
         shape = None
         with contextlib.ExitStack() as stack:
