@@ -5,6 +5,8 @@ import typing
 import keras
 from keras import ops
 
+from models.attention import _check_positive_int
+from models.attention import _check_rate
 from models.attention import attention_config
 from models.builder import ArgumentsAreConfig
 from models.embedding import PositionEmbedding
@@ -15,10 +17,12 @@ from models.transformer import admin_initialize
 from models.transformer import get_activation
 
 
-def _check_sizes(**sizes):
+def _check_sizes(dropout, attention_dropout, **sizes):
+    """The sizes (positive integers) and dropout rates ([0, 1)) of a backbone, each error naming its argument."""
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+        _check_positive_int(name, value)
+    _check_rate("dropout", dropout)
+    _check_rate("attention_dropout", attention_dropout)
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
@@ -73,7 +77,8 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
     ):
         arguments = dict(locals())  # the constructor arguments, before any other local exists
         arguments["attention"] = attention = attention_config(attention)
-        _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, type_vocab_size=type_vocab_size)
+        _check_sizes(dropout, attention_dropout, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+                     type_vocab_size=type_vocab_size)
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
         # === Layers ===
         self.word_embeddings = keras.layers.ReversibleEmbedding(

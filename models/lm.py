@@ -70,7 +70,7 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
     ):
         arguments = dict(locals())  # the constructor arguments, before any other local exists
         arguments["attention"] = attention = attention_config(attention)
-        _check_sizes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
+        _check_sizes(dropout, attention_dropout, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
         # tensor2tensor: Xavier kernels; embeddings N(0, 1/d) scaled by sqrt(d) on the way in,
         # so the tied softmax sees d^-0.5-sized rows and the residual stream unit-sized inputs.
         embedding_initializer = keras.initializers.RandomNormal(stddev=hidden_size**-0.5)

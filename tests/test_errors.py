@@ -227,15 +227,23 @@ def test_quickstart_out_that_is_a_file(tmp_path, capsys):
     assert (tmp_path / "taken").read_text() == "mine"
 
 
-def test_a_model_error_does_not_block_the_corrected_command(tmp_path, capsys):
-    """A model the builder refuses (5 standard heads in a 32-wide model) fails after config.json is
-    written; the corrected command then trains instead of being refused as 'a different model' (a run
-    that has trained still refuses another model)."""
-    argv = ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", "training.train_steps=1",
+def test_a_model_error_leaves_nothing_written_and_the_corrected_command_trains(tmp_path, capsys):
+    """A model the builder refuses (5 standard heads in a 32-wide model; a dropout of 1.5) is refused with
+    one line naming the argument, and the run directory is as before the command: absent when it was, or
+    holding only what it held. The corrected command trains; a run that has trained still refuses another
+    model and keeps its files."""
+    run = tmp_path / "run"
+    argv = ["--config", "tiny_lm", "--run-dir", str(run), "--quiet", "--set", "training.train_steps=1",
             "--set", "training.steps_per_epoch=1", "--set", "training.eval_batches=1", "--set", "training.steps_per_execution=1"]
     standard = ["--set", "model.attention={type: standard}"]
     _fails(capsys, train_cli.main, [*argv, *standard, "--set", "model.num_heads=5"], "num_heads=5")
-    assert (tmp_path / "run" / "config.json").exists()  # written before the builder refused the model
+    assert not run.exists()
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    _fails(capsys, train_cli.main, [*argv, "--set", "model.dropout=1.5"], "`dropout` must be a float in [0, 1). Received: dropout=1.5")
+    assert sorted(path.name for path in run.iterdir()) == ["notes.txt"]
     assert train_cli.main([*argv, *standard, "--set", "model.num_heads=4"]) == 0
     capsys.readouterr()
+    trained = sorted(path.name for path in run.iterdir())
     _fails(capsys, train_cli.main, [*argv, *standard, "--set", "model.num_heads=8"], "holds a run with a different `model`")
+    assert sorted(path.name for path in run.iterdir()) == trained

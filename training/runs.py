@@ -309,6 +309,24 @@ class RunDirectory:
         return any(tf.io.gfile.exists(path) for path in (join(self.checkpoint_dir, "checkpoint"), self.legacy_checkpoint,
                                                           self.file(BACKBONE_WEIGHTS)))
 
+    def entries(self):
+        """The names in the directory, or None when it does not exist (see `roll_back`)."""
+        return set(tf.io.gfile.listdir(self.path)) if tf.io.gfile.isdir(self.path) else None
+
+    def roll_back(self, before):
+        """Removes what a command wrote to a run that has not trained, given `entries()` from before the
+        command: the whole directory if it did not exist, else the entries it did not hold. A command
+        refused after it began writing (a model the builder rejects) so leaves nothing behind."""
+        if self.has_progress():
+            return
+        if before is None:
+            if tf.io.gfile.isdir(self.path):
+                tf.io.gfile.rmtree(self.path)
+            return
+        for name in sorted((self.entries() or set()) - before):
+            path = self.file(name.rstrip("/"))
+            tf.io.gfile.rmtree(path) if tf.io.gfile.isdir(path) else tf.io.gfile.remove(path)
+
     def read_config(self):
         return read_json(self.file(CONFIG))
 

@@ -18,7 +18,9 @@ an uninterrupted run's.
 
 import dataclasses
 import hashlib
+import json
 import math
+import os
 import warnings
 
 import keras
@@ -226,11 +228,17 @@ def train(config, run_dir, verbose="auto"):
     Raises:
         training.checkpoints.Preempted: on SIGTERM, once a checkpoint at the step reached is saved.
     """
+    run = runs.RunDirectory(run_dir)
+    before = run.entries()
     try:
         with handle_preemption() as preemption:
             return _train(config, run_dir, verbose, preemption)
+    except ValueError:  # refused input (exit 2): nothing is left written, unless the run has trained
+        if _is_chief_process():
+            run.roll_back(before)
+        raise
     finally:
-        runs.RunDirectory(run_dir).unlock()
+        run.unlock()
 
 
 def _train(config, run_dir, verbose, preemption):
@@ -412,6 +420,15 @@ class _MultiWorkerLoop:
                 if verbose:
                     print(f"epoch {epoch + 1}/{last_epoch}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
         callbacks.on_train_end()
+
+
+def _is_chief_process():
+    """Whether TF_CONFIG (if any) makes this process the chief: the one that writes the run directory."""
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task = cluster.get("task") or {}
+    if not cluster.get("cluster"):
+        return True
+    return task.get("type") == "chief" or (task.get("type") == "worker" and task.get("index") == 0 and "chief" not in cluster["cluster"])
 
 
 def _is_chief(strategy):
