@@ -117,8 +117,9 @@ class PcaOfTeacher(Encoder):
         return self._width
 
 
-def build_encoders(run_dirs, teacher_dir, fit_texts):
-    """(teacher, [encoders to compare]) for the runs, with the baselines."""
+def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
+    """(teacher, [encoders to compare]) for the runs, with the baselines, and the shipped `presets` (their
+    projections to the teacher's space are not shipped: no cosine to the teacher)."""
     import keras
 
     import configs
@@ -144,6 +145,8 @@ def build_encoders(run_dirs, teacher_dir, fit_texts):
             encoders.append(PcaOfTeacher(teacher, fit_texts, backbone.hidden_size))
         keras.utils.set_random_seed(config.training.seed)
         encoders.append(Encoder(f"random init, {name}", config.build_model(dtype="float32"), tokenizer))
+    for preset in presets:
+        encoders.append(Encoder(f"preset {preset}", SentenceEncoder.from_preset(preset).backbone, tokenizer))
     return teacher, encoders
 
 
@@ -232,6 +235,7 @@ def main(argv=None):
     parser.add_argument("--texts", type=int, default=2048)
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--fit-texts", type=int, default=4096)
+    parser.add_argument("--presets", nargs="*", default=[], help="shipped presets to measure beside the runs (e.g. the one a run replaces)")
     parser.add_argument("--out", default=str(RESULTS / "distill_eval.json"))
     parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
     args = parser.parse_args(argv)
@@ -250,7 +254,7 @@ def main(argv=None):
     Encoder.sequence_length = lengths.pop()
     texts, pairs, fit_texts = heldout_data(args.data_dir, args.texts, args.pairs, args.fit_texts)
     probes = {key: (read_tsv(folder / "train.tsv"), read_tsv(folder / "dev.tsv")) for key, folder in PROBES.items()}
-    teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), fit_texts)
+    teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), fit_texts, args.presets)
     teacher_embeddings = teacher.embed(texts)
     rows = {}
     for encoder in [teacher, *encoders]:

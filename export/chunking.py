@@ -1,7 +1,7 @@
 """A served request in length-sorted chunks: bounded memory whatever the number of strings, and each
 chunk padded only to its own longest text (rounded up to a bucket), so short texts cost little.
 
-`chunked(texts, tokenize, seq_length, pack, run, names)` sorts a request's rows by length in bytes, cuts the
+`chunked(texts, tokenizer, seq_length, run, names)` sorts a request's rows by length in bytes, cuts the
 order into chunks of at most `chunk_size` rows, and inside a `tf.while_loop` that holds one chunk at a time
 (`parallel_iterations=1`) tokenises the chunk, packs it to the smallest multiple of `bucket` that holds its
 longest row (never beyond `seq_length`, where rows are truncated exactly as before) and runs the model on
@@ -32,15 +32,15 @@ def _output_specs(run, names):
     return tf.function(run, autograph=False).get_concrete_function(specs).structured_outputs
 
 
-def chunked(texts, tokenize, seq_length, pack, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET):
+def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET):
     """Outputs of `run` for every row of `texts`, computed chunk by chunk (see the module docstring).
 
     Args:
         texts: 1 or 2 string tensors [N], one per text input (the rows of a pair task side by side).
-        tokenize: `string [n] -> ragged int [n, (words), (pieces)] or [n, (pieces)]`, called on one chunk
-            at a time: a request is never tokenised whole, so its memory does not grow with its size.
+        tokenizer: a `training.text.WordPieceModule`: its `tokenize(chunk, max_length=seq_length)` is called on
+            one chunk at a time (a request is never tokenised whole, so its memory does not grow with its
+            size), its `pack(segments, length)` gives the chunk's int32 [n, length] inputs.
         seq_length: the export's sequence length (the most a chunk is padded to).
-        pack: `(segments, length) -> dict of int32 [n, length] inputs` (`WordPieceModule.pack`).
         run: `inputs dict -> nest of tensors [n, ...]` (the model and its pooling or head).
         names: the input names `run` reads.
     Returns:
@@ -55,10 +55,10 @@ def chunked(texts, tokenize, seq_length, pack, run, names, chunk_size=CHUNK_SIZE
 
     def body(index, arrays):
         chosen = order[index * chunk_size: tf.minimum((index + 1) * chunk_size, rows)]
-        segments = [_flat(tokenize(tf.gather(text, chosen))) for text in texts]
+        segments = [_flat(tokenizer.tokenize(tf.gather(text, chosen), max_length=seq_length)) for text in texts]
         longest = tf.reduce_max(tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments])) + 1 + len(texts)
         padded = tf.minimum((longest + bucket - 1) // bucket * bucket, seq_length)
-        outputs = tf.nest.flatten(run(pack(segments, padded)))
+        outputs = tf.nest.flatten(run(tokenizer.pack(segments, padded)))
         return index + 1, [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
 
     count = (rows + chunk_size - 1) // chunk_size

@@ -181,8 +181,7 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
         return {"embedding": embedding, "sequence_output": sequence}
 
     def embed_text(text):  # length-sorted chunks, each padded to its own longest text: bounded memory
-        return chunked([text], lambda chunk: tokenizer.tokenize(chunk, max_length=seq_length), seq_length, tokenizer.pack,
-                       lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS)
+        return chunked([text], tokenizer, seq_length, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS)
 
     root.serve_text = tf.function(embed_text, input_signature=[tf.TensorSpec([None], tf.string, name="text")])
     def embed_ids(**inputs):  # ids as sent: outside the vocabulary or the segment types is an InvalidArgument
@@ -213,8 +212,8 @@ def task_serving_model(model, tokenizer, seq_length, signature):
     root.model_variables = _variables(model)
 
     def predict(*texts):  # length-sorted chunks, each padded to its own longest pair: bounded memory
-        return chunked(list(texts), lambda chunk: tokenizer.tokenize(chunk, max_length=seq_length), seq_length, tokenizer.pack,
-                       lambda inputs: signature.outputs({name: inputs[name] for name in ENCODER_INPUTS}), ENCODER_INPUTS)
+        return chunked(list(texts), tokenizer, seq_length, lambda inputs: signature.outputs({name: inputs[name] for name in ENCODER_INPUTS}),
+                       ENCODER_INPUTS)
 
     root.serve_text = tf.function(predict, input_signature=[tf.TensorSpec([None], tf.string, name=name) for name in signature.texts])
     return root, {"serving_default": root.serve_text.get_concrete_function()}

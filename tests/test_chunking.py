@@ -62,8 +62,7 @@ def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model):
 
     @tf.function
     def call(text):
-        return chunking.chunked([text], lambda chunk: tokenizer.tokenize(chunk, max_length=SEQ_LENGTH), SEQ_LENGTH, tokenizer.pack,
-                                run, ("input_word_ids", "input_mask"), chunk_size=4, bucket=16)
+        return chunking.chunked([text], tokenizer, SEQ_LENGTH, run, ("input_word_ids", "input_mask"), chunk_size=4, bucket=16)
 
     out = {key: value.numpy() for key, value in call(tf.constant(TEXTS)).items()}
     real = _reference(encoder, tokenizer, TEXTS)[1].sum((1, 2))
