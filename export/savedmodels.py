@@ -51,7 +51,6 @@ from training.text import WordPieceModule
 from training.text import read_vocabulary
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
-DEFAULT_SEQ_LENGTH = 128
 SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 WARMUP_TEXTS = ("The quick brown fox jumps over the lazy dog.", "", "Fixed head size attention keeps each head expressive.")
 
@@ -334,7 +333,7 @@ def _export_settings(source, seq_length, model_name, pooling):
         raise ValueError(f"`pooling` must be 'mean' or 'cls'. Received: pooling={pooling!r}")
     max_length = source.model["max_sequence_length"]
     if seq_length is None:  # a run's own length (what it was trained and evaluated at), else 128
-        seq_length = min(source.sequence_length or DEFAULT_SEQ_LENGTH, max_length)
+        seq_length = source.serving_length
     if isinstance(seq_length, bool) or not isinstance(seq_length, int) or not 3 <= seq_length <= max_length:
         raise ValueError(f"`seq_length` must be in [3, max_sequence_length={max_length}]. Received: seq_length={seq_length}")
     if model_name is not None and not SAFE_MODEL_NAME.fullmatch(str(model_name)):

@@ -45,9 +45,7 @@ class SentenceEncoder:
         source, backbone, _ = runs.load_source(preset)
         tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
                                         strip_accents=source.tokenizer.get("strip_accents"))
-        if sequence_length is None:
-            sequence_length = min(source.sequence_length or 128, getattr(backbone, "max_sequence_length", 128))
-        return cls(backbone, tokenizer, sequence_length)
+        return cls(backbone, tokenizer, source.serving_length if sequence_length is None else sequence_length)
 
     @property
     def width(self):

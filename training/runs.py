@@ -111,6 +111,9 @@ def load_weights(model, path):
             raise ValueError(f"The weights in {path} cannot be loaded into this model: {str(error).splitlines()[0]}") from error
 
 
+DEFAULT_SERVING_LENGTH = 128
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
     """A trained model to start from: its architecture, weights and tokenizer.
@@ -136,6 +139,13 @@ class Source:
     model_weights: str = None
     name: str = None
     sequence_length: int = None
+
+    @property
+    def serving_length(self):
+        """The length to serve and embed at by default: the one it was trained at where it records one (a
+        run, a shipped preset), else DEFAULT_SERVING_LENGTH, never beyond its position embeddings."""
+        limit = self.model.get("max_sequence_length", DEFAULT_SERVING_LENGTH)
+        return min(self.sequence_length or DEFAULT_SERVING_LENGTH, limit)
 
 
 def is_hf_folder(path):
