@@ -27,17 +27,17 @@ Results: `--out` (JSON) and a Markdown table on stdout, with the machine and the
 """
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import provenance  # noqa: E402  (benchmarks/, beside this script)
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 DATA = pathlib.Path(__file__).resolve().parents[1] / "training" / "data"
@@ -266,8 +266,7 @@ def main(argv=None):
     by_length = sorted(texts, key=len)
     for (name, batch_size), value in throughput(timed, by_length[len(by_length) // 4: 3 * len(by_length) // 4]).items():
         rows[name][f"sentences_per_s_batch_{batch_size}"] = value
-    result = {"machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
-              "date": datetime.date.today().isoformat(), "command": " ".join(["python benchmarks/distill_eval.py", *(argv or sys.argv[1:])]),
+    result = {**provenance.record(), "command": " ".join(["python benchmarks/distill_eval.py", *(argv or sys.argv[1:])]),
               "texts": len(texts), "pairs": len(pairs[0]), "sequence_length": Encoder.sequence_length, "rows": rows}
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

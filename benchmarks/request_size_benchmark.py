@@ -11,16 +11,16 @@ within 3x the 32-sentence request's peak memory and 3x its cost per string.
 """
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import provenance  # noqa: E402  (benchmarks/, beside this script)
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 REQUEST = r"""
@@ -70,8 +70,7 @@ def main(argv=None):
         serving = pathlib.Path(export) / "serving" / "1"
         small = serve_in_fresh_process(serving, sentences)
         large = serve_in_fresh_process(serving, ["hello world"] * args.strings)
-    result = {"machine": f"{platform.node()}, {os.cpu_count()} CPUs", "date": datetime.date.today().isoformat(),
-              "small": small, "large": large,
+    result = {**provenance.record(), "small": small, "large": large,
               "peak_ratio": large["peak_kb"] / small["peak_kb"],
               "cost_per_string_ratio": (large["seconds"] / large["strings"]) / (small["seconds"] / small["strings"])}
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

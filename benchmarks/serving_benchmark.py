@@ -24,11 +24,9 @@ Results: `--out` (JSON) and a Markdown table with the machine and the date.
 """
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
@@ -36,6 +34,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import provenance  # noqa: E402  (benchmarks/, beside this script)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -274,8 +274,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as workdir:
         for name, source, backbone, tokenizer in encoders(args.encoders):
             rows += benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir)
-    result = {"machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
-              "date": datetime.date.today().isoformat(), "tensorflow": tf.__version__, "sequence_length": SEQ_LENGTH,
+    result = {**provenance.record(), "tensorflow": tf.__version__, "sequence_length": SEQ_LENGTH,
               "matmul_gflops": rate / 1e9, "rounds": args.rounds,
               "command": " ".join(["python benchmarks/serving_benchmark.py", *(argv if argv is not None else sys.argv[1:])]), "rows": rows}
     from training.runs import write_json_atomically

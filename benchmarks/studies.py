@@ -41,12 +41,13 @@ import json
 import multiprocessing
 import os
 import pathlib
-import platform
 import shutil
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import provenance  # noqa: E402  (benchmarks/, beside this script)
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 CACHE = RESULTS / "cache"
@@ -110,16 +111,6 @@ STUDIES = {
         "deep 16 layers x 1 head, Admin": _depth(16, 1, admin=True),
     },
 }
-
-
-def machine_name():
-    """The CPU model and core count, for the record of where a run was measured."""
-    try:
-        with open("/proc/cpuinfo") as file:
-            model = next(line.split(":", 1)[1].strip() for line in file if line.startswith("model name"))
-    except (OSError, StopIteration):
-        model = platform.processor() or platform.machine()
-    return f"{model}, {os.cpu_count()} cores"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +223,7 @@ def train_run(corpus, preset, overrides, seed, threads=None):
     except Preempted:
         os._exit(75)  # SIGTERM (the parent died): the step reached is checkpointed; run the script again
     metrics["seconds"] = time.perf_counter() - start
-    metrics["date"], metrics["machine"] = time.strftime("%Y-%m-%d"), machine_name()
+    metrics.update(provenance.record())  # date, machine, commit, clean
     metrics_path.write_text(json.dumps(metrics, indent=1))
     return metrics
 
@@ -257,6 +248,7 @@ def make_row(corpus, study, label, seed, metrics):
         "eval_subword_perplexity": round(metrics["eval_subword_perplexity"], 3),
         "eval_word_perplexity": round(metrics["eval_word_perplexity"], 3), "seconds": round(metrics.get("seconds", 0.0), 1),
         "date": metrics.get("date", "unknown"), "machine": metrics.get("machine", "unknown"),
+        "commit": metrics.get("commit", "unknown"), "clean": metrics.get("clean", ""),
         "corpus": corpus.name, "train_split_tokens": corpus.train["tokens"], "tokens_seen": round(passes * corpus.train["tokens"]),
         "passes": round(passes, 4), "seen_twice": passes > 1,
     }

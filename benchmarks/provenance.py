@@ -1,0 +1,36 @@
+"""Where, when and from which code a result was measured: recorded beside every results row."""
+
+import os
+import pathlib
+import platform
+import subprocess
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def machine_name():
+    """The CPU model and core count, for the record of where a run was measured."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            model = next(line.split(":", 1)[1].strip() for line in file if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or platform.machine()
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def commit():
+    """(the checkout's commit, whether its tree was clean), ("unknown", False) outside a git checkout."""
+    def git(*arguments):
+        return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no") == ""
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", False
+
+
+def record():
+    """{date, machine, commit, clean}: the fields every results file and row carries."""
+    head, clean = commit()
+    return {"date": time.strftime("%Y-%m-%d"), "machine": machine_name(), "commit": head, "clean": clean}
