@@ -21,7 +21,7 @@ Two corpora:
                  evaluated on the whole held-out split; results in benchmarks/results/studies_large/.
 
 Each CSV row records the run's data (steps, tokens seen, passes, whether a token was seen
-twice), date and machine; `--plot-only` redraws the plots, `--markdown` prints the README
+twice), date and machine; `--plot-only` redraws the plots, `--markdown` prints the docs/results.md
 tables. `--jobs N` trains N runs at once, each on cpu_count / N threads (on 2 cores, 2 jobs
 of 1 thread gave ~1.2x the runs per hour; a run's last bits depend on its thread count).
 
@@ -367,7 +367,7 @@ def plot(study, rows, results=STUDIES_DIR):
 
 
 def markdown(study, rows):
-    """The README table of a study: one line per configuration, mean (min-max) over seeds, with
+    """The docs/results.md table of a study: one line per configuration, mean (min-max) over seeds, with
     the data each run saw (steps, tokens, whether a token was seen twice) and where and when."""
     import numpy as np
 
@@ -436,7 +436,7 @@ def main():
     parser.add_argument("--corpus", help="a corpus folder built by `python -m training.make_corpus` (default: the shipped sample)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each on cpu_count / jobs threads")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots from the CSVs, train nothing")
-    parser.add_argument("--markdown", action="store_true", help="print the README tables from the CSVs, train nothing")
+    parser.add_argument("--markdown", action="store_true", help="print the docs/results.md tables from the CSVs, train nothing")
     args = parser.parse_args()
     studies = list(STUDIES) if args.study == "all" else [args.study]
     results = LARGE_STUDIES_DIR if args.corpus else STUDIES_DIR

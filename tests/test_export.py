@@ -380,10 +380,10 @@ def test_tarball_holds_encoder_and_preprocessor(exported):
 
 
 def test_readme_loading_examples_run(exported):
-    """The README's Python examples that load `exported/...` run as written, in a fresh process."""
+    """The export guide's Python examples that load `exported/...` run as written, in a fresh process."""
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "export-and-serving.md").read_text()
     examples = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "exported/hub/1" in block]
     assert len(examples) == 3  # tf_keras fine-tuning, Keras 3 fine-tuning from the preset, Keras 3 TFSMLayer inference
     workdir = exported["root"] / "readme"

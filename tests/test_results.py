@@ -1,4 +1,4 @@
-"""The README's Results say what the committed data says.
+"""The README's and the docs' results say what the committed data says.
 
 The tables of the studies are regenerated from benchmarks/results/studies/*.csv by
 `python benchmarks/studies.py --markdown`; the speed figures come from the benchmark JSON
@@ -16,7 +16,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-README = (ROOT / "README.md").read_text()
+# The README and every page of docs/: a figure may be quoted in either.
+README = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
 
 
 def _benchmark_module(name):
