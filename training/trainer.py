@@ -71,7 +71,10 @@ def resolve_config(config):
         return config, None
     import configs
 
-    source = runs.read_source(config.task.init)
+    try:
+        source = runs.read_source(config.task.init)
+    except ValueError as error:
+        raise ValueError(f"task.init={config.task.init!r}: {error}") from None
     if config.model is None:
         model = configs.MODEL_CONFIGS[source.model_type](**source.model)
         config = dataclasses.replace(config, model_type=source.model_type, model=model)
