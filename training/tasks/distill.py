@@ -212,7 +212,7 @@ class DistillTask(Task):
     def initialize(self, model, backbone, started=None):
         """A new run's starting weights. From task.init's student backbone alone ("backbone": for example a
         shipped preset, distilled further): the projection to the teacher's space is fitted to it by least
-        squares (`fit_projection`). Without task.init and student_init "teacher": the backbone from the
+        squares (`fit_projection`, ridge). Without task.init and student_init "teacher": the backbone from the
         teacher's weights (`models.shrink`), projected onto the leading directions of the teacher's residual
         stream on the first `STREAM_TEXTS` training texts; the projection starts as P^T, which maps them back."""
         if started == "backbone":
@@ -237,12 +237,14 @@ class DistillTask(Task):
         texts = self.train_texts[:count]
         inputs = self._encoder_inputs(texts)
         pooled = mean_pooled(model.encoder(inputs)["sequence_output"], inputs["input_mask"])
-        targets = teacher_outputs(self, self._tokenizer(), self.train_texts)[:count]  # the run's cached outputs
+        targets = teacher_outputs(self, self.tokenizer, self.train_texts)[:count]  # the run's cached outputs
         kernel, bias = ridge_map(np.asarray(pooled), targets)
         model.projection.kernel.assign(kernel.astype("float32"))
         model.projection.bias.assign(bias.astype("float32"))
 
-    def _tokenizer(self):
+    @functools.cached_property
+    def tokenizer(self):
+        """The student's (and teacher's) tokenizer, built once per task."""
         from training.tokenizer import wordpiece_tokenizer
         from training.trainer import tokenizer_settings
 
@@ -250,7 +252,7 @@ class DistillTask(Task):
 
     def _encoder_inputs(self, texts):
         """Encoder inputs (numpy) of `texts`, padded to the longest, cut at the training length."""
-        tokenizer = self._tokenizer()
+        tokenizer = self.tokenizer
         ids = embeddings.token_ids(tokenizer, texts, self.training.sequence_length)
         word_ids, mask = embeddings.padded(ids, tokenizer.token_to_id("[PAD]"))
         return {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": np.zeros_like(word_ids)}
