@@ -50,6 +50,7 @@ setuptools.setup(
         "test": [
             "pytest>=8",
             "pytest-timeout",
+            "pytest-xdist>=3.5",  # the suite in parallel processes (pytest.ini: -n, one file per worker)
             "jax[cpu]>=0.4.30",
             # independent references in tests: Hugging Face's Rust WordPiece, scikit-learn and SciPy metrics
             "tokenizers>=0.15",
