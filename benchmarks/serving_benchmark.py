@@ -8,7 +8,7 @@ encoder shipped with the package, on short (~15 WordPieces), medium (~40) and lo
 the shipped corpus, at batch 1, 32 and 1,024, interleaved round by round in one process:
 
   (a) `export`       the exported TF Serving model's `serving_default` (text in): length-sorted chunks,
-                     each padded to its own longest text rounded up to a bucket (`export.chunking`);
+                     each padded to its own longest text (`export.chunking`);
   (b) `fixed_length` the serving graph exports had before, every text padded to 128 (today's figures
                      on main before chunking), on the same loaded encoder;
   (c) `keras_ids`    the Keras encoder called directly on token ids (tokenised beforehand), padded to

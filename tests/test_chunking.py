@@ -53,7 +53,8 @@ def test_served_embeddings_equal_full_length_packing_in_request_order(model, mon
     assert empty.shape == (0, 32)
 
 
-def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model):
+@pytest.mark.parametrize("bucket", [16, chunking.BUCKET])
+def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model, bucket):
     encoder, tokenizer = model
     def run(inputs):  # each row reports the shape of the chunk it was computed in
         return {"rows": tf.shape(inputs["input_word_ids"])[0] + 0 * inputs["input_word_ids"][:, 0],
@@ -62,16 +63,17 @@ def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model):
 
     @tf.function
     def call(text):
-        return chunking.chunked([text], tokenizer, SEQ_LENGTH, run, ("input_word_ids", "input_mask"), chunk_size=4, bucket=16)
+        return chunking.chunked([text], tokenizer, SEQ_LENGTH, run, ("input_word_ids", "input_mask"), chunk_size=4, bucket=bucket)
 
     out = {key: value.numpy() for key, value in call(tf.constant(TEXTS)).items()}
     real = _reference(encoder, tokenizer, TEXTS)[1].sum((1, 2))
     np.testing.assert_array_equal(out["real"], real)  # each row back in its place, truncated as before
     assert (out["rows"] <= 4).all()
-    assert (out["length"] == np.minimum((real + 15) // 16 * 16, SEQ_LENGTH)).sum() >= len(TEXTS) // 2  # short rows padded little
-    assert (out["length"] >= real).all() and set(out["length"]) <= set(chunking.bucket_lengths(SEQ_LENGTH, bucket=16))
+    padded = np.minimum(-(-real // bucket) * bucket, SEQ_LENGTH)
+    assert (out["length"] == padded).sum() >= len(TEXTS) // 2  # short rows padded little
+    assert (out["length"] >= real).all() and set(out["length"]) <= set(chunking.bucket_lengths(SEQ_LENGTH, bucket=bucket))
     for length in set(out["length"]):  # each chunk is padded to the bucket of its own longest row, no further
-        assert length == min(-(-real[out["length"] == length].max() // 16) * 16, SEQ_LENGTH)
+        assert length == min(-(-real[out["length"] == length].max() // bucket) * bucket, SEQ_LENGTH)
 
 
 def test_task_models_chunk_pairs_alike(model, monkeypatch):

@@ -338,7 +338,7 @@ def test_serving_graph_holds_core_tensorflow_ops_only(exported):
 def test_warmup_requests_and_models_config_are_valid(exported):
     from google.protobuf import text_format
 
-    from export.chunking import BUCKET
+    from export.chunking import bucket_lengths
     from tensorflow_serving.apis import prediction_log_pb2
     from tensorflow_serving.config import model_server_config_pb2
 
@@ -355,8 +355,8 @@ def test_warmup_requests_and_models_config_are_valid(exported):
         text = tf.make_ndarray(request.inputs["text"])
         assert signature(text=tf.constant(text))["embedding"].shape == (len(text), 32)
         longest = serving_model.signatures["tokenize"](text=tf.constant(text))["input_mask"].numpy().sum(1).max()
-        padded.add(min(-(-longest // BUCKET) * BUCKET, SEQ_LENGTH))
-    assert padded == set(range(BUCKET, SEQ_LENGTH + 1, BUCKET))
+        padded.add(longest)  # a chunk is padded to its longest text
+    assert padded == set(range(2, SEQ_LENGTH + 1)) == set(bucket_lengths(SEQ_LENGTH))
     config = text_format.Parse((serving.parent / "models.config").read_text(), model_server_config_pb2.ModelServerConfig())
     (model,) = config.model_config_list.config
     assert (model.name, model.base_path, model.model_platform) == ("tiny_bert_fixed", "/models/tiny_bert_fixed", "tensorflow")
