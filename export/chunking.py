@@ -5,8 +5,9 @@ chunk padded only to its own longest text, so short texts cost little.
 order into chunks of at most `chunk_size` rows, and inside a `tf.while_loop` that holds one chunk at a time
 (`parallel_iterations=1`) tokenises the chunk, packs it to the smallest multiple of `bucket` that holds its
 longest row (never beyond `seq_length`, where rows are truncated exactly as before; `bucket=1`, the default,
-pads to the longest row itself, as sentence-transformers does) and runs the model on it; every output row goes back to its place in the request. Nothing is held for the whole request but its
-strings, the order and the outputs. Padding is masked, so the answers are those of
+pads to the longest row itself, as sentence-transformers does) and runs the model on it; every output
+row goes back to its place in the request. Nothing is held for the whole request but its strings, the
+order and the outputs. Padding is masked, so the answers are those of
 packing the whole request to `seq_length`, within float tolerance; the shapes the encoder sees are at
 most `chunk_size` x one of `bucket_lengths`. Core TF ops only: stock TF Serving runs it.
 
