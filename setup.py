@@ -3,8 +3,18 @@
 import pathlib
 
 import setuptools
+from setuptools.command.build_py import build_py
 
 HERE = pathlib.Path(__file__).parent
+
+
+class BuildPy(build_py):
+    """This folder is the package `concise_attention`: its modules, but not this script."""
+
+    def find_package_modules(self, package, package_dir):
+        modules = super().find_package_modules(package, package_dir)
+        return [module for module in modules if (module[0], module[1]) != ("concise_attention", "setup")]
+
 
 setuptools.setup(
     name="concise-attention",
@@ -17,8 +27,18 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10,<3.13",
-    packages=setuptools.find_packages(include=["models*", "training*", "export*", "configs*"]),
-    package_data={"configs": ["*.yaml"], "training": ["data/*.txt", "data/*/*"], "models": ["shipped/*/*", "shipped/*/assets/tokenizer/*"]},
+    # One import name: the design's top-level folders are the sub-packages of `concise_attention` (this
+    # folder), so that a user's own `models/` or `training/` can neither shadow ours nor be shadowed.
+    packages=["concise_attention"] + [
+        f"concise_attention.{name}" for name in setuptools.find_packages(include=["models*", "training*", "export*", "configs*", "cli*"])
+    ],
+    package_dir={"concise_attention": "."},
+    cmdclass={"build_py": BuildPy},
+    package_data={
+        "concise_attention.configs": ["*.yaml"],
+        "concise_attention.training": ["data/*.txt", "data/*/*"],
+        "concise_attention.models": ["shipped/*/*", "shipped/*/assets/tokenizer/*"],
+    },
     install_requires=[
         "tensorflow>=2.20,<2.21",
         "keras>=3.10,<4",
@@ -37,13 +57,13 @@ setuptools.setup(
     ],
     entry_points={
         "console_scripts": [
-            "concise-train = training.cli:main",
-            "concise-train-lm = training.cli:main",
-            "concise-export = export.cli:main",
-            "concise-quickstart = training.quickstart:main",
-            "concise-collaborative = training.collaborative_cli:main",
-            "concise-prepare-data = training.prepare_data:main",
-            "concise-evaluate = training.evaluate_cli:main",
+            "concise-train = concise_attention.cli.train:main",
+            "concise-train-lm = concise_attention.cli.train:main",
+            "concise-export = concise_attention.cli.export:main",
+            "concise-quickstart = concise_attention.cli.quickstart:main",
+            "concise-collaborative = concise_attention.cli.collaborative:main",
+            "concise-prepare-data = concise_attention.training.prepare_data:main",
+            "concise-evaluate = concise_attention.cli.evaluate:main",
         ]
     },
     extras_require={

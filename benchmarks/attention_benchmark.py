@@ -29,9 +29,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from models import CollaborativeAttention  # noqa: E402
-from models import FixedHeadSizeAttention  # noqa: E402
-from models import StandardAttention  # noqa: E402
+from concise_attention.models import CollaborativeAttention  # noqa: E402
+from concise_attention.models import FixedHeadSizeAttention  # noqa: E402
+from concise_attention.models import StandardAttention  # noqa: E402
 
 
 def _compiled_step(layer, inputs, call_kwargs):

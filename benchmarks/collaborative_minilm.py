@@ -22,10 +22,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 
-from models.collaborative import convert_model  # noqa: E402
-from models.hf_import import load_hf_bert  # noqa: E402
-from training.data import read_lines  # noqa: E402
-from training.runs import write_json_atomically  # noqa: E402
+from concise_attention.models.collaborative import convert_model  # noqa: E402
+from concise_attention.models.hf_import import load_hf_bert  # noqa: E402
+from concise_attention.training.data import read_lines  # noqa: E402
+from concise_attention.training.runs import write_json_atomically  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

@@ -33,12 +33,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import configs  # noqa: E402
-from models.transformer import head_size_of  # noqa: E402
-from training import cli  # noqa: E402
-from training import collaborative_cli  # noqa: E402
-from training import evaluate_cli  # noqa: E402
-from training import runs  # noqa: E402
+from concise_attention.training import configs  # noqa: E402
+from concise_attention.models.transformer import head_size_of  # noqa: E402
+from concise_attention.cli import train as cli  # noqa: E402
+from concise_attention.cli import collaborative as collaborative_cli  # noqa: E402
+from concise_attention.cli import evaluate as evaluate_cli  # noqa: E402
+from concise_attention.training import runs  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 RECORD = RESULTS / "collaborative_protocol.json"

@@ -57,9 +57,9 @@ def read_tsv(path):
 
 def heldout_data(data_dir, texts, pairs, fit_texts):
     """(held-out texts, (queries, documents), training texts for the PCA fit), drawn with seed 1."""
-    from training.pipeline import corpus_splits
-    from training.tasks.distill import SENTENCE_END
-    from training.tasks.distill import draw_texts
+    from concise_attention.training.pipeline import corpus_splits
+    from concise_attention.training.tasks.distill import SENTENCE_END
+    from concise_attention.training.tasks.distill import draw_texts
 
     train_lines, eval_lines = corpus_splits("text_files", data_dir)
     paragraphs = sorted({line.strip() for line in eval_lines() if line.strip()})
@@ -77,7 +77,7 @@ class Encoder:
     sequence_length = 64  # set by main(): the length the students were distilled at
 
     def __init__(self, name, backbone, tokenizer, to_teacher=None, parameters=None):
-        from training.embeddings import SentenceEncoder
+        from concise_attention.training.embeddings import SentenceEncoder
 
         self.name, self.backbone, self.tokenizer, self.to_teacher_space = name, backbone, tokenizer, to_teacher
         self.parameters = parameters if parameters is not None else backbone.count_params()
@@ -122,11 +122,11 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
     projections to the teacher's space are not shipped: no cosine to the teacher)."""
     import keras
 
-    import configs
-    from models import presets as shipped
-    from models.shrink import shrink_into
-    from training import runs
-    from training.embeddings import SentenceEncoder
+    from concise_attention.training import configs
+    from concise_attention.models import presets as shipped
+    from concise_attention.models.shrink import shrink_into
+    from concise_attention.training import runs
+    from concise_attention.training.embeddings import SentenceEncoder
 
     loaded, source = SentenceEncoder.from_preset(teacher_dir), runs.read_source(teacher_dir)
     teacher_backbone, tokenizer = loaded.backbone, loaded.tokenizer
@@ -248,8 +248,8 @@ def main(argv=None):
         return
     if not (args.runs and args.data_dir):
         parser.error("--runs and --data-dir are required (unless --markdown)")
-    from training import runs
-    from training.tasks.distill import default_teacher
+    from concise_attention.training import runs
+    from concise_attention.training.tasks.distill import default_teacher
 
     lengths = {runs.read_json(runs.join(run, runs.CONFIG))["training"]["sequence_length"] for run in args.runs}
     if len(lengths) != 1:

@@ -57,14 +57,14 @@ def main(argv=None):
     parser.add_argument("--export", help="an export folder (its serving/1 is served); default: all-MiniLM-L6-v2 exported here")
     parser.add_argument("--out", default=str(RESULTS / "request_size_benchmark.json"))
     args = parser.parse_args(argv)
-    from training.data import read_lines
+    from concise_attention.training.data import read_lines
 
     sentences = [line.split(". ")[0].strip() + "." for line in read_lines() if len(line.split()) >= 12][:32]
     with tempfile.TemporaryDirectory() as workdir:
         export = args.export
         if export is None:
-            from export.savedmodels import export_run
-            from training.tasks.distill import default_teacher
+            from concise_attention.export.savedmodels import export_run
+            from concise_attention.training.tasks.distill import default_teacher
 
             export = str(pathlib.Path(export_run(default_teacher(), os.path.join(workdir, "minilm"), seq_length=128)["serving"]).parents[1])
         serving = pathlib.Path(export) / "serving" / "1"

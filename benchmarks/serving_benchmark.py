@@ -65,7 +65,7 @@ print(json.dumps({"rates": rates, "threads": torch.get_num_threads(), "torch": t
 
 
 def minilm_folder():
-    from training.tasks.distill import default_teacher
+    from concise_attention.training.tasks.distill import default_teacher
 
     return pathlib.Path(default_teacher())
 
@@ -73,7 +73,7 @@ def minilm_folder():
 def texts_by_length(tokenizer, count=1024):
     """{short, medium, long}: `count` texts of the shipped corpus (sentences, and whole paragraphs for
     the long ones) whose WordPiece counts lie in LENGTHS, repeated in order if there are fewer."""
-    from training.data import read_lines
+    from concise_attention.training.data import read_lines
 
     lines = [line.strip() for line in read_lines() if line.strip()]
     candidates = sorted({part.strip() for line in lines for part in (line, *line.split(". ")) if len(part.split()) >= 3})
@@ -113,7 +113,7 @@ def matmul_rate(repeats=20):
 
 def fixed_length_graph(encoder, tokenizer):
     """The serving graph before chunking: every text packed to SEQ_LENGTH, then mean pooling."""
-    from models.heads import mean_pooled
+    from concise_attention.models.heads import mean_pooled
 
     def serve(text):
         inputs = tokenizer.encode(text, SEQ_LENGTH)
@@ -123,7 +123,7 @@ def fixed_length_graph(encoder, tokenizer):
 
 
 def keras_ids_graph(encoder):
-    from models.heads import mean_pooled
+    from concise_attention.models.heads import mean_pooled
 
     def forward(word_ids, mask):
         inputs = {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": tf.zeros_like(word_ids)}
@@ -202,9 +202,9 @@ def measure(functions, texts, batch_ids, batch, rounds):
 def encoders(chosen=None):
     """(name, source for export_run, loaded backbone, tokenizer) of the teacher and each shipped preset
     (only the names in `chosen`, when given)."""
-    from models import presets
-    from training import runs
-    from training.text import WordPieceModule
+    from concise_attention.models import presets
+    from concise_attention.training import runs
+    from concise_attention.training.text import WordPieceModule
 
     for name, source in [("all-MiniLM-L6-v2", str(minilm_folder())), *[(preset, preset) for preset in presets.shipped_presets()]]:
         if chosen and name not in chosen:
@@ -216,7 +216,7 @@ def encoders(chosen=None):
 
 
 def benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir):
-    from export.savedmodels import export_run
+    from concise_attention.export.savedmodels import export_run
 
     written = export_run(source, os.path.join(workdir, name), seq_length=SEQ_LENGTH)
     functions = variants(written["serving"], backbone, tokenizer)
@@ -277,7 +277,7 @@ def main(argv=None):
     result = {**provenance.record(), "tensorflow": tf.__version__, "sequence_length": SEQ_LENGTH,
               "matmul_gflops": rate / 1e9, "rounds": args.rounds,
               "command": " ".join(["python benchmarks/serving_benchmark.py", *(argv if argv is not None else sys.argv[1:])]), "rows": rows}
-    from training.runs import write_json_atomically
+    from concise_attention.training.runs import write_json_atomically
 
     write_json_atomically(args.out, result)
     print(f"\n{result['machine']}, {result['date']}, matmul {result['matmul_gflops']:.0f} GFLOP/s\n\n" + table(result))

@@ -16,7 +16,7 @@ checkpoint (bit-identically). A model that two studies share is trained once.
 Two corpora:
   (default)      the shipped 31k-word sample: each run sees it ~22 times (memorisation counts);
                  results in benchmarks/results/studies/.
-  --corpus DIR   a corpus built by `python -m training.make_corpus`: prepared once into shards
+  --corpus DIR   a corpus built by `python -m concise_attention.training.make_corpus`: prepared once into shards
                  (benchmarks/results/cache/), each run reads 3% of its training split (one pass),
                  evaluated on the whole held-out split; results in benchmarks/results/studies_large/.
 
@@ -52,7 +52,7 @@ import provenance  # noqa: E402  (benchmarks/, beside this script)
 RESULTS = pathlib.Path(__file__).parent / "results"
 CACHE = RESULTS / "cache"
 # The shipped 31k-word corpus (the first results, ~30 passes per run) and a corpus built by
-# `python -m training.make_corpus` (--corpus DIR: one pass at most, held out by document).
+# `python -m concise_attention.training.make_corpus` (--corpus DIR: one pass at most, held out by document).
 STUDIES_DIR = RESULTS / "studies"
 LARGE_STUDIES_DIR = RESULTS / "studies_large"
 # Vocabulary of the large corpus: WordPiece trained on one training line in VOCABULARY_EVERY
@@ -132,9 +132,9 @@ class Corpus:
 
 def _prepared(config_overrides, out, vocabulary=None):
     """Prepares (once) the data of `config_overrides` into `out`; returns its manifest."""
-    import configs
-    from training import prepare_data
-    from training import shards
+    from concise_attention.training import configs
+    from concise_attention.training import prepare_data
+    from concise_attention.training import shards
 
     if not (out / shards.MANIFEST).is_file():
         if out.exists():
@@ -146,11 +146,11 @@ def _prepared(config_overrides, out, vocabulary=None):
 
 def _large_vocabulary(corpus_dir, path):
     """WordPiece vocabulary of the large corpus, trained on one training line in VOCABULARY_EVERY."""
-    import configs
-    from training.pipeline import corpus_splits
-    from training.tokenizer import train_wordpiece
-    from training.trainer import VOCABULARY_TRAINING_LINES
-    from training.trainer import tokenizer_settings
+    from concise_attention.training import configs
+    from concise_attention.training.pipeline import corpus_splits
+    from concise_attention.training.tokenizer import train_wordpiece
+    from concise_attention.training.trainer import VOCABULARY_TRAINING_LINES
+    from concise_attention.training.trainer import tokenizer_settings
 
     if not path.is_file():
         config = configs.load_config("lm1b_standard_d256", COMMON)
@@ -181,7 +181,7 @@ def corpus(corpus_dir=None):
 
 
 def _config(corpus, preset, overrides, seed):
-    import configs
+    from concise_attention.training import configs
 
     return configs.load_config(preset, [*COMMON, *corpus.overrides, *overrides, f"training.seed={seed}"])
 
@@ -209,8 +209,8 @@ def train_run(corpus, preset, overrides, seed, threads=None):
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
-    from training.checkpoints import Preempted
-    from training.trainer import train
+    from concise_attention.training.checkpoints import Preempted
+    from concise_attention.training.trainer import train
 
     config = _config(corpus, preset, overrides, seed)
     run_dir = run_directory(corpus, preset, overrides, seed)
@@ -230,8 +230,8 @@ def train_run(corpus, preset, overrides, seed, threads=None):
 
 def make_row(corpus, study, label, seed, metrics):
     """The CSV row of a finished run: the model, the data seen, the held-out perplexity, where and when."""
-    import configs
-    from models.transformer import head_size_of
+    from concise_attention.training import configs
+    from concise_attention.models.transformer import head_size_of
 
     preset, overrides = STUDIES[study][label]
     config = _config(corpus, preset, overrides, seed)
@@ -433,7 +433,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", choices=[*STUDIES, "all"], default="all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--corpus", help="a corpus folder built by `python -m training.make_corpus` (default: the shipped sample)")
+    parser.add_argument("--corpus", help="a corpus folder built by `python -m concise_attention.training.make_corpus` (default: the shipped sample)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each on cpu_count / jobs threads")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots from the CSVs, train nothing")
     parser.add_argument("--markdown", action="store_true", help="print the docs/results.md tables from the CSVs, train nothing")

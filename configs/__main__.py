@@ -1,3 +1,3 @@
-from configs import main
+from concise_attention.training.configs import main
 
 main()

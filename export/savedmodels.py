@@ -42,13 +42,13 @@ import tempfile
 
 import tensorflow as tf
 
-from export import commit
-from export.chunking import bucket_lengths
-from export.chunking import chunked
-from training import runs
-from training.tasks import serving_signature
-from training.text import WordPieceModule
-from training.text import read_vocabulary
+from concise_attention.export import commit
+from concise_attention.export.chunking import bucket_lengths
+from concise_attention.export.chunking import chunked
+from concise_attention.training import runs
+from concise_attention.training.tasks import serving_signature
+from concise_attention.training.text import WordPieceModule
+from concise_attention.training.text import read_vocabulary
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
@@ -405,7 +405,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
 def write_keras_preset(folder, model, vocabulary, lowercase, strip_accents):
     """The Keras 3 preset (`models.presets`: keras-hub's layout) of `model` (the encoder, or the
     task model around it) and its tokenizer settings and vocabulary."""
-    from models import presets
+    from concise_attention.models import presets
 
     presets.save_to_preset(model, folder)
     with tf.io.gfile.GFile(str(vocabulary), "r") as file:

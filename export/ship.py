@@ -1,6 +1,6 @@
-"""`python -m export.ship`: a distilled run -> a preset shipped inside the package, with its model card.
+"""`python -m concise_attention.export.ship`: a distilled run -> a preset shipped inside the package, with its model card.
 
-    python -m export.ship --run runs/d192 --name concise-minilm-d192 --results benchmarks/results/distill_eval.json
+    python -m concise_attention.export.ship --run runs/d192 --name concise-minilm-d192 --results benchmarks/results/distill_eval.json
 
 writes `models/shipped/NAME/` (or `--shipped-dir`): the encoder's config and float16 weights, the vocabulary
 and tokenizer settings, `README.md` (the model card: architecture, teacher, data and licences, recipe,
@@ -39,7 +39,7 @@ def _share(row, teacher, key):
 
 def _data_lines(task):
     """The model card's data section: each corpus folder's sources and licences, from its manifest."""
-    from training import runs
+    from concise_attention.training import runs
 
     if task.get("dataset") != "text_files":
         return [f"- `task.dataset={task.get('dataset')}`: the text shipped with concise-attention"]
@@ -52,7 +52,7 @@ def _data_lines(task):
         except ValueError:
             lines.append(f"- `{os.path.basename(os.path.normpath(folder))}`: no manifest.json")
             continue
-        lines.append(f"- `{os.path.basename(os.path.normpath(folder))}` (`python -m training.make_corpus`): "
+        lines.append(f"- `{os.path.basename(os.path.normpath(folder))}` (`python -m concise_attention.training.make_corpus`): "
                      + "; ".join(f"{source['package']} {source['version']} ({source['licence']})" for source in sources))
     return lines
 
@@ -81,7 +81,7 @@ def model_card(name, source, config, results, run):
         f"# {name}", "",
         f"A {model['hidden_size']}-dimensional English sentence encoder distilled from "
         f"{task.get('teacher') or 'all-MiniLM-L6-v2 (384-d)'} by concise-attention's `distill` task.", "",
-        "```python", "from training.embeddings import SentenceEncoder", "",
+        "```python", "from concise_attention.training.embeddings import SentenceEncoder", "",
         f'encoder = SentenceEncoder.from_preset("{name}")   # no network: shipped inside the package',
         'vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell sharply."])   '
         f"# numpy (2, {model['hidden_size']}), unit rows", "```", "",
@@ -114,8 +114,8 @@ def model_card(name, source, config, results, run):
 
 def ship(run, name, results_path, shipped_dir=None):
     """Writes the shipped preset `name` of the distill run `run`; returns its folder."""
-    from models import presets
-    from training import runs
+    from concise_attention.models import presets
+    from concise_attention.training import runs
 
     if not NAME.fullmatch(name):
         raise ValueError(f"--name {name!r}: use 1-64 lower-case letters, digits and _.- (starting with a letter or digit)")
@@ -149,7 +149,7 @@ def ship(run, name, results_path, shipped_dir=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m export.ship", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m concise_attention.export.ship", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="a finished distill run directory")
     parser.add_argument("--name", required=True, help="the preset's name, e.g. concise-minilm-d192")
     parser.add_argument("--results", required=True, help="benchmarks/distill_eval.py's JSON with the run's row")

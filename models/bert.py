@@ -5,16 +5,16 @@ import typing
 import keras
 from keras import ops
 
-from models.attention import _check_positive_int
-from models.attention import _check_rate
-from models.attention import attention_config
-from models.builder import ArgumentsAreConfig
-from models.embedding import PositionEmbedding
-from models.presets import PresetMixin
-from models.presets import TaskPresetMixin
-from models.transformer import build_blocks
-from models.transformer import admin_initialize
-from models.transformer import get_activation
+from concise_attention.models.attention import _check_positive_int
+from concise_attention.models.attention import _check_rate
+from concise_attention.models.attention import attention_config
+from concise_attention.models.builder import ArgumentsAreConfig
+from concise_attention.models.embedding import PositionEmbedding
+from concise_attention.models.presets import PresetMixin
+from concise_attention.models.presets import TaskPresetMixin
+from concise_attention.models.transformer import build_blocks
+from concise_attention.models.transformer import admin_initialize
+from concise_attention.models.transformer import get_activation
 
 
 def _check_sizes(dropout, attention_dropout, **sizes):

@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from models.attention import CollaborativeAttention
-from models.attention import FixedHeadSizeAttention
-from models.transformer import head_size_of
+from concise_attention.models.attention import CollaborativeAttention
+from concise_attention.models.attention import FixedHeadSizeAttention
+from concise_attention.models.transformer import head_size_of
 
 
 def _check_convertible(layer):
@@ -142,8 +142,8 @@ def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progr
     """
     from tqdm import tqdm
 
-    from models.bert import BertEncoder
-    from models.lm import CausalLM
+    from concise_attention.models.bert import BertEncoder
+    from concise_attention.models.lm import CausalLM
 
     if not isinstance(model, (BertEncoder, CausalLM)):
         raise ValueError(f"`model` must be a BertEncoder or a CausalLM. Received: {type(model).__name__}")

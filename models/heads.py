@@ -8,8 +8,8 @@ regression score); the span labeler maps every token to a start and an end logit
 import keras
 from keras import ops
 
-from models.bert import BertEncoder
-from models.bert import EncoderHead
+from concise_attention.models.bert import BertEncoder
+from concise_attention.models.bert import EncoderHead
 
 
 def _check_encoder(encoder):

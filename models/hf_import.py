@@ -18,8 +18,8 @@ import pathlib
 import numpy as np
 import safetensors.numpy
 
-from models.bert import BertEncoder
-from models.bert import BertPretrainer
+from concise_attention.models.bert import BertEncoder
+from concise_attention.models.bert import BertPretrainer
 
 # Hugging Face `hidden_act` -> Keras activation of the same function.
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}

@@ -14,10 +14,10 @@ import math
 import keras
 from keras import ops
 
-from models.attention import ATTENTION_TYPES
-from models.attention import attention_config
-from models.attention import clone_initializer
-from models.attention import make_attention
+from concise_attention.models.attention import ATTENTION_TYPES
+from concise_attention.models.attention import attention_config
+from concise_attention.models.attention import clone_initializer
+from concise_attention.models.attention import make_attention
 
 NORM_POSITIONS = ("post", "pre")
 RESIDUAL_SCALINGS = ("none", "admin")

@@ -31,7 +31,7 @@ case "${1:-}" in
     train)
         [[ $# -eq 4 && $4 =~ ^[1-9][0-9]*$ ]] || usage
         for preset in "${PRESETS[@]}"; do
-            KERAS_BACKEND=jax python -m training.shard_trainer --config "$preset" --data "$2" \
+            KERAS_BACKEND=jax python -m concise_attention.training.shard_trainer --config "$preset" --data "$2" \
                 --run-dir "$3/$preset" --set "training.train_steps=$4" --set "tokenizer.vocabulary=$2/vocab.txt" --quiet
         done
         ;;

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import harness
-from models import CollaborativeAttention
-from models import ConcatenateMixing
-from models import FixedHeadSizeAttention
-from models import StandardAttention
+from concise_attention.models import CollaborativeAttention
+from concise_attention.models import ConcatenateMixing
+from concise_attention.models import FixedHeadSizeAttention
+from concise_attention.models import StandardAttention
 
 WIDTH, HEADS, LENGTH, BATCH = 16, 4, 7, 3
 
@@ -499,7 +499,7 @@ def test_use_fused_is_serialised_and_old_configs_load():
 def test_auto_takes_the_fused_path_only_where_a_fused_kernel_exists(fused_calls, monkeypatch):
     """On this CPU under TensorFlow "auto" (the default) runs the explicit path (the fused call
     is the same XLA computation there, 1-3% slower); with JAX on a GPU it takes the fused one."""
-    from models import attention
+    from concise_attention.models import attention
 
     for factory in FUSABLE.values():
         assert factory().use_fused == "auto"
@@ -527,7 +527,7 @@ _JAX_SCRIPT = textwrap.dedent(
     import numpy as np
     import jax
     import keras
-    from models import CollaborativeAttention, FixedHeadSizeAttention, StandardAttention
+    from concise_attention.models import CollaborativeAttention, FixedHeadSizeAttention, StandardAttention
 
     data = np.load(sys.argv[1], allow_pickle=False)
     tokens, mask = data["tokens"], data["mask"]

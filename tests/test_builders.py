@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import configs
-from models.bert import BertPretrainer
+from concise_attention.training import configs
+from concise_attention.models.bert import BertPretrainer
 
 
 def _bert_inputs(batch=2, length=8, vocab=1000, seed=0):
@@ -105,7 +105,7 @@ def test_sequence_longer_than_max_positions_fails(overrides):
 
 
 def test_sinusoidal_positions_are_the_tensor2tensor_timing_signal():
-    from models.embedding import PositionEmbedding
+    from concise_attention.models.embedding import PositionEmbedding
 
     table = np.asarray(PositionEmbedding(16, kind="sinusoidal")(np.zeros((1, 16, 8), "float32"))[0])
     inverse_timescales = np.exp(-np.log(1e4) * np.arange(4) / 3)
@@ -152,7 +152,7 @@ _JAX_SCRIPT = textwrap.dedent(
     """
     import sys
     import numpy as np
-    import configs
+    from concise_attention.training import configs
     data = np.load(sys.argv[1])
     for name in ("tiny_bert_fixed", "tiny_lm_deep_single_head_admin"):
         model = configs.load_config(name).build_model()

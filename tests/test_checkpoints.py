@@ -10,12 +10,12 @@ import keras
 import numpy as np
 import pytest
 
-import configs
-from training import runs
-from training.checkpoints import TrainingCheckpoints
-from training.checkpoints import dropout_seed_states
-from training.checkpoints import handle_preemption
-from training.trainer import fit_segments
+from concise_attention.training import configs
+from concise_attention.training import runs
+from concise_attention.training.checkpoints import TrainingCheckpoints
+from concise_attention.training.checkpoints import dropout_seed_states
+from concise_attention.training.checkpoints import handle_preemption
+from concise_attention.training.trainer import fit_segments
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from models.collaborative import convert_attention
-from models.collaborative import query_key_tensor
-from models import CollaborativeAttention
-from models import FixedHeadSizeAttention
-from models import StandardAttention
+from concise_attention.models.collaborative import convert_attention
+from concise_attention.models.collaborative import query_key_tensor
+from concise_attention.models import CollaborativeAttention
+from concise_attention.models import FixedHeadSizeAttention
+from concise_attention.models import StandardAttention
 
 WIDTH, LENGTH, BATCH = 24, 7, 2
 
@@ -121,7 +121,7 @@ def test_only_attention_layers_convert():
 
 
 def test_minilm_layer_converts_exactly(minilm_dir):
-    from models.hf_import import load_hf_bert
+    from concise_attention.models.hf_import import load_hf_bert
 
     encoder = load_hf_bert(minilm_dir)
     attention = encoder.blocks[0].attention
@@ -132,8 +132,8 @@ def test_minilm_layer_converts_exactly(minilm_dir):
 
 
 def test_encoder_conversion_at_full_rank_is_exact():
-    import configs
-    from models.collaborative import convert_model
+    from concise_attention.training import configs
+    from concise_attention.models.collaborative import convert_model
 
     encoder = configs.load_config("tiny_bert_standard").build_model()
     for variable in encoder.weights:  # "trained": no zero biases hiding a mistake
@@ -149,10 +149,10 @@ def test_encoder_conversion_at_full_rank_is_exact():
 
 def _run_dir(tmp_path):
     """A run directory holding a 'trained' tiny BERT, written through the run-directory module."""
-    import configs
+    from concise_attention.training import configs
 
-    from models.bert import BertPretrainer
-    from training import runs
+    from concise_attention.models.bert import BertPretrainer
+    from concise_attention.training import runs
 
     config = configs.load_config("tiny_bert_standard")
     model = BertPretrainer(config.build_model())  # a BERT run saves the encoder with its MLM head
@@ -169,13 +169,13 @@ def _cli(*arguments):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "training.collaborative_cli", *map(str, arguments)], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "concise_attention.cli.collaborative", *map(str, arguments)], capture_output=True, text=True, timeout=300)
 
 
 def test_command_converts_a_run_and_the_result_reloads(tmp_path):
     import json
 
-    from configs import BUILDERS
+    from concise_attention.configs import BUILDERS
 
     run, model = _run_dir(tmp_path)
     result = _cli("--run", run, "--ratio", 1.0, "--out", tmp_path / "out")
@@ -231,7 +231,7 @@ def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path):
     import sys
 
     def train(run, config, *overrides):
-        command = [sys.executable, "-m", "training.cli", "--config", str(config), "--run-dir", str(run), "--quiet"]
+        command = [sys.executable, "-m", "concise_attention.cli.train", "--config", str(config), "--run-dir", str(run), "--quiet"]
         for override in (*(("model.dropout=0", "model.attention_dropout=0") if config == "tiny_lm" else ()), *overrides):
             command += ["--set", override]
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-import configs
-from models.bert import BertEncoder
-from models.lm import CausalLM
+from concise_attention.training import configs
+from concise_attention.models.bert import BertEncoder
+from concise_attention.models.lm import CausalLM
 
 # Bhojanapalli et al. (2020), Tables 1-3: parameters of the BERT-study models.
 PAPER_PARAMETERS = {
@@ -152,8 +152,8 @@ def test_nested_attention_overrides():
 def test_a_run_directory_written_before_the_nested_form_still_loads(tmp_path):
     """A config.json with the old flat attention fields: read as a task.init source, rebuilt
     with its weights by `runs.load_model`, and resumed with the new form of the same model."""
-    from training import runs
-    from training.tasks import make_task
+    from concise_attention.training import runs
+    from concise_attention.training.tasks import make_task
 
     config = configs.load_config("tiny_bert_collaborative")
     backbone = config.build_model()
@@ -188,7 +188,7 @@ def test_model_config_round_trips_through_the_builder():
 
 def test_command_line_prints_the_resolved_config():
     result = subprocess.run(
-        [sys.executable, "-m", "configs", "bert_d512_p128_h8", "--set", "model.num_heads=12"],
+        [sys.executable, "-m", "concise_attention.configs", "bert_d512_p128_h8", "--set", "model.num_heads=12"],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]

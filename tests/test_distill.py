@@ -10,13 +10,13 @@ import os
 import numpy as np
 import pytest
 
-import configs
+from concise_attention.training import configs
 from test_hf_export import hugging_face_ids
 from test_hf_export import reference_embeddings
-from training import cli
-from training import runs
-from training.tasks import distill
-from training.tasks import make_task
+from concise_attention.cli import train as cli
+from concise_attention.training import runs
+from concise_attention.training.tasks import distill
+from concise_attention.training.tasks import make_task
 
 TINY = ["task.dataset=sample", "task.data_dir=null", "task.train_texts=96", "task.eval_texts=40", "training.batch_size=16",
         "training.train_steps=6", "training.steps_per_epoch=3", "training.steps_per_execution=3", "training.eval_batches=2",
@@ -33,7 +33,7 @@ def _task(tmp_path, *overrides):
 
 
 def test_teacher_outputs_are_minilm_mean_embeddings_computed_once_and_verified(tmp_path, minilm_dir, monkeypatch):
-    from training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.tokenizer import wordpiece_tokenizer
 
     task = _task(tmp_path)
     tokenizer = wordpiece_tokenizer(task.vocabulary_file(), lowercase=True, strip_accents=True)
@@ -149,7 +149,7 @@ def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projec
     the whole model, P stays as loaded."""
     import scipy.linalg
 
-    from training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.tokenizer import wordpiece_tokenizer
 
     task = _task(tmp_path, "task.student_init=random")
     task.load_data()
@@ -184,7 +184,7 @@ def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(
     teacher outputs; the export serves the student's mean embedding, 32-d, not the projection."""
     import tensorflow as tf
 
-    from export.savedmodels import export_run
+    from concise_attention.export.savedmodels import export_run
 
     argv = ["--config", "distill_minilm_d192_fixed", "--run-dir", str(tmp_path / "run"), "--quiet"]
     for override in (*TINY, f"task.cache_dir={tmp_path / 'cache'}"):
@@ -218,9 +218,9 @@ def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(
 
 def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     """export.ship writes a float16 preset with its model card; it loads by name and embeds as the run does."""
-    from export import ship
-    from models import presets
-    from training.embeddings import SentenceEncoder
+    from concise_attention.export import ship
+    from concise_attention.models import presets
+    from concise_attention.training.embeddings import SentenceEncoder
 
     rows = {"teacher x": {"probe_accuracy": 0.9, "cosine_to_teacher": 1.0}, "student run": {"probe_accuracy": 0.45, "cosine_to_teacher": 0.25, "parameters": 1e6}}
     results = tmp_path / "results.json"

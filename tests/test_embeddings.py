@@ -8,7 +8,7 @@ import pytest
 
 from test_hf_export import hugging_face_ids
 from test_hf_export import reference_embeddings
-from training.embeddings import SentenceEncoder
+from concise_attention.training.embeddings import SentenceEncoder
 
 TEXTS = ["A man is playing a guitar.", "short", "Stock markets fell sharply on Monday, the third fall in a row.",
          "Café naïve résumé", "", "The cat sat on the mat " * 40, "Two dogs run in the park."]
@@ -48,8 +48,8 @@ def test_a_sequence_length_beyond_the_encoders_positions_is_refused(encoder):
 
 def _ship(minilm_dir, root, monkeypatch):
     """all-MiniLM-L6-v2 as a shipped preset `minilm_f16` (float16 weights, manifest) under `root`."""
-    from models import presets
-    from models.hf_import import load_hf_bert
+    from concise_attention.models import presets
+    from concise_attention.models.hf_import import load_hf_bert
 
     folder = root / "minilm_f16"
     presets.save_to_preset(load_hf_bert(minilm_dir), folder, weights_dtype="float16")
@@ -60,7 +60,7 @@ def _ship(minilm_dir, root, monkeypatch):
 
 
 def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(minilm_dir, tmp_path, monkeypatch):
-    from models import presets
+    from concise_attention.models import presets
 
     folder = _ship(minilm_dir, tmp_path / "shipped", monkeypatch)
     assert (folder / presets.WEIGHTS_FILE).stat().st_size < 22_713_216 * 2 * 1.01  # 2 bytes a parameter: float16
@@ -85,7 +85,7 @@ def test_a_shipped_preset_exports_and_serves_like_any_model(minilm_dir, tmp_path
     """concise-export --preset NAME: the served embedding equals the preset's encode()."""
     import tensorflow as tf
 
-    from export import cli
+    from concise_attention.cli import export as cli
 
     _ship(minilm_dir, tmp_path / "shipped", monkeypatch)
     assert cli.main(["--preset", "minilm_f16", "--out", str(tmp_path / "export"), "--seq-length", "64"]) == 0

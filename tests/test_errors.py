@@ -3,11 +3,11 @@ traceback, nothing written (in-process `main(argv)`, not subprocesses)."""
 
 import pytest
 
-import configs
-from export import cli as export_cli
-from training.data import SAMPLE_CORPUS
-from training import cli as train_cli
-from training import collaborative_cli
+from concise_attention.training import configs
+from concise_attention.cli import export as export_cli
+from concise_attention.training.data import SAMPLE_CORPUS
+from concise_attention.cli import train as train_cli
+from concise_attention.cli import collaborative as collaborative_cli
 
 
 def _fails(capsys, main, argv, *expected):
@@ -60,8 +60,8 @@ def test_truncated_config_of_a_run_names_the_file(tmp_path, capsys):
 
 
 def test_truncated_weights_of_a_run_name_the_file(tmp_path, capsys):
-    from models.bert import BertPretrainer
-    from training import runs
+    from concise_attention.models.bert import BertPretrainer
+    from concise_attention.training import runs
 
     config = configs.load_config("tiny_bert_fixed")
     model = BertPretrainer(config.build_model())
@@ -184,10 +184,10 @@ def test_environment_failures_are_one_line_with_exit_code_3(tmp_path, capsys, mo
     exit code 3, one line naming the file, no traceback, and no temporary file left behind."""
     import errno
 
-    import configs
+    from concise_attention.training import configs
     import tensorflow as tf
 
-    from training import runs
+    from concise_attention.training import runs
 
     class FullDisk(tf.io.gfile.GFile):
         def write(self, data):
@@ -212,7 +212,7 @@ def test_environment_failures_are_one_line_with_exit_code_3(tmp_path, capsys, mo
 
 @pytest.mark.parametrize("output, expected", [("{dir}", "is a directory"), ("{dir}/missing/metrics.json", "does not exist")])
 def test_evaluate_output_that_is_a_directory_or_in_a_missing_folder(tmp_path, capsys, output, expected):
-    from training import evaluate_cli
+    from concise_attention.cli import evaluate as evaluate_cli
 
     output = output.format(dir=tmp_path)
     _fails(capsys, evaluate_cli.main, ["--run", str(tmp_path / "no-run"), "--output", output], "--output", expected)
@@ -220,7 +220,7 @@ def test_evaluate_output_that_is_a_directory_or_in_a_missing_folder(tmp_path, ca
 
 
 def test_quickstart_out_that_is_a_file(tmp_path, capsys):
-    from training import quickstart
+    from concise_attention.cli import quickstart
 
     (tmp_path / "taken").write_text("mine")
     _fails(capsys, quickstart.main, ["--out", str(tmp_path / "taken")], "--out", "is a file")

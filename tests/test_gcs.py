@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import configs
+from concise_attention.training import configs
 from gcs_fake import FakeGCS
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +41,7 @@ np.save(sys.argv[2], serving.signatures["serving_default"](text=tf.constant(sys.
 
 def _train_command(run_dir):
     """The run trains its own WordPiece vocabulary into RUN/vocab.txt (a restart reuses it)."""
-    command = [sys.executable, "-m", "training.cli", "--config", "tiny_bert_fixed", "--run-dir", run_dir, "--quiet"]
+    command = [sys.executable, "-m", "concise_attention.cli.train", "--config", "tiny_bert_fixed", "--run-dir", run_dir, "--quiet"]
     for override in OVERRIDES:
         command += ["--set", override]
     return command
@@ -54,7 +54,7 @@ def _checkpoint_landed():
 
 def _weights(run):
     """The task model's weights as `training.runs` loads them (through tf.io.gfile: local or gs://)."""
-    from training import runs
+    from concise_attention.training import runs
 
     return [np.asarray(variable) for variable in runs.load_model(run)[1].weights]
 
@@ -63,7 +63,7 @@ def _reference_embeddings(run, texts):
     """The local run's encoder on Hugging Face `tokenizers`' WordPiece ids, mean over the tokens."""
     import tokenizers
 
-    from training import runs
+    from concise_attention.training import runs
 
     _, pretrainer, _, vocabulary = runs.load_model(run)
     encodings = tokenizers.BertWordPieceTokenizer(str(vocabulary), lowercase=True).encode_batch(texts)
@@ -141,7 +141,7 @@ def test_gfile_on_the_fake_gcs_behaves_as_on_the_local_filesystem(gcs, tmp_path)
 def gcs_run(gcs, tmp_path_factory):
     """The run on gs://: killed after its first checkpoint, restarted to the end, exported, served
     from gs:// in a fresh process; an uninterrupted local run of the same config beside it."""
-    from training.trainer import train
+    from concise_attention.training.trainer import train
 
     root = tmp_path_factory.mktemp("gcs")
     cwd, local = root / "cwd", root / "local"
@@ -153,7 +153,7 @@ def gcs_run(gcs, tmp_path_factory):
     requests["first"] = len(gcs.requests())
     second = _run(_train_command(RUN), cwd, env)
     requests["second"] = len(gcs.requests())
-    exported = _run([sys.executable, "-m", "export.cli", "--run", RUN, "--out", EXPORT], cwd, env)
+    exported = _run([sys.executable, "-m", "concise_attention.cli.export", "--run", RUN, "--out", EXPORT], cwd, env)
     # A fresh process without PYTHONPATH: it cannot import this package, only load the SavedModel.
     _run([sys.executable, "-c", SERVE_SCRIPT, f"{EXPORT}/serving/1", root / "served.npy", *TEXTS], cwd, {**os.environ})
 

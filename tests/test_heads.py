@@ -3,9 +3,9 @@
 import keras
 import numpy as np
 
-import configs
-from models.heads import BertClassifier
-from models.heads import BertSpanLabeler
+from concise_attention.training import configs
+from concise_attention.models.heads import BertClassifier
+from concise_attention.models.heads import BertSpanLabeler
 
 
 def _inputs():

@@ -16,7 +16,7 @@ import pytest
 import safetensors.numpy
 import scipy.special
 
-from export.cli import main
+from concise_attention.cli.export import main
 
 # --- The independent reference: BERT in numpy, from the checkpoint's tensors ---
 
@@ -270,11 +270,11 @@ def test_a_masked_lm_checkpoint_exports_with_its_head_and_its_tokenizer_settings
 def test_keras_preset_loads_and_fine_tunes_every_encoder_variable_with_adam(tiny, tmp_path):
     import keras
 
-    from models import presets
-    from models.bert import BertEncoder
-    from models.bert import BertPretrainer
-    from models.heads import BertClassifier
-    from training.tokenizer import wordpiece_tokenizer
+    from concise_attention.models import presets
+    from concise_attention.models.bert import BertEncoder
+    from concise_attention.models.bert import BertPretrainer
+    from concise_attention.models.heads import BertClassifier
+    from concise_attention.training.tokenizer import wordpiece_tokenizer
 
     preset = tiny["out"] / "hub" / "1" / "keras"
     settings = presets.tokenizer_settings(preset)
@@ -347,7 +347,7 @@ def test_bad_hugging_face_folders_are_named_and_nothing_is_written(tmp_path, cap
 
 
 def test_model_max_length_above_the_positions_is_not_a_disagreement(tmp_path):
-    from training import runs
+    from concise_attention.training import runs
 
     directory = write_tiny_checkpoint(tmp_path / "bert")
     _change_json("tokenizer_config.json", model_max_length=100_000)(directory)
@@ -357,8 +357,8 @@ def test_model_max_length_above_the_positions_is_not_a_disagreement(tmp_path):
 
 def _is_collaborative(model_section):
     """Whether a config's BERT model section builds collaborative attention (read through the builder)."""
-    from models import CollaborativeAttention
-    from models.bert import BertEncoder
+    from concise_attention.models import CollaborativeAttention
+    from concise_attention.models.bert import BertEncoder
 
     return isinstance(BertEncoder(**model_section).blocks[0].attention, CollaborativeAttention)
 
@@ -371,8 +371,8 @@ def test_a_converted_collaborative_minilm_exports_serves_and_fine_tunes_with_its
     fine-tuning run from the converted output keeps lowercase and strip_accents."""
     import tensorflow as tf
 
-    from training import cli as train_cli
-    from training import collaborative_cli
+    from concise_attention.cli import train as train_cli
+    from concise_attention.cli import collaborative as collaborative_cli
 
     source = tmp_path / "minilm_accents_kept"
     source.mkdir()

@@ -7,8 +7,8 @@ import keras_hub
 import numpy as np
 import pytest
 
-from models.hf_import import hf_bert_config
-from models.hf_import import load_hf_bert
+from concise_attention.models.hf_import import hf_bert_config
+from concise_attention.models.hf_import import load_hf_bert
 
 SENTENCES = [
     "A man is playing a guitar.",

@@ -12,7 +12,7 @@ import pytest
 from sklearn.dummy import DummyClassifier
 from sklearn.metrics import accuracy_score
 
-from training import make_labelled_data
+from concise_attention.training import make_labelled_data
 
 DATA_DIR = pathlib.Path(make_labelled_data.__file__).parent / "data" / "wordnet_topics"
 

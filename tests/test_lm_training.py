@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-import configs
-from training.data import pack_sentences
-from training.data import read_lines
-from training.lm import fit_language_model
-from training.tokenizer import train_wordpiece
-from training.tokenizer import wordpiece_tokenizer
+from concise_attention.training import configs
+from concise_attention.training.data import pack_sentences
+from concise_attention.training.data import read_lines
+from concise_attention.training.lm import fit_language_model
+from concise_attention.training.tokenizer import train_wordpiece
+from concise_attention.training.tokenizer import wordpiece_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from training import metrics
+from concise_attention.training import metrics
 
 TOLERANCE = 1e-9
 

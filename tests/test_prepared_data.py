@@ -16,21 +16,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import configs
-from training import cli as train_cli
-from training import prepare_data
-from training import runs
-from training import shard_trainer
-from training import shards
-from training.data import SAMPLE_CORPUS
-from training.data import read_lines
-from training.pipeline import EVAL_EVERY
-from training.pipeline import corpus_lines
-from training.pipeline import language_model_dataset
-from training.pipeline import masked_lm_dataset
-from training.pipeline import masked_examples
-from training.pipeline import prepared_dataset
-from training.tokenizer import wordpiece_tokenizer
+from concise_attention.training import configs
+from concise_attention.cli import train as train_cli
+from concise_attention.training import prepare_data
+from concise_attention.training import runs
+from concise_attention.training import shard_trainer
+from concise_attention.training import shards
+from concise_attention.training.data import SAMPLE_CORPUS
+from concise_attention.training.data import read_lines
+from concise_attention.training.pipeline import EVAL_EVERY
+from concise_attention.training.pipeline import corpus_lines
+from concise_attention.training.pipeline import language_model_dataset
+from concise_attention.training.pipeline import masked_lm_dataset
+from concise_attention.training.pipeline import masked_examples
+from concise_attention.training.pipeline import prepared_dataset
+from concise_attention.training.tokenizer import wordpiece_tokenizer
 
 ROOT = pathlib.Path(__file__).parent.parent
 ROWS_PER_SHARD = 100
@@ -190,7 +190,7 @@ def test_bad_prepared_data_is_one_line(prepared, tmp_path, capsys):
 JAX_RUNS = """
 import json, os, sys
 import numpy as np
-from training import shard_trainer
+from concise_attention.training import shard_trainer
 data, root, init = sys.argv[1:4]
 common = ["--config", "tiny_lm", "--data", data, "--quiet", "--set", "training.steps_per_epoch=10"]
 def run(name, *overrides):
@@ -262,8 +262,8 @@ def test_the_shuffle_folder_of_a_killed_run_is_removed_by_the_next(tmp_path):
     owner has ended, keeps those of running processes, and its own goes when its block ends."""
     import signal
 
-    from training.prepare_data import WORK_PREFIX
-    from training.prepare_data import work_directory
+    from concise_attention.training.prepare_data import WORK_PREFIX
+    from concise_attention.training.prepare_data import work_directory
 
     script = f"import os, sys, time; os.mkdir(os.path.join(sys.argv[1], '{WORK_PREFIX}%d-abc' % os.getpid())); print('ready', flush=True); time.sleep(60)"
     killed = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)

@@ -25,10 +25,10 @@ def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path
     import tensorflow as tf
     from tokenizers import BertWordPieceTokenizer
 
-    from training.quickstart import PROBES
+    from concise_attention.cli.quickstart import PROBES
 
     result = subprocess.run(
-        [sys.executable, "-m", "training.quickstart", "--out", str(tmp_path / "my_export")],
+        [sys.executable, "-m", "concise_attention.cli.quickstart", "--out", str(tmp_path / "my_export")],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -67,11 +67,11 @@ def _assert_similarities_as_printed(out):
     from test_hf_export import hugging_face_ids
     from test_hf_export import reference_embeddings
 
-    from models import presets
-    from models.bert import BertEncoder
-    from training.quickstart import PARAPHRASES
-    from training.quickstart import SIMILARITY_PAIRS
-    from training.tasks.distill import default_teacher
+    from concise_attention.models import presets
+    from concise_attention.models.bert import BertEncoder
+    from concise_attention.cli.quickstart import PARAPHRASES
+    from concise_attention.cli.quickstart import SIMILARITY_PAIRS
+    from concise_attention.training.tasks.distill import default_teacher
 
     [name] = presets.shipped_presets()[:1]
     rows = re.findall(r"    (paraphrase|unrelated ) +(-?\d\.\d{3}) +(-?\d\.\d{3})   (.*) / (.*)", out)

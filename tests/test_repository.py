@@ -1,7 +1,12 @@
-"""The repository's own promises: CI runs the README's command, the layout exists."""
+"""The repository's own promises: CI runs the README's command, the layout exists, one import name in tiers."""
 
+import ast
 import pathlib
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -14,7 +19,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_product_layout_exists():
-    for name in ("models", "training", "export", "configs", "tests", "setup.py", "README.md"):
+    for name in ("models", "training", "export", "configs", "cli", "tests", "setup.py", "README.md"):
         assert (ROOT / name).exists(), name
 
 
@@ -77,3 +82,63 @@ def test_readme_install_lines_go_through_the_constraints():
     installs = re.findall(r"\.venv/bin/pip install [^&\n]*", readme)
     assert len(installs) >= 4
     assert all("-c constraints.txt" in line for line in installs), installs
+
+
+# The sub-packages of `concise_attention`, lowest first: each may import only from itself and the ones before it.
+TIERS = ("models", "training", "export", "cli", "configs")
+OURS = set(TIERS)
+
+
+def _imports(path):
+    """(line, imported module) of every import in a file, wherever it sits (module level or in a function)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield from ((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
+
+
+def test_code_imports_ours_only_through_the_one_name_and_never_a_higher_tier():
+    """A bare `import training` would load a second copy of a module (and register its Keras classes twice); an
+    import from a higher tier (training -> export, as the quickstart once did) is the circle this layout removes."""
+    wrong = []
+    for tier in TIERS:
+        for path in sorted((ROOT / tier).rglob("*.py")):
+            for line, module in _imports(path):
+                parts = module.split(".")
+                where = f"{path.relative_to(ROOT)}:{line} imports {module}"
+                if parts[0] in OURS:
+                    wrong.append(f"{where} (not through concise_attention)")
+                elif parts[0] == "concise_attention" and len(parts) > 1 and TIERS.index(parts[1]) > TIERS.index(tier):
+                    wrong.append(f"{where} (a higher tier than {tier})")
+    for folder in ("tests", "benchmarks", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            wrong += [f"{path.relative_to(ROOT)}:{line} imports {module}" for line, module in _imports(path)
+                      if module.split(".")[0] in OURS]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_wheel_of_the_checkout_holds_one_import_name(tmp_path):
+    """What `pip install .` puts in site-packages: `concise_attention` and nothing else at the top (no `models`,
+    `training`, `export` or `configs` to collide with another project's), with the presets and shipped weights."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.py", "pyproject.toml", "__init__.py", "README.md", *TIERS):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree else {}))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "wheel"), str(source)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"concise_attention", "concise_attention-0.1.0.dist-info"}, tops
+    top_level = next(name for name in names if name.endswith(".dist-info/top_level.txt"))
+    assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["concise_attention"]
+    assert "concise_attention/setup.py" not in names
+    for expected in ("concise_attention/__init__.py", "concise_attention/cli/train.py", "concise_attention/configs/tiny_bert_fixed.yaml",
+                     "concise_attention/models/shipped/concise-minilm-d192/model.weights.h5", "concise_attention/training/data/wordnet_topics/dev.tsv"):
+        assert expected in names, expected
+    entry_points = zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("entry_points.txt"))).decode()
+    targets = re.findall(r"= (\S+):main", entry_points)
+    assert len(targets) == 7 and all(target.startswith("concise_attention.cli.") or target == "concise_attention.training.prepare_data" for target in targets), targets

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import configs
-from training import cli
-from training.data import SAMPLE_CORPUS
-from training.data import read_lines
-from training.tokenizer import train_wordpiece
-from training.trainer import train
+from concise_attention.training import configs
+from concise_attention.cli import train as cli
+from concise_attention.training.data import SAMPLE_CORPUS
+from concise_attention.training.data import read_lines
+from concise_attention.training.tokenizer import train_wordpiece
+from concise_attention.training.trainer import train
 
 DROPOUT = ["model.dropout=0.1", "model.attention_dropout=0.1", "training.jit_compile=false"]
 # 28 = 2 epochs of 10 steps + a last epoch of 8, in executions of 2 steps: a SIGTERM lands inside
@@ -81,7 +81,7 @@ def _training_started(run_dir, before):
 
 
 def _start(config, run_dir, overrides):
-    command = [sys.executable, "-m", "training.cli", "--config", config, "--run-dir", str(run_dir), "--quiet"]
+    command = [sys.executable, "-m", "concise_attention.cli.train", "--config", config, "--run-dir", str(run_dir), "--quiet"]
     for override in overrides:
         command += ["--set", override]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import presets
+from concise_attention.models import presets
 
 SHIPPED = presets.shipped_presets()
 LIMIT = 25 * 10**6
@@ -42,8 +42,8 @@ def test_shipped_preset_is_small_float16_hashed_and_documented(name):
 def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
     """`concise-export --preset NAME`: the served embedding equals the Keras encoder's mean pooling (numpy)
     on the same ids, for texts of mixed lengths; the WordNet-topics probe of the card is recomputed."""
-    from export import cli as export_cli
-    from models.bert import BertEncoder
+    from concise_attention.cli import export as export_cli
+    from concise_attention.models.bert import BertEncoder
 
     assert export_cli.main(["--preset", name, "--out", str(tmp_path / "export")]) == 0
     texts = ["A man is playing a guitar.", "", "Stocks fell sharply on Monday, the third fall in a row. " * 6, "ok"]
@@ -68,7 +68,7 @@ def test_the_model_cards_probe_figure_holds_for_the_shipped_weights(name):
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from training.embeddings import SentenceEncoder
+    from concise_attention.training.embeddings import SentenceEncoder
 
     card = (pathlib.Path(presets.SHIPPED_DIR) / name / "README.md").read_text()
     stated = float(re.search(r"\| WordNet topics linear probe \| (\d\.\d+)", card).group(1))

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-import configs
-from models.hf_import import load_hf_bert
-from models.shrink import stream_directions
-from models.shrink import shrink_into
+from concise_attention.training import configs
+from concise_attention.models.hf_import import load_hf_bert
+from concise_attention.models.shrink import stream_directions
+from concise_attention.models.shrink import shrink_into
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import scipy.special
 
-import configs
-from training import cli
-from training import runs
-from training import squad
+from concise_attention.training import configs
+from concise_attention.cli import train as cli
+from concise_attention.training import runs
+from concise_attention.training import squad
 
 TINY_BERT = [
     "model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
@@ -48,7 +48,7 @@ def _train(capsys, run_dir, vocabulary, *overrides):
 @pytest.fixture()
 def evaluated(monkeypatch):
     """The final evaluation's (start_logits, end_logits) and decoded answers, as the trainer computed them."""
-    from training.tasks.span_qa import SpanQATask
+    from concise_attention.training.tasks.span_qa import SpanQATask
 
     recorded = {}
     dev_logits, predict_answers = SpanQATask.dev_logits, SpanQATask.predict_answers

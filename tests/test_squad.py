@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from training import squad
-from training.squad import SquadExample
+from concise_attention.training import squad
+from concise_attention.training.squad import SquadExample
 
 SPECIAL_IDS = {"pad": 0, "cls": 1, "sep": 2}
 

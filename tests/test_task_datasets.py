@@ -10,14 +10,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-import configs
+from concise_attention.training import configs
 from test_finetuning import SHORT
 from test_finetuning import TINY_BERT
 from test_finetuning import _write_mrpc
 from test_span_qa import _write_squad
-from training import trainer
-from training.tasks import make_task
-from training.tokenizer import wordpiece_tokenizer
+from concise_attention.training import trainer
+from concise_attention.training.tasks import make_task
+from concise_attention.training.tokenizer import wordpiece_tokenizer
 
 SKIP, COMPARED = 3, 4  # batches consumed before the resume, batches compared after it
 

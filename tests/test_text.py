@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from training.data import SAMPLE_CORPUS
-from training.data import read_lines
-from training.text import MAX_CHARS_PER_WORD
-from training.text import SPECIAL_TOKENS
-from training.text import WordPieceModule
-from training.tokenizer import train_wordpiece
-from training.tokenizer import wordpiece_tokenizer
+from concise_attention.training.data import SAMPLE_CORPUS
+from concise_attention.training.data import read_lines
+from concise_attention.training.text import MAX_CHARS_PER_WORD
+from concise_attention.training.text import SPECIAL_TOKENS
+from concise_attention.training.text import WordPieceModule
+from concise_attention.training.tokenizer import train_wordpiece
+from concise_attention.training.tokenizer import wordpiece_tokenizer
 
 # The characters keras-hub's normalisation (NFKC case folding) changed and BERT's does not.
 COMPATIBILITY = "… ﬁ ﬂ ﬀ ² ³ ™ ½ ¼ ß ẞ Ｆｕｌｌ－ｗｉｄｔｈ ＡＢＣ１２３ ① ② ⑩ Ⅻ ℃ № µ Å K ſ ǅ ﹏ ︵"
@@ -247,7 +247,7 @@ import json, sys, time
 sys.modules["tensorflow_text"] = None  # stock TF Serving has no tensorflow-text: it must not be needed
 import numpy as np
 import tensorflow as tf
-from training.text import WordPieceModule
+from concise_attention.training.text import WordPieceModule
 
 vocabulary, saved, inputs_path, out_path = sys.argv[1:5]
 module = WordPieceModule(vocabulary)

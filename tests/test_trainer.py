@@ -13,10 +13,10 @@ import keras
 import numpy as np
 import pytest
 
-import configs
-from training.strategy import choose_strategy
-from training.objectives import WarmupDecaySchedule
-from training.trainer import train
+from concise_attention.training import configs
+from concise_attention.training.strategy import choose_strategy
+from concise_attention.training.objectives import WarmupDecaySchedule
+from concise_attention.training.trainer import train
 
 TINY = ["model.dropout=0", "model.attention_dropout=0"]
 
@@ -31,7 +31,7 @@ def _weights(path):
 
 
 def _cli(run_dir, *overrides, env=None, config="tiny_lm"):
-    command = [sys.executable, "-m", "training.cli", "--config", config, "--run-dir", str(run_dir), "--quiet"]
+    command = [sys.executable, "-m", "concise_attention.cli.train", "--config", config, "--run-dir", str(run_dir), "--quiet"]
     for override in (*TINY, *overrides):
         command += ["--set", override]
     return command
@@ -86,9 +86,9 @@ def test_two_steps_under_mirrored_strategy_on_two_cpus(tmp_path):
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        import configs
-        from training.strategy import choose_strategy
-        from training.trainer import train
+        from concise_attention.training import configs
+        from concise_attention.training.strategy import choose_strategy
+        from concise_attention.training.trainer import train
         assert choose_strategy("mirrored").num_replicas_in_sync == 2
         config = configs.load_config("tiny_lm", {TINY!r} + ["training.strategy=mirrored", "training.train_steps=2",
             "training.steps_per_epoch=2", "training.steps_per_execution=1", "training.eval_batches=1"])
@@ -192,7 +192,7 @@ def test_trainer_refuses_configs_without_a_task(tmp_path):
 
 
 def test_cli_help_lists_the_options():
-    result = subprocess.run([sys.executable, "-m", "training.cli", "--help"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "concise_attention.cli.train", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
     for option in ("--config", "--set", "--run-dir", "--strategy", "--tpu"):
         assert option in result.stdout

@@ -39,7 +39,7 @@ import keras
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from training import runs
+from concise_attention.training import runs
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: a checkpoint was saved on SIGTERM; run the same command again
 

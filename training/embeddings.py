@@ -1,6 +1,6 @@
 """Sentence embeddings of a list of strings: `SentenceEncoder` (a preset or run by name, `encode`).
 
-    >>> from training.embeddings import SentenceEncoder
+    >>> from concise_attention.training.embeddings import SentenceEncoder
     >>> encoder = SentenceEncoder.from_preset("path/to/preset")   # or a run directory
     >>> vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell."])   # (2, width) float32, unit rows
 
@@ -23,7 +23,7 @@ class SentenceEncoder:
                              f"Received: sequence_length={sequence_length!r}")
         import tensorflow as tf
 
-        from models.heads import mean_pooled
+        from concise_attention.models.heads import mean_pooled
 
         self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, sequence_length
 
@@ -39,8 +39,8 @@ class SentenceEncoder:
         (`concise-export`'s `keras/`), a run directory (local or gs://) or a Hugging Face BERT folder;
         `sequence_length` defaults to the length it was trained at where it records one (a run, a shipped
         preset), else 128."""
-        from training import runs
-        from training.tokenizer import wordpiece_tokenizer
+        from concise_attention.training import runs
+        from concise_attention.training.tokenizer import wordpiece_tokenizer
 
         source, backbone, _ = runs.load_source(preset)
         tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),

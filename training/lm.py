@@ -6,9 +6,9 @@ No checkpoints, no strategy: `training.trainer` is the resumable, distributed tr
 import keras
 import numpy as np
 
-from training.data import next_token_targets
-from training.objectives import TokenCrossEntropy
-from training.objectives import WarmupDecaySchedule
+from concise_attention.training.data import next_token_targets
+from concise_attention.training.objectives import TokenCrossEntropy
+from concise_attention.training.objectives import WarmupDecaySchedule
 
 
 class _BatchLosses(keras.callbacks.Callback):

@@ -4,7 +4,7 @@ The studies need more text than the shipped sample (`training/data/python_refere
 documentation packages are real, freely licensed English prose that the package registry serves to
 every machine of this project, so the corpus is rebuilt, never committed:
 
-    python -m training.make_corpus --out corpus --cache corpus-cache
+    python -m concise_attention.training.make_corpus --out corpus --cache corpus-cache
 
 Each package is fetched with `apt-get download` into the cache (nothing is installed), unpacked with
 `dpkg-deb -x` into a temporary directory, and its documents (HTML, man pages in roff, POD,
@@ -917,7 +917,7 @@ def build_corpus(packages, out_dir, paragraph_min_words=DEFAULT_PARAGRAPH_MIN_WO
         raise
     shards = [shard for split in ("train", "heldout") for shard in writers[split].close()]
     manifest = {
-        "builder": "python -m training.make_corpus",
+        "builder": "python -m concise_attention.training.make_corpus",
         "paragraph_min_words": paragraph_min_words,
         "heldout_one_in": HELDOUT_ONE_IN,
         "sources": sources,
@@ -1024,7 +1024,7 @@ def _positive(text):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m training.make_corpus", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m concise_attention.training.make_corpus", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory (train/, heldout/, manifest.json)")
     parser.add_argument("--packages", nargs="+", default=["docs"],
                         help="Debian packages to read, or the sets `docs` (English documentation, the default: "

@@ -7,7 +7,7 @@ Python install, so the quickstart and the tests train on real language with no d
 Only prose paragraphs are kept (grammar rules, code and headings are dropped); one
 paragraph per line.
 
-    python -m training.make_sample_corpus
+    python -m concise_attention.training.make_sample_corpus
 """
 
 import pathlib

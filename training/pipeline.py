@@ -13,11 +13,11 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from training.data import SAMPLE_CORPUS
-from training.data import next_token_targets
-from training.data import pack_sentences
-from training.data import read_lines
-from training.shards import causal_lm_batches
+from concise_attention.training.data import SAMPLE_CORPUS
+from concise_attention.training.data import next_token_targets
+from concise_attention.training.data import pack_sentences
+from concise_attention.training.data import read_lines
+from concise_attention.training.shards import causal_lm_batches
 
 # Every EVAL_EVERY-th line of a text corpus is held out for evaluation...
 EVAL_EVERY = 20

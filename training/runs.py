@@ -30,7 +30,7 @@ import uuid
 
 import tensorflow as tf
 
-from training.text import read_vocabulary
+from concise_attention.training.text import read_vocabulary
 
 CONFIG = "config.json"
 VOCABULARY = "vocab.txt"
@@ -161,7 +161,7 @@ def read_source(path, kind=None):
     """
     path = str(path)
     if not tf.io.gfile.isdir(path):
-        from models import presets
+        from concise_attention.models import presets
 
         if kind is None and path in presets.shipped_presets():
             return _read_preset(presets.resolve(path))
@@ -172,7 +172,7 @@ def read_source(path, kind=None):
     if kind != "run" and is_hf_folder(path):
         return _read_hf_folder(path)
     if kind is None and is_preset_folder(path):
-        from models import presets
+        from concise_attention.models import presets
 
         return _read_preset(presets.resolve(path))
     config = read_json(join(path, CONFIG))
@@ -182,7 +182,7 @@ def read_source(path, kind=None):
     weights = join(path, BACKBONE_WEIGHTS)
     if not tf.io.gfile.exists(weights):
         raise ValueError(f"{path} has no {BACKBONE_WEIGHTS}: the run has not finished (or is not a run directory).")
-    import configs
+    from concise_attention.training import configs
 
     model = configs.nest_legacy_attention(config["model"])  # runs written before the nested attention config
     model_weights = join(path, MODEL_WEIGHTS)
@@ -193,15 +193,15 @@ def read_source(path, kind=None):
 
 
 def is_preset_folder(path):
-    from models import presets
+    from concise_attention.models import presets
 
     return tf.io.gfile.exists(join(path, presets.METADATA_FILE)) and tf.io.gfile.exists(join(path, presets.TOKENIZER_FILE))
 
 
 def _read_preset(path):
     """A Keras preset folder (`models.presets`; a shipped preset's) as a source: its BERT encoder."""
-    from models import presets
-    from models.bert import BertEncoder
+    from concise_attention.models import presets
+    from concise_attention.models.bert import BertEncoder
 
     model = presets.backbone_arguments(path, BertEncoder)
     settings = presets.tokenizer_settings(path)
@@ -211,9 +211,9 @@ def _read_preset(path):
 
 
 def _read_hf_folder(path):
-    from models.hf_import import check_tokenizer_agrees
-    from models.hf_import import hf_bert_config
-    from models.hf_import import hf_tokenizer_settings
+    from concise_attention.models.hf_import import check_tokenizer_agrees
+    from concise_attention.models.hf_import import hf_bert_config
+    from concise_attention.models.hf_import import hf_tokenizer_settings
 
     model, tokenizer = hf_bert_config(path), hf_tokenizer_settings(path)
     check_tokenizer_agrees(path, read_vocabulary(join(path, VOCABULARY)))
@@ -249,17 +249,17 @@ def load_source(path, kind=None):
     """
     source = read_source(path, kind)
     if source.kind == "preset":
-        from models.bert import BertEncoder
+        from concise_attention.models.bert import BertEncoder
 
         backbone, model = BertEncoder.from_preset(source.path), None
     elif source.kind == "hf":
-        from models.hf_import import load_hf_model
+        from concise_attention.models.hf_import import load_hf_model
 
         backbone, model = load_hf_model(source.path)
     elif tf.io.gfile.exists(join(source.path, MODEL_WEIGHTS)):
         _, model, backbone, _ = load_model(source.path)
     else:
-        import configs
+        from concise_attention.training import configs
 
         backbone = configs.BUILDERS[source.model_type](**source.model)
         load_weights(backbone, source.weights)
@@ -301,7 +301,7 @@ class RunDirectory:
         has trained (before its first checkpoint, a failed command's config is replaced by the corrected one's)."""
         self.check_writable()
         if tf.io.gfile.exists(self.file(CONFIG)):
-            import configs
+            from concise_attention.training import configs
 
             saved = read_json(self.file(CONFIG))
             if isinstance(saved.get("model"), dict):  # a run started before the nested attention config
@@ -407,8 +407,8 @@ def load_model(path):
         model (e.g. `BertPretrainer`, `BertClassifier`; the `CausalLM` itself), its
         backbone and RUN/vocab.txt.
     """
-    import configs
-    from training.tasks import make_task
+    from concise_attention.training import configs
+    from concise_attention.training.tasks import make_task
 
     run = RunDirectory(path)
     raw = run.read_config()

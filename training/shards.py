@@ -29,7 +29,7 @@ import json
 
 import numpy as np
 
-from training.data import next_token_targets
+from concise_attention.training.data import next_token_targets
 
 FORMAT = "concise-prepared-data/1"
 MANIFEST = "manifest.json"

@@ -6,9 +6,9 @@ import hashlib
 import keras_hub
 import tensorflow as tf
 
-from training import runs
-from training.text import WordPieceModule
-from training.text import read_vocabulary
+from concise_attention.training import runs
+from concise_attention.training.text import WordPieceModule
+from concise_attention.training.text import read_vocabulary
 
 RESERVED_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 

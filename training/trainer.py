@@ -26,15 +26,15 @@ import warnings
 import keras
 import tensorflow as tf
 
-from training import runs
-from training.checkpoints import CheckpointCallback
-from training.checkpoints import TrainingCheckpoints
-from training.checkpoints import handle_preemption
-from training.objectives import make_optimizer
-from training.strategy import choose_strategy
-from training.tasks import make_task
-from training.tokenizer import train_wordpiece
-from training.tokenizer import wordpiece_tokenizer
+from concise_attention.training import runs
+from concise_attention.training.checkpoints import CheckpointCallback
+from concise_attention.training.checkpoints import TrainingCheckpoints
+from concise_attention.training.checkpoints import handle_preemption
+from concise_attention.training.objectives import make_optimizer
+from concise_attention.training.strategy import choose_strategy
+from concise_attention.training.tasks import make_task
+from concise_attention.training.tokenizer import train_wordpiece
+from concise_attention.training.tokenizer import wordpiece_tokenizer
 
 # Lines of a streaming corpus (LM1B) read to learn the vocabulary.
 VOCABULARY_TRAINING_LINES = 200_000
@@ -69,7 +69,7 @@ def resolve_config(config):
         if config.model is None:
             raise ValueError(f"Config {config.name!r} has no model section and no task.init.")
         return config, None
-    import configs
+    from concise_attention.training import configs
 
     try:
         source = runs.read_source(config.task.init)
@@ -141,7 +141,7 @@ def prepare_vocabulary(config, run, task, source):
 def initialize_backbone(backbone, source):
     """Copies the backbone weights of `source` (a run directory or a Hugging Face folder)."""
     if source.kind == "hf":
-        from models.hf_import import load_hf_weights
+        from concise_attention.models.hf_import import load_hf_weights
 
         load_hf_weights(backbone, source.path)
     else:

@@ -24,19 +24,19 @@ a score: STS-B), `span_qa` (SQuAD v1.1) and `distill` (a teacher's sentence embe
 import dataclasses
 import importlib
 
-from training.tasks.base import ServingSignature
-from training.tasks.base import Task
-from training.tasks.base import TaskSettings
+from concise_attention.training.tasks.base import ServingSignature
+from concise_attention.training.tasks.base import Task
+from concise_attention.training.tasks.base import TaskSettings
 
 # Built-in tasks by module: a task's module is imported when the task is first named, so a
 # process without TensorFlow (the JAX shard trainer) reads a causal_lm config.
 BUILT_IN = {
-    "causal_lm": "training.tasks.language_model:CausalLMTask",
-    "masked_lm": "training.tasks.language_model:MaskedLMTask",
-    "classification": "training.tasks.sentence:ClassificationTask",
-    "regression": "training.tasks.sentence:RegressionTask",
-    "span_qa": "training.tasks.span_qa:SpanQATask",
-    "distill": "training.tasks.distill:DistillTask",
+    "causal_lm": "concise_attention.training.tasks.language_model:CausalLMTask",
+    "masked_lm": "concise_attention.training.tasks.language_model:MaskedLMTask",
+    "classification": "concise_attention.training.tasks.sentence:ClassificationTask",
+    "regression": "concise_attention.training.tasks.sentence:RegressionTask",
+    "span_qa": "concise_attention.training.tasks.span_qa:SpanQATask",
+    "distill": "concise_attention.training.tasks.distill:DistillTask",
 }
 # The task classes looked up or registered so far, by name.
 TASKS = {}
@@ -74,7 +74,7 @@ def make_task(config):
 def serving_signature(config, model):
     """What the exported TF Serving model of a trained task `model` serves, from its run's config
     mapping (config.json): the task's `Task.serving_signature`, None if it has no serving model."""
-    import configs
+    from concise_attention.training import configs
 
     return make_task(configs.config_from_dict(config, config.get("name", "run"))).serving_signature(model)
 

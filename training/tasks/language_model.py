@@ -10,10 +10,10 @@ import typing
 
 import keras
 
-from training import shards
-from training.objectives import TokenCrossEntropy
-from training.tasks.base import Task
-from training.tasks.base import TaskSettings
+from concise_attention.training import shards
+from concise_attention.training.objectives import TokenCrossEntropy
+from concise_attention.training.tasks.base import Task
+from concise_attention.training.tasks.base import TaskSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +40,7 @@ class _TextCorpusTask(Task):
     def load_data(self):
         import tensorflow as tf
 
-        from training.pipeline import corpus_splits
+        from concise_attention.training.pipeline import corpus_splits
 
         settings = self.settings
         if settings.dataset == "prepared":
@@ -64,7 +64,7 @@ class _TextCorpusTask(Task):
         """(train, eval) datasets of the prepared shards, checked against the run's vocabulary."""
         import tensorflow as tf
 
-        from training.pipeline import prepared_dataset
+        from concise_attention.training.pipeline import prepared_dataset
 
         settings, training = self.settings, self.training
         shards.check_manifest(self.manifest, settings.data_dir, self.name, training.sequence_length, tokenizer.get_vocabulary(),
@@ -89,14 +89,14 @@ class CausalLMTask(_TextCorpusTask):
 
     def row_chunks(self, lines, tokenizer):
         """Packed rows of `lines` for `concise-prepare-data` (the rows `datasets` trains on)."""
-        from training.pipeline import packed_chunks
+        from concise_attention.training.pipeline import packed_chunks
 
         return packed_chunks(lines, tokenizer, self.training.sequence_length)
 
     def datasets(self, tokenizer, skip_batches):
-        from training.pipeline import EVAL_WORD_LINES
-        from training.pipeline import language_model_dataset
-        from training.pipeline import tokens_per_word
+        from concise_attention.training.pipeline import EVAL_WORD_LINES
+        from concise_attention.training.pipeline import language_model_dataset
+        from concise_attention.training.pipeline import tokens_per_word
 
         training = self.training
         if self.settings.dataset == "prepared":
@@ -147,7 +147,7 @@ class MaskedLMTask(_TextCorpusTask):
                              f"training.sequence_length={self.training.sequence_length}.")
 
     def build_model(self, backbone):
-        from models.bert import BertPretrainer
+        from concise_attention.models.bert import BertPretrainer
 
         return BertPretrainer(backbone)
 
@@ -155,13 +155,13 @@ class MaskedLMTask(_TextCorpusTask):
 
     def row_chunks(self, lines, tokenizer):
         """Unmasked segment-pair rows of `lines` for `concise-prepare-data`."""
-        from training.pipeline import segment_pair_chunks
+        from concise_attention.training.pipeline import segment_pair_chunks
 
         return segment_pair_chunks(lines, tokenizer, self.training.sequence_length)
 
     def datasets(self, tokenizer, skip_batches):
-        from training.pipeline import masked_examples
-        from training.pipeline import masked_lm_dataset
+        from concise_attention.training.pipeline import masked_examples
+        from concise_attention.training.pipeline import masked_lm_dataset
 
         training, settings = self.training, self.settings
         if settings.dataset == "prepared":

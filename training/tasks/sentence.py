@@ -19,11 +19,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from training import glue
-from training import metrics as metric_functions
-from training.tasks.base import ServingSignature
-from training.tasks.base import Task
-from training.tasks.base import TaskSettings
+from concise_attention.training import glue
+from concise_attention.training import metrics as metric_functions
+from concise_attention.training.tasks.base import ServingSignature
+from concise_attention.training.tasks.base import Task
+from concise_attention.training.tasks.base import TaskSettings
 
 SHIPPED = {"wordnet_topics": pathlib.Path(__file__).parent.parent / "data" / "wordnet_topics"}
 
@@ -91,7 +91,7 @@ class ClassificationTask(Task):
         return len(self.train_examples)
 
     def build_model(self, backbone):
-        from models.heads import BertClassifier
+        from concise_attention.models.heads import BertClassifier
 
         return BertClassifier(backbone, num_outputs=1 if self.regression else len(self.settings.labels), dropout=self.settings.dropout)
 
@@ -161,7 +161,7 @@ class RegressionTask(ClassificationTask):
         return np.asarray(scores, "float32")
 
     def build_model(self, backbone):
-        from models.heads import BertClassifier
+        from concise_attention.models.heads import BertClassifier
 
         return BertClassifier(backbone, num_outputs=1, dropout=self.settings.dropout)
 

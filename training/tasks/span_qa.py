@@ -19,10 +19,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from training import metrics as metric_functions
-from training import squad
-from training.tasks.base import Task
-from training.tasks.base import TaskSettings
+from concise_attention.training import metrics as metric_functions
+from concise_attention.training import squad
+from concise_attention.training.tasks.base import Task
+from concise_attention.training.tasks.base import TaskSettings
 
 DATASETS = {"squad/v1.1": "tfds", "squad_json": "json"}
 # Words tokenised per tokenizer call when the word cache is filled.
@@ -115,7 +115,7 @@ class SpanQATask(Task):
         return len(self.train_examples)
 
     def build_model(self, backbone):
-        from models.heads import BertSpanLabeler
+        from concise_attention.models.heads import BertSpanLabeler
 
         return BertSpanLabeler(backbone)
 

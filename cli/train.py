@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-import configs
+from concise_attention.training import configs
 
 
 def main(argv=None):
@@ -27,12 +27,12 @@ def main(argv=None):
         overrides.append(f"training.strategy={args.strategy}")
     if args.tpu:
         overrides.append(f"training.tpu={args.tpu}")
-    from training.checkpoints import PREEMPTED_EXIT_CODE
-    from training.checkpoints import Preempted
+    from concise_attention.training.checkpoints import PREEMPTED_EXIT_CODE
+    from concise_attention.training.checkpoints import Preempted
 
     try:
         config = configs.load_config(args.config, overrides)
-        from training.trainer import train
+        from concise_attention.training.trainer import train
 
         metrics = train(config, args.run_dir, verbose=0 if args.quiet else "auto")
     except ValueError as error:

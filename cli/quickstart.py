@@ -95,8 +95,8 @@ def pair_similarities(encoder):
 def show_similarities():
     """Prints the sentence similarities of the shipped concise encoder beside its teacher's (when the
     teacher's package is installed); returns the preset's name, or None when none is shipped."""
-    from models import presets
-    from training.embeddings import SentenceEncoder
+    from concise_attention.models import presets
+    from concise_attention.training.embeddings import SentenceEncoder
 
     shipped = presets.shipped_presets()
     if not shipped:
@@ -104,7 +104,7 @@ def show_similarities():
         return None
     columns = [(shipped[0], SentenceEncoder.from_preset(shipped[0]))]
     try:
-        from training.tasks.distill import default_teacher
+        from concise_attention.training.tasks.distill import default_teacher
 
         columns.append(("teacher all-MiniLM-L6-v2", SentenceEncoder.from_preset(default_teacher())))
     except ValueError:
@@ -123,10 +123,10 @@ def main(argv=None):
     parser.add_argument("--config", default="tiny_bert_fixed", help="a BERT preset or YAML with a training section")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. training.train_steps=1000")
     args = parser.parse_args(argv)
-    import configs
-    from export.savedmodels import export_run
-    from models.bert import BertPretrainer
-    from training.trainer import train
+    from concise_attention.training import configs
+    from concise_attention.export.savedmodels import export_run
+    from concise_attention.models.bert import BertPretrainer
+    from concise_attention.training.trainer import train
 
     out = pathlib.Path(args.out).resolve()
     start = time.time()
