@@ -42,15 +42,12 @@ setuptools.setup(
     install_requires=[
         "tensorflow>=2.20,<2.21",
         "keras>=3.10,<4",
-        "keras-hub>=0.29",
-        "tf-keras>=2.20,<2.21",
-        "tf-models-official>=2.20,<2.21",
-        "tensorflow-text>=2.20,<2.21",
-        "tensorflow-datasets>=4.9",
-        "tensorflow-hub>=0.16",
-        "tensorly>=0.8",
-        "safetensors>=0.4",
-        "tensorflow-serving-api>=2.20,<2.21",
+        "keras-hub>=0.29",  # WordPiece vocabulary training (training/tokenizer.py), the GLUE pair packer
+        "tensorflow-text>=2.20,<2.21",  # what keras-hub's WordPiece vocabulary training runs on
+        "tensorflow-datasets>=4.9",  # GLUE and SQuAD readers
+        "tensorly>=0.8",  # the CP decomposition of collaborative conversion
+        "safetensors>=0.4",  # Hugging Face weights, never pickle
+        "tensorflow-serving-api>=2.20,<2.21",  # the TF Serving warm-up records of an export
         "numpy",
         "pyyaml",
         "tqdm",
@@ -71,6 +68,11 @@ setuptools.setup(
             "pytest>=8",
             "pytest-timeout",
             "pytest-xdist>=3.5",  # the suite in parallel processes (pytest.ini: -n, one file per worker)
+            # the design's stack as test references only (no runtime module imports them): TF-Hub and tf_keras load
+            # our exports as their users do; tf-models-official's BERT, SQuAD and tokenizer code checks ours
+            "tensorflow-hub>=0.16",
+            "tf-keras>=2.20,<2.21",
+            "tf-models-official>=2.20,<2.21",
             "jax[cpu]>=0.4.30",
             # independent references in tests: Hugging Face's Rust WordPiece, scikit-learn and SciPy metrics
             "tokenizers>=0.15",

@@ -30,6 +30,15 @@ def commit():
         return "unknown", False
 
 
+def command_line(script, argv):
+    """The command that regenerates a result, runnable from the repository root, naming no machine's folders:
+    each absolute path in `argv` is given relative to the working directory."""
+    def shown(argument):
+        return os.path.relpath(argument) if os.path.isabs(argument) else argument
+
+    return " ".join([f"python {script}", *map(shown, argv)])
+
+
 def record():
     """{date, machine, commit, clean}: the fields every results file and row carries."""
     head, clean = commit()

@@ -102,3 +102,22 @@ def test_readme_distillation_table_is_the_committed_data():
     tied = np.tile(np.eye(12)[1] * 0.5, (10, 1))  # 10 documents as near to query 1 as its own: a tie is a miss
     assert distill_eval.recall_at_10(queries, np.vstack([own, tied])) == pytest.approx(2 / 3)
     assert distill_eval.recall_at_10(queries, np.vstack([own, tied[:9]])) == 1.0
+
+
+def test_the_probe_chooses_its_regularisation_on_the_training_split_and_refits():
+    """probe_accuracy's C is one of its grid, picked without the dev split, and its dev accuracy is that of
+    a plain logistic regression with that C refitted on the standardised training split (an independent fit)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    distill_eval = _benchmark_module("distill_eval")
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 260)
+    features = rng.normal(size=(260, 40)) + np.eye(40)[labels] * 1.5  # 3 informative columns, 37 of noise
+    train_x, train_y, dev_x, dev_y = features[:200], labels[:200].astype(str), features[200:], labels[200:].astype(str)
+    accuracy, chosen = distill_eval.probe_accuracy(train_x, train_y, dev_x, dev_y)
+    assert chosen in distill_eval.PROBE_C
+    assert distill_eval.probe_accuracy(train_x, train_y, dev_x[::-1], dev_y[::-1])[1] == chosen  # dev plays no part
+    scaler = StandardScaler().fit(train_x)
+    refit = LogisticRegression(C=chosen, max_iter=5000).fit(scaler.transform(train_x), train_y)
+    assert accuracy == pytest.approx(np.mean(refit.predict(scaler.transform(dev_x)) == dev_y), abs=1 / 60)
