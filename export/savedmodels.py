@@ -45,8 +45,9 @@ import tensorflow as tf
 from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
 from concise_attention.export.chunking import chunked
+from concise_attention.training import configs
 from concise_attention.training import runs
-from concise_attention.training.tasks import serving_signature
+from concise_attention.training.tasks import make_task
 from concise_attention.training.text import WordPieceModule
 from concise_attention.training.text import read_vocabulary
 
@@ -412,6 +413,12 @@ def write_keras_preset(folder, model, vocabulary, lowercase, strip_accents):
         presets.save_tokenizer(folder, file.read(), lowercase, strip_accents)
 
 
+def _serving_signature(config, model):
+    """What the exported TF Serving model of a trained task `model` serves, from its run's config mapping
+    (config.json): the task's `Task.serving_signature`, None if it has no serving model."""
+    return make_task(configs.config_from_dict(config, config.get("name", "run"))).serving_signature(model)
+
+
 def _write_version(staged, encoder, model, vocabulary, export):
     """Writes hub/ (encoder, preprocess, tarball, keras), serving/ and models.config of a
     version into `staged.folder` (local)."""
@@ -432,7 +439,7 @@ def _write_version(staged, encoder, model, vocabulary, export):
         for name in ("encoder", "preprocess"):
             archive.add(os.path.join(hub_dir, name), arcname=name)
     write_keras_preset(os.path.join(hub_dir, "keras"), model or encoder, vocab_copy, export["lowercase"], export["strip_accents"])
-    signature = serving_signature(export["config"], model) if model is not None else None
+    signature = _serving_signature(export["config"], model) if model is not None else None
     if signature is None:  # no task model of its own to serve: the encoder's embeddings
         served, signatures = serving_model(encoder, tokenizer, export["seq_length"], export["pooling"])
     else:

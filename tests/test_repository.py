@@ -118,6 +118,41 @@ def test_code_imports_ours_only_through_the_one_name_and_never_a_higher_tier():
     assert not wrong, "\n".join(wrong)
 
 
+def _module_graph():
+    """{module: modules of ours it imports}, over every module of the package (imports inside functions too;
+    a module's import of its own parent package is not an edge: Python runs that one first anyway)."""
+    files = {"concise_attention." + ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+             for tier in TIERS for path in (ROOT / tier).rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        graph[name] = set()
+        for _, module in _imports(path):
+            while module and module not in files:
+                module = module.rpartition(".")[0]
+            if module and module != name and not name.startswith(module + "."):
+                graph[name].add(module)
+    return graph
+
+
+def test_no_module_imports_itself_through_others():
+    """No circle of imports anywhere in the package (the config loader and the task registry were one)."""
+    graph, done, path = _module_graph(), set(), []
+
+    def visit(module):
+        if module in path:
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(module):] + [module]))
+        if module not in done:
+            path.append(module)
+            for imported in sorted(graph[module]):
+                visit(imported)
+            path.pop()
+            done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+    assert len(graph) > 40 and "concise_attention.training.configs" in graph["concise_attention.export.savedmodels"]
+
+
 def test_a_wheel_of_the_checkout_holds_one_import_name(tmp_path):
     """What `pip install .` puts in site-packages: `concise_attention` and nothing else at the top (no `models`,
     `training`, `export` or `configs` to collide with another project's), with the presets and shipped weights."""

@@ -71,18 +71,10 @@ def make_task(config):
     return task_class(config.task.name)(config)
 
 
-def serving_signature(config, model):
-    """What the exported TF Serving model of a trained task `model` serves, from its run's config
-    mapping (config.json): the task's `Task.serving_signature`, None if it has no serving model."""
-    from concise_attention.training import configs
-
-    return make_task(configs.config_from_dict(config, config.get("name", "run"))).serving_signature(model)
-
-
 def default_task_name(model_type):
     """The task of a config without a `task:` section: the backbone's pretraining objective."""
     return {"causal_lm": "causal_lm", "bert": "masked_lm"}[model_type]
 
 
 __all__ = ["BUILT_IN", "TASKS", "ServingSignature", "Task", "TaskSettings", "default_task_name", "make_task", "register_task",
-           "serving_signature", "task_class", "task_names"]
+           "task_class", "task_names"]
