@@ -27,6 +27,7 @@ FILES = {
 }
 FRESH_POINTS = 9  # staged, journal written, 3 moves x (moved, done), journal removed
 OVERWRITE_POINTS = 13  # the same with 2 more moves (the old halves set aside)
+PACKAGE_PARENT = []  # the folder _package_without_site makes, while this module's tests run
 
 EXPORT_SCRIPT = r"""
 import json, os, sys
@@ -47,10 +48,21 @@ print(json.dumps({"version": staged.version, "export_id": staged.export_id}))
 """
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _package_without_site(tmp_path_factory):
+    """A folder holding `concise_attention` (a link to this checkout) for the subprocesses' PYTHONPATH: under -S
+    the installed package's path finder (a site .pth file) is not read."""
+    parent = tmp_path_factory.mktemp("package")
+    (parent / "concise_attention").symlink_to(ROOT, target_is_directory=True)
+    PACKAGE_PARENT.append(str(parent))
+    yield
+    PACKAGE_PARENT.clear()
+
+
 def _export(out, version="next", kill_at=None):
     """Runs one fake export in a subprocess (-S: the commit module needs the standard library
     only); returns (return code, its json output or None)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": PACKAGE_PARENT[0]}
     env.pop(commit.KILL_AT_VARIABLE, None)
     if kill_at is not None:
         env[commit.KILL_AT_VARIABLE] = str(kill_at)
