@@ -24,18 +24,17 @@ import shutil
 import sys
 import tempfile
 
-from concise_attention.training import configs
-
+from concise_attention.models.collaborative import convert_model
 from concise_attention.models.transformer import head_size_of
+from concise_attention.training import configs
+from concise_attention.training import runs
+from concise_attention.training.tasks import make_task
+from concise_attention.training.trainer import initialize_backbone
 
 
 def _load_source(path):
     """The source's `runs.Source`, its backbone (the BERT encoder or the causal LM) and, for a run
     with a task model (a fine-tuned classifier, ...), its config and task model; weights loaded."""
-    from concise_attention.training import configs
-    from concise_attention.training import runs
-    from concise_attention.training.trainer import initialize_backbone
-
     source = runs.read_source(path)
     if source.model_weights is not None:
         config, task_model, backbone, _ = runs.load_model(path)
@@ -51,9 +50,6 @@ def _converted_task_model(task_source, backbone, converted):
     Returns:
         (config, task model): the source's config with the converted architecture.
     """
-    from concise_attention.training import configs
-    from concise_attention.training.tasks import make_task
-
     config, task_model = task_source
     config = dataclasses.replace(config, model=configs.MODEL_CONFIGS[config.model_type](**_arguments(converted)))
     result = make_task(config).build_model(converted)
@@ -78,8 +74,6 @@ def _write_run(directory, source, converted, reports, task=None):
     """OUT: config.json, vocab.txt, backbone.weights.h5, conversion_report.json and, for a source
     with a task model, model.weights.h5 (the converted task model) and the source's training
     section (what `concise-evaluate` evaluates with)."""
-    from concise_attention.training import runs
-
     run = runs.RunDirectory(directory)
     arguments = _arguments(converted)
     shared_key_dim = arguments["attention"]["shared_key_dim"]
@@ -120,8 +114,6 @@ def main(argv=None):
         head_size = head_size_of(model)
         full = model.num_heads * head_size
         shared_key_dim = args.shared_key_dim if args.shared_key_dim is not None else round(args.ratio * full)
-        from concise_attention.models.collaborative import convert_model
-
         converted, reports = convert_model(model, shared_key_dim, seed=args.seed, n_iter_max=args.iterations)
         task = None if task_source is None else _converted_task_model(task_source, model, converted)
     except ValueError as error:

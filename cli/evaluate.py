@@ -15,17 +15,16 @@ import pathlib
 import sys
 
 from concise_attention.training import configs
+from concise_attention.training import runs
+from concise_attention.training.tasks import make_task
+from concise_attention.training.tokenizer import wordpiece_tokenizer
+from concise_attention.training.trainer import cached_eval
+from concise_attention.training.trainer import tokenizer_settings
 
 
 def evaluate_run(path):
     """The metrics of the task model saved in run directory `path` (a dict: the task's name and
     its evaluation, e.g. eval_loss, eval_accuracy, majority_class_accuracy)."""
-    from concise_attention.training import runs
-    from concise_attention.training.tasks import make_task
-    from concise_attention.training.tokenizer import wordpiece_tokenizer
-    from concise_attention.training.trainer import cached_eval
-    from concise_attention.training.trainer import tokenizer_settings
-
     config, model, _, vocabulary = runs.load_model(path)
     if config.training is None:
         raise ValueError(f"{runs.join(path, runs.CONFIG)} has no `training` section: it does not say how to evaluate "
@@ -59,8 +58,6 @@ def main(argv=None):
         _check_output(args.output)  # before the evaluation: a bad --output must not cost one
         metrics = evaluate_run(args.run)
         if args.output:
-            from concise_attention.training import runs
-
             runs.write_json_atomically(args.output, metrics)
     except ValueError as error:
         parser.exit(2, f"concise-evaluate: error: {error}\n")

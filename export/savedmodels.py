@@ -45,6 +45,7 @@ import tensorflow as tf
 from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
 from concise_attention.export.chunking import chunked
+from concise_attention.models import presets
 from concise_attention.training import configs
 from concise_attention.training import runs
 from concise_attention.training.tasks import make_task
@@ -406,8 +407,6 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
 def write_keras_preset(folder, model, vocabulary, lowercase, strip_accents):
     """The Keras 3 preset (`models.presets`: keras-hub's layout) of `model` (the encoder, or the
     task model around it) and its tokenizer settings and vocabulary."""
-    from concise_attention.models import presets
-
     presets.save_to_preset(model, folder)
     with tf.io.gfile.GFile(str(vocabulary), "r") as file:
         presets.save_tokenizer(folder, file.read(), lowercase, strip_accents)

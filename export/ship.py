@@ -18,6 +18,9 @@ import shutil
 import sys
 import tempfile
 
+from concise_attention.models import presets
+from concise_attention.training import runs
+
 MAX_MEGABYTES = 25
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
@@ -39,8 +42,6 @@ def _share(row, teacher, key):
 
 def _data_lines(task):
     """The model card's data section: each corpus folder's sources and licences, from its manifest."""
-    from concise_attention.training import runs
-
     if task.get("dataset") != "text_files":
         return [f"- `task.dataset={task.get('dataset')}`: the text shipped with concise-attention"]
     folders = task["data_dir"] if isinstance(task["data_dir"], list) else [task["data_dir"]]
@@ -114,9 +115,6 @@ def model_card(name, source, config, results, run):
 
 def ship(run, name, results_path, shipped_dir=None):
     """Writes the shipped preset `name` of the distill run `run`; returns its folder."""
-    from concise_attention.models import presets
-    from concise_attention.training import runs
-
     if not NAME.fullmatch(name):
         raise ValueError(f"--name {name!r}: use 1-64 lower-case letters, digits and _.- (starting with a letter or digit)")
     results = runs.read_json(results_path)

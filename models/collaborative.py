@@ -19,6 +19,8 @@ import numpy as np
 
 from concise_attention.models.attention import CollaborativeAttention
 from concise_attention.models.attention import FixedHeadSizeAttention
+from concise_attention.models.bert import BertEncoder
+from concise_attention.models.lm import CausalLM
 from concise_attention.models.transformer import head_size_of
 
 
@@ -141,9 +143,6 @@ def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progr
         one report per layer.
     """
     from tqdm import tqdm
-
-    from concise_attention.models.bert import BertEncoder
-    from concise_attention.models.lm import CausalLM
 
     if not isinstance(model, (BertEncoder, CausalLM)):
         raise ValueError(f"`model` must be a BertEncoder or a CausalLM. Received: {type(model).__name__}")

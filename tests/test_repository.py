@@ -118,6 +118,26 @@ def test_code_imports_ours_only_through_the_one_name_and_never_a_higher_tier():
     assert not wrong, "\n".join(wrong)
 
 
+# The one module that imports ours inside functions, and why (its docstring says so): the JAX shard trainer reads a
+# causal_lm config on a machine without TensorFlow, and training.pipeline is TensorFlow.
+LAZY_IMPORTS = {"training/tasks/language_model.py": "concise_attention.training.pipeline"}
+
+
+def test_our_modules_are_imported_at_the_top_of_a_module():
+    """An import of our own code inside a function hides a dependency from the reader (and from the tier and
+    circle checks' first glance); the one exception delays TensorFlow for the TensorFlow-free route."""
+    inside = []
+    for tier in TIERS:
+        for path in sorted((ROOT / tier).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    inside += [f"{relative}:{node.lineno} {node.module}" for node in ast.walk(function)
+                               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("concise_attention")
+                               and LAZY_IMPORTS.get(relative) != node.module]
+    assert not inside, "\n".join(inside)
+
+
 def _module_graph():
     """{module: modules of ours it imports}, over every module of the package (imports inside functions too;
     a module's import of its own parent package is not an edge: Python runs that one first anyway)."""

@@ -29,11 +29,13 @@ import typing
 
 import yaml
 
-from concise_attention.models.bert import BertEncoder
-from concise_attention.models.lm import CausalLM
 from concise_attention.models.attention import attention_config
 from concise_attention.models.attention import make_attention
+from concise_attention.models.bert import BertEncoder
+from concise_attention.models.lm import CausalLM
 from concise_attention.models.transformer import head_size_of
+from concise_attention.training.tasks import default_task_name
+from concise_attention.training.tasks import task_class
 
 PRESET_DIRECTORY = pathlib.Path(__file__).resolve().parents[1] / "configs"  # the YAML presets (package data)
 BUILDERS = {"bert": BertEncoder, "causal_lm": CausalLM}
@@ -401,9 +403,6 @@ def load_config(name_or_path, overrides=()):
 
 def config_from_dict(raw, name):
     """An `ExperimentConfig` from a config mapping (a preset's YAML or a run's config.json)."""
-    from concise_attention.training.tasks import default_task_name
-    from concise_attention.training.tasks import task_class
-
     unknown = set(raw) - set(SECTIONS) - {"name"}
     if unknown:
         raise ValueError(f"Unknown config key(s): {', '.join(sorted(unknown))}. Known keys: {', '.join(SECTIONS)}")

@@ -12,6 +12,10 @@ that short texts cost little; the embedding is the mean of the token vectors ove
 
 import numpy as np
 
+from concise_attention.models.heads import mean_pooled
+from concise_attention.training import runs
+from concise_attention.training.tokenizer import wordpiece_tokenizer
+
 
 class SentenceEncoder:
     """A backbone (`BertEncoder`), its tokenizer and the pooling: `encode(texts)` -> numpy (N, width)."""
@@ -22,8 +26,6 @@ class SentenceEncoder:
             raise ValueError(f"`sequence_length` must be an integer in [3, the encoder's max_sequence_length={limit}]. "
                              f"Received: sequence_length={sequence_length!r}")
         import tensorflow as tf
-
-        from concise_attention.models.heads import mean_pooled
 
         self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, sequence_length
 
@@ -39,9 +41,6 @@ class SentenceEncoder:
         (`concise-export`'s `keras/`), a run directory (local or gs://) or a Hugging Face BERT folder;
         `sequence_length` defaults to the length it was trained at where it records one (a run, a shipped
         preset), else 128."""
-        from concise_attention.training import runs
-        from concise_attention.training.tokenizer import wordpiece_tokenizer
-
         source, backbone, _ = runs.load_source(preset)
         tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
                                         strip_accents=source.tokenizer.get("strip_accents"))

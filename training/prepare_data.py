@@ -23,7 +23,15 @@ import tempfile
 import numpy as np
 
 from concise_attention.training import configs
+from concise_attention.training import runs
 from concise_attention.training import shards
+from concise_attention.training.pipeline import EVAL_WORD_LINES
+from concise_attention.training.pipeline import tokens_per_word
+from concise_attention.training.tasks import make_task
+from concise_attention.training.tokenizer import wordpiece_tokenizer
+from concise_attention.training.trainer import prepare_vocabulary
+from concise_attention.training.trainer import resolve_config
+from concise_attention.training.trainer import tokenizer_settings
 
 DEFAULT_ROWS_PER_SHARD = 8192
 # Bucket files of the two-pass shuffle of the training rows (memory: the rows / SHUFFLE_BUCKETS).
@@ -83,8 +91,6 @@ def _shuffled(arrays, seed, buckets=SHUFFLE_BUCKETS):
 
 def _write_shards(out_dir, split, arrays, rows_per_shard):
     """Writes the rows of `arrays` as shards of `rows_per_shard` rows; returns their list."""
-    from concise_attention.training import runs
-
     pending, written = [], []
 
     def flush(rows):
@@ -121,15 +127,6 @@ def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, shuffle_seed
         The manifest (a dict).
     """
     import tensorflow as tf
-
-    from concise_attention.training import runs
-    from concise_attention.training.pipeline import EVAL_WORD_LINES
-    from concise_attention.training.pipeline import tokens_per_word
-    from concise_attention.training.tasks import make_task
-    from concise_attention.training.tokenizer import wordpiece_tokenizer
-    from concise_attention.training.trainer import prepare_vocabulary
-    from concise_attention.training.trainer import resolve_config
-    from concise_attention.training.trainer import tokenizer_settings
 
     config, source = resolve_config(config)
     if config.task.name not in shards.FIELDS or config.task.dataset == "prepared":

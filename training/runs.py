@@ -30,6 +30,14 @@ import uuid
 
 import tensorflow as tf
 
+from concise_attention.models import presets
+from concise_attention.models.bert import BertEncoder
+from concise_attention.models.hf_import import check_tokenizer_agrees
+from concise_attention.models.hf_import import hf_bert_config
+from concise_attention.models.hf_import import hf_tokenizer_settings
+from concise_attention.models.hf_import import load_hf_model
+from concise_attention.training import configs
+from concise_attention.training.tasks import make_task
 from concise_attention.training.text import read_vocabulary
 
 CONFIG = "config.json"
@@ -161,8 +169,6 @@ def read_source(path, kind=None):
     """
     path = str(path)
     if not tf.io.gfile.isdir(path):
-        from concise_attention.models import presets
-
         if kind is None and path in presets.shipped_presets():
             return _read_preset(presets.resolve(path))
         raise ValueError(f"Not a directory: {path!r} (expected a run directory, a Hugging Face BERT folder, a preset "
@@ -172,8 +178,6 @@ def read_source(path, kind=None):
     if kind != "run" and is_hf_folder(path):
         return _read_hf_folder(path)
     if kind is None and is_preset_folder(path):
-        from concise_attention.models import presets
-
         return _read_preset(presets.resolve(path))
     config = read_json(join(path, CONFIG))
     for key in ("model_type", "model"):
@@ -182,8 +186,6 @@ def read_source(path, kind=None):
     weights = join(path, BACKBONE_WEIGHTS)
     if not tf.io.gfile.exists(weights):
         raise ValueError(f"{path} has no {BACKBONE_WEIGHTS}: the run has not finished (or is not a run directory).")
-    from concise_attention.training import configs
-
     model = configs.nest_legacy_attention(config["model"])  # runs written before the nested attention config
     model_weights = join(path, MODEL_WEIGHTS)
     return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
@@ -193,16 +195,11 @@ def read_source(path, kind=None):
 
 
 def is_preset_folder(path):
-    from concise_attention.models import presets
-
     return tf.io.gfile.exists(join(path, presets.METADATA_FILE)) and tf.io.gfile.exists(join(path, presets.TOKENIZER_FILE))
 
 
 def _read_preset(path):
     """A Keras preset folder (`models.presets`; a shipped preset's) as a source: its BERT encoder."""
-    from concise_attention.models import presets
-    from concise_attention.models.bert import BertEncoder
-
     model = presets.backbone_arguments(path, BertEncoder)
     settings = presets.tokenizer_settings(path)
     return Source(path, "preset", "bert", model, join(path, presets.WEIGHTS_FILE), settings["path"],
@@ -211,10 +208,6 @@ def _read_preset(path):
 
 
 def _read_hf_folder(path):
-    from concise_attention.models.hf_import import check_tokenizer_agrees
-    from concise_attention.models.hf_import import hf_bert_config
-    from concise_attention.models.hf_import import hf_tokenizer_settings
-
     model, tokenizer = hf_bert_config(path), hf_tokenizer_settings(path)
     check_tokenizer_agrees(path, read_vocabulary(join(path, VOCABULARY)))
     return Source(path, "hf", "bert", model, join(path, "model.safetensors"), join(path, VOCABULARY), tokenizer,
@@ -249,18 +242,12 @@ def load_source(path, kind=None):
     """
     source = read_source(path, kind)
     if source.kind == "preset":
-        from concise_attention.models.bert import BertEncoder
-
         backbone, model = BertEncoder.from_preset(source.path), None
     elif source.kind == "hf":
-        from concise_attention.models.hf_import import load_hf_model
-
         backbone, model = load_hf_model(source.path)
     elif tf.io.gfile.exists(join(source.path, MODEL_WEIGHTS)):
         _, model, backbone, _ = load_model(source.path)
     else:
-        from concise_attention.training import configs
-
         backbone = configs.BUILDERS[source.model_type](**source.model)
         load_weights(backbone, source.weights)
         model = None
@@ -301,8 +288,6 @@ class RunDirectory:
         has trained (before its first checkpoint, a failed command's config is replaced by the corrected one's)."""
         self.check_writable()
         if tf.io.gfile.exists(self.file(CONFIG)):
-            from concise_attention.training import configs
-
             saved = read_json(self.file(CONFIG))
             if isinstance(saved.get("model"), dict):  # a run started before the nested attention config
                 saved["model"] = configs.nest_legacy_attention(saved["model"])
@@ -407,9 +392,6 @@ def load_model(path):
         model (e.g. `BertPretrainer`, `BertClassifier`; the `CausalLM` itself), its
         backbone and RUN/vocab.txt.
     """
-    from concise_attention.training import configs
-    from concise_attention.training.tasks import make_task
-
     run = RunDirectory(path)
     raw = run.read_config()
     try:

@@ -26,6 +26,8 @@ import warnings
 import keras
 import tensorflow as tf
 
+from concise_attention.models.hf_import import load_hf_weights
+from concise_attention.training import configs
 from concise_attention.training import runs
 from concise_attention.training.checkpoints import CheckpointCallback
 from concise_attention.training.checkpoints import TrainingCheckpoints
@@ -69,8 +71,6 @@ def resolve_config(config):
         if config.model is None:
             raise ValueError(f"Config {config.name!r} has no model section and no task.init.")
         return config, None
-    from concise_attention.training import configs
-
     try:
         source = runs.read_source(config.task.init)
     except ValueError as error:
@@ -141,8 +141,6 @@ def prepare_vocabulary(config, run, task, source):
 def initialize_backbone(backbone, source):
     """Copies the backbone weights of `source` (a run directory or a Hugging Face folder)."""
     if source.kind == "hf":
-        from concise_attention.models.hf_import import load_hf_weights
-
         load_hf_weights(backbone, source.path)
     else:
         runs.load_weights(backbone, source.weights)

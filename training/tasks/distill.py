@@ -40,9 +40,20 @@ import typing
 import keras
 import numpy as np
 
+from concise_attention.models.heads import SentenceEmbedder
+from concise_attention.models.heads import mean_pooled
+from concise_attention.models.shrink import shrink_into
+from concise_attention.models.shrink import stream_directions
 from concise_attention.training import embeddings
+from concise_attention.training import metrics as metric_functions
+from concise_attention.training import runs
+from concise_attention.training.pipeline import corpus_splits
 from concise_attention.training.tasks.base import Task
 from concise_attention.training.tasks.base import TaskSettings
+from concise_attention.training.tasks.sentence import _packer as sentence_packer
+from concise_attention.training.text import read_vocabulary
+from concise_attention.training.tokenizer import wordpiece_tokenizer
+from concise_attention.training.trainer import tokenizer_settings
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 TEACHER_BATCH = 64
@@ -165,15 +176,11 @@ class DistillTask(Task):
 
     @functools.cached_property
     def source(self):
-        from concise_attention.training import runs
-
         return runs.read_source(self.teacher)
 
     @functools.cached_property
     def teacher_backbone(self):
         """The teacher's encoder, weights loaded (once: the initialisation and the outputs share it)."""
-        from concise_attention.training import runs
-
         return runs.load_source(self.source.path)[1]
 
     @functools.cached_property
@@ -190,8 +197,6 @@ class DistillTask(Task):
 
     def check(self):
         super().check()
-        from concise_attention.training.trainer import tokenizer_settings
-
         source = self.source
         teacher_settings = {"lowercase": source.tokenizer.get("lowercase", True),
                             "strip_accents": source.tokenizer.get("strip_accents")}
@@ -219,9 +224,6 @@ class DistillTask(Task):
             self.fit_projection(model)
         if started is not None or self.settings.student_init != "teacher":
             return
-        from concise_attention.models.shrink import shrink_into
-        from concise_attention.models.shrink import stream_directions
-
         inputs = self._encoder_inputs(self.train_texts[:STREAM_TEXTS])
         projection, gain = stream_directions(self.teacher_backbone, inputs, backbone.hidden_size)
         projection = shrink_into(self.teacher_backbone, backbone, projection, gain_scale=gain)
@@ -232,8 +234,6 @@ class DistillTask(Task):
         """The projection P (kernel and bias) that best maps the student's mean embeddings of the first
         `count` training texts onto the teacher's unit embeddings of them (`ridge_map`), so that a trained
         student does not meet a random P (whose gradients would first undo what it learned)."""
-        from concise_attention.models.heads import mean_pooled
-
         texts = self.train_texts[:count]
         inputs = self._encoder_inputs(texts)
         pooled = mean_pooled(model.encoder(inputs)["sequence_output"], inputs["input_mask"])
@@ -245,9 +245,6 @@ class DistillTask(Task):
     @functools.cached_property
     def tokenizer(self):
         """The student's (and teacher's) tokenizer, built once per task."""
-        from concise_attention.training.tokenizer import wordpiece_tokenizer
-        from concise_attention.training.trainer import tokenizer_settings
-
         return wordpiece_tokenizer(self.vocabulary_file(), **tokenizer_settings(self.config))
 
     def _encoder_inputs(self, texts):
@@ -258,8 +255,6 @@ class DistillTask(Task):
         return {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": np.zeros_like(word_ids)}
 
     def load_data(self):
-        from concise_attention.training.pipeline import corpus_splits
-
         settings = self.settings
         folders = settings.data_dir if isinstance(settings.data_dir, list) else [settings.data_dir]
         splits = [corpus_splits(settings.dataset, folder) for folder in folders]  # every folder checked first
@@ -277,8 +272,6 @@ class DistillTask(Task):
         return len(self.train_texts)
 
     def build_model(self, backbone):
-        from concise_attention.models.heads import SentenceEmbedder
-
         width = self.settings.teacher_width or int(self.source.model["hidden_size"])
         return SentenceEmbedder(backbone, teacher_width=width)
 
@@ -304,8 +297,6 @@ class DistillTask(Task):
     def evaluate(self, model, eval_data, eval_steps):
         """eval_loss; cosine_to_teacher: mean cos(P s, t) over the held-out texts; similarity_spearman:
         Spearman correlation of the student's own pairwise cosines with the teacher's (first 512 texts)."""
-        from concise_attention.training import metrics as metric_functions
-
         loss = model.evaluate(self.eval_packed, verbose=0, return_dict=True)["loss"]
         outputs = model.predict(self.eval_packed, verbose=0)
         cosine = float(np.mean(np.sum(outputs["teacher_space"] * self.eval_targets, axis=-1)))
@@ -334,9 +325,6 @@ def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
     (a run, a Hugging Face folder or a preset), must hold the same tokens, else a one-line error names it."""
     if not (vocabulary or init):
         return
-    from concise_attention.training import runs
-    from concise_attention.training.text import read_vocabulary
-
     path = vocabulary or runs.read_source(init).vocabulary
     if read_vocabulary(teacher_vocabulary) != read_vocabulary(path):
         raise ValueError(f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
@@ -346,8 +334,6 @@ def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
 def _packer(tokenizer, sequence_length):
     """(texts, teacher embeddings) batches -> (encoder inputs, targets of both outputs, weights)."""
     import tensorflow as tf
-
-    from concise_attention.training.tasks.sentence import _packer as sentence_packer
 
     pack_texts = sentence_packer(tokenizer, sequence_length, pairs=False)
 
@@ -382,8 +368,6 @@ def teacher_outputs(task, tokenizer, texts):
     """The teacher's unit embeddings of `texts`, float32 (N, D): read from the cache (its sha256
     checked) or computed once and written there atomically."""
     import tensorflow as tf
-
-    from concise_attention.training import runs
 
     directory = cache_directory(task.settings)
     base = runs.join(directory, cache_fingerprint(task, tokenizer, texts))

@@ -10,6 +10,7 @@ import typing
 
 import keras
 
+from concise_attention.models.bert import BertPretrainer
 from concise_attention.training import shards
 from concise_attention.training.objectives import TokenCrossEntropy
 from concise_attention.training.tasks.base import Task
@@ -147,8 +148,6 @@ class MaskedLMTask(_TextCorpusTask):
                              f"training.sequence_length={self.training.sequence_length}.")
 
     def build_model(self, backbone):
-        from concise_attention.models.bert import BertPretrainer
-
         return BertPretrainer(backbone)
 
     compile_arguments = CausalLMTask.compile_arguments

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models.heads import BertClassifier
 from concise_attention.training import glue
 from concise_attention.training import metrics as metric_functions
 from concise_attention.training.tasks.base import ServingSignature
@@ -91,8 +92,6 @@ class ClassificationTask(Task):
         return len(self.train_examples)
 
     def build_model(self, backbone):
-        from concise_attention.models.heads import BertClassifier
-
         return BertClassifier(backbone, num_outputs=1 if self.regression else len(self.settings.labels), dropout=self.settings.dropout)
 
     def compile_arguments(self):
@@ -161,8 +160,6 @@ class RegressionTask(ClassificationTask):
         return np.asarray(scores, "float32")
 
     def build_model(self, backbone):
-        from concise_attention.models.heads import BertClassifier
-
         return BertClassifier(backbone, num_outputs=1, dropout=self.settings.dropout)
 
     def compile_arguments(self):

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models.heads import BertSpanLabeler
 from concise_attention.training import metrics as metric_functions
 from concise_attention.training import squad
 from concise_attention.training.tasks.base import Task
@@ -115,8 +116,6 @@ class SpanQATask(Task):
         return len(self.train_examples)
 
     def build_model(self, backbone):
-        from concise_attention.models.heads import BertSpanLabeler
-
         return BertSpanLabeler(backbone)
 
     def compile_arguments(self):
