@@ -105,7 +105,7 @@ def main(argv=None):
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
-    try:
+    with configs.one_line_errors(parser, "concise-collaborative"):
         if out.exists() and not args.overwrite:
             raise ValueError(f"{out} exists; pass --overwrite to replace it.")
         if args.iterations < 1:
@@ -116,10 +116,6 @@ def main(argv=None):
         shared_key_dim = args.shared_key_dim if args.shared_key_dim is not None else round(args.ratio * full)
         converted, reports = convert_model(model, shared_key_dim, seed=args.seed, n_iter_max=args.iterations)
         task = None if task_source is None else _converted_task_model(task_source, model, converted)
-    except ValueError as error:
-        parser.exit(2, f"concise-collaborative: error: {error}\n")
-    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
-        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-collaborative: error: {configs.environment_error(error)}\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -54,15 +54,11 @@ def main(argv=None):
     parser.add_argument("--run", required=True, help="a finished run directory, or a concise-collaborative output of one")
     parser.add_argument("--output", help="also write the metrics to this JSON file")
     args = parser.parse_args(argv)
-    try:
+    with configs.one_line_errors(parser, "concise-evaluate"):
         _check_output(args.output)  # before the evaluation: a bad --output must not cost one
         metrics = evaluate_run(args.run)
         if args.output:
             runs.write_json_atomically(args.output, metrics)
-    except ValueError as error:
-        parser.exit(2, f"concise-evaluate: error: {error}\n")
-    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
-        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-evaluate: error: {configs.environment_error(error)}\n")
     print(json.dumps(metrics, indent=1))
     return 0
 

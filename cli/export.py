@@ -39,17 +39,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not args.recover and not (args.run or args.hf_dir or args.preset):
         parser.error("--run, --hf-dir or --preset is required (unless --recover)")
-    try:
+    with configs.one_line_errors(parser, "concise-export"):
         if args.recover:
             print(json.dumps(commit.recover(args.out, _store(args.out)), indent=1))
             return 0
         commit.check_out_dir(args.out, _store(args.out))  # before TensorFlow is imported
         written = export_run(args.run or args.hf_dir or args.preset, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
                              model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None)
-    except ValueError as error:
-        parser.exit(2, f"concise-export: error: {error}\n")
-    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
-        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-export: error: {configs.environment_error(error)}\n")
     print(json.dumps(written, indent=1))
     return 0
 

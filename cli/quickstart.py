@@ -128,7 +128,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out).resolve()
     start = time.time()
-    try:
+    with configs.one_line_errors(parser, "concise-quickstart"):
         config = configs.load_config(args.config, args.set)
         blocking = next((path for path in (out, *out.parents) if path.exists() and not path.is_dir()), None)
         if blocking is not None:
@@ -140,10 +140,6 @@ def main(argv=None):
         print(f"      step {metrics['step']}: eval MLM loss {metrics['eval_loss']:.3f}, accuracy {metrics['eval_accuracy']:.3f}", flush=True)
         print(f"[2/3] exporting -> {out / 'export'}", flush=True)
         written = export_run(out / "run", out / "export")
-    except ValueError as error:
-        parser.exit(2, f"concise-quickstart: error: {error}\n")
-    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
-        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-quickstart: error: {configs.environment_error(error)}\n")
     print(f"[3/3] masked-word predictions of the exported encoder ({written['encoder']}, .mlm), "
           "next to an untrained model of the same shape:", flush=True)
     show_predictions(written["encoder"], written["preprocess"], BertPretrainer(config.build_model()))

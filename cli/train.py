@@ -31,12 +31,9 @@ def main(argv=None):
     if args.tpu:
         overrides.append(f"training.tpu={args.tpu}")
     try:
-        config = configs.load_config(args.config, overrides)
-        metrics = train(config, args.run_dir, verbose=0 if args.quiet else "auto")
-    except ValueError as error:
-        parser.exit(2, f"{name}: error: {error}\n")
-    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
-        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"{name}: error: {configs.environment_error(error)}\n")
+        with configs.one_line_errors(parser, name):
+            config = configs.load_config(args.config, overrides)
+            metrics = train(config, args.run_dir, verbose=0 if args.quiet else "auto")
     except Preempted as preempted:
         parser.exit(PREEMPTED_EXIT_CODE, f"{name}: {preempted}\n")
     print(json.dumps(metrics, indent=1))

@@ -19,6 +19,7 @@ that name the key. `--set model.num_heads=16` style overrides apply after the YA
 """
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import json
@@ -332,6 +333,18 @@ def environment_error(error):
     name = getattr(error, "filename", None)
     reason = getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)
     return f"{name}: {reason}" if name else " ".join(str(reason).split())
+
+
+@contextlib.contextmanager
+def one_line_errors(parser, program):
+    """A command's errors as one line naming `program`, no traceback: bad input (ValueError) exits 2, the
+    environment (environment_errors) exits 3."""
+    try:
+        yield
+    except ValueError as error:
+        parser.exit(2, f"{program}: error: {error}\n")
+    except environment_errors() as error:
+        parser.exit(ENVIRONMENT_EXIT_CODE, f"{program}: error: {environment_error(error)}\n")
 
 
 def parse_override(text):

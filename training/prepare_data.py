@@ -178,13 +178,9 @@ def main(argv=None):
     parser.add_argument("--shuffle-seed", type=int, default=0, help="seed of the stored order of the training rows")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    try:
+    with configs.one_line_errors(parser, "concise-prepare-data"):
         config = configs.load_config(args.config, args.set)
         manifest = prepare(config, args.out, args.rows_per_shard, args.shuffle_seed, progress=not args.quiet)
-    except ValueError as error:
-        parser.exit(2, f"concise-prepare-data: error: {error}\n")
-    except configs.environment_errors() as error:  # the environment: exit 3, one line, no traceback
-        parser.exit(configs.ENVIRONMENT_EXIT_CODE, f"concise-prepare-data: error: {configs.environment_error(error)}\n")
     counts = {split: {key: value for key, value in values.items() if key != "shards"} for split, values in manifest["splits"].items()}
     print(f"{args.out}: {counts}")
     return 0
