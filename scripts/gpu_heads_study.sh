@@ -30,6 +30,12 @@ case "${1:-}" in
         ;;
     train)
         [[ $# -eq 4 && $4 =~ ^[1-9][0-9]*$ ]] || usage
+        # This repository is the package `concise_attention`; not installed here (no TensorFlow), it is
+        # imported through a folder that holds a link of that name.
+        package_parent="$(mktemp -d)"
+        trap 'rm -rf "$package_parent"' EXIT
+        ln -s "$(cd "$(dirname "$0")/.." && pwd)" "$package_parent/concise_attention"
+        export PYTHONPATH="$package_parent${PYTHONPATH:+:$PYTHONPATH}"
         for preset in "${PRESETS[@]}"; do
             KERAS_BACKEND=jax python -m concise_attention.training.shard_trainer --config "$preset" --data "$2" \
                 --run-dir "$3/$preset" --set "training.train_steps=$4" --set "tokenizer.vocabulary=$2/vocab.txt" --quiet
