@@ -109,7 +109,7 @@ def test_code_imports_ours_only_through_the_one_name_and_never_a_higher_tier():
                 where = f"{path.relative_to(ROOT)}:{line} imports {module}"
                 if parts[0] in OURS:
                     wrong.append(f"{where} (not through concise_attention)")
-                elif parts[0] == "concise_attention" and len(parts) > 1 and TIERS.index(parts[1]) > TIERS.index(tier):
+                elif parts[0] == "concise_attention" and len(parts) > 1 and parts[1] in TIERS and TIERS.index(parts[1]) > TIERS.index(tier):
                     wrong.append(f"{where} (a higher tier than {tier})")
     for folder in ("tests", "benchmarks", "scripts"):
         for path in sorted((ROOT / folder).rglob("*.py")):
