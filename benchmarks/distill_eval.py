@@ -187,8 +187,10 @@ def probe_accuracy(train_x, train_y, dev_x, dev_y):
     from sklearn.preprocessing import StandardScaler
 
     folds = StratifiedKFold(5, shuffle=True, random_state=0)
-    probe = make_pipeline(StandardScaler(), LogisticRegressionCV(Cs=PROBE_C, cv=folds, max_iter=5000)).fit(train_x, train_y)
-    return float(np.mean(probe.predict(dev_x) == np.asarray(dev_y))), float(probe[-1].C_[0])
+    regression = LogisticRegressionCV(Cs=PROBE_C, l1_ratios=(0.0,), cv=folds, scoring="accuracy", max_iter=5000,
+                                      use_legacy_attributes=False)
+    probe = make_pipeline(StandardScaler(), regression).fit(train_x, train_y)
+    return float(np.mean(probe.predict(dev_x) == np.asarray(dev_y))), float(np.ravel(probe[-1].C_)[0])
 
 
 def recall_at_10(queries, documents):
