@@ -1,6 +1,7 @@
 """concise-attention: transformers with fixed head size, collaborative and deep single-head attention."""
 
 import pathlib
+import re
 
 import setuptools
 from setuptools.command.build_py import build_py
@@ -18,7 +19,7 @@ class BuildPy(build_py):
 
 setuptools.setup(
     name="concise-attention",
-    version="0.1.0",
+    version=re.search(r'__version__ = "([^"]+)"', (HERE / "__init__.py").read_text()).group(1),  # one place
     description=(
         "Keras 3 model zoo for fixed head size, collaborative and deep single-head attention, "
         "with TF-Hub and TF Serving export."

@@ -43,7 +43,7 @@ def main(argv=None):
         if args.recover:
             print(json.dumps(commit.recover(args.out, _store(args.out)), indent=1))
             return 0
-        commit.check_out_dir(args.out, _store(args.out))  # before TensorFlow is imported
+        commit.check_out_dir(args.out, _store(args.out))  # before any model is loaded or built
         written = export_run(args.run or args.hf_dir or args.preset, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
                              model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None)
     print(json.dumps(written, indent=1))
