@@ -7,19 +7,51 @@
 #
 #   # 1. on a CPU machine with this package installed (TensorFlow): tokenise and pack once
 #   bash scripts/gpu_heads_study.sh prepare corpus prepared_lm1b
-#   # 2. copy prepared_lm1b/ and this repository to the GPU machine (numpy, keras, jax), then
-#   bash scripts/gpu_heads_study.sh train prepared_lm1b runs_lm1b 20000
+#   python scripts/prepared_archive.py pack prepared_lm1b lm1b.tar.xz     # 29 MB instead of 380
+#   # 2. copy lm1b.tar.xz and this repository to the GPU machine (numpy, keras, jax), then
+#   python scripts/prepared_archive.py unpack lm1b.tar.xz prepared_lm1b  # checks every shard's hash
+#   bash scripts/gpu_heads_study.sh train prepared_lm1b runs_lm1b 20000 [--set KEY=VALUE ...]
+#   # 3. every run's settings, epoch logs (held-out loss per epoch) and final metrics in one file
+#   bash scripts/gpu_heads_study.sh collect runs_lm1b study.json
 #
 # Every run is resumable (run the same command again); each writes RUN/metrics.json with the
-# held-out perplexity per subword and per word. The presets train in mixed_bfloat16.
+# held-out perplexity per subword and per word. The presets train in mixed_bfloat16. The
+# --set overrides go to every run (a short budget wants, e.g., training.warmup_steps scaled).
+# Environment: PRESETS (space-separated) replaces the list below; JOBS=N trains N runs at once
+# on the one GPU (small models leave most of a GPU idle; with N > 1 each run takes GPU memory as
+# it needs it instead of JAX's default 75%: at batch 64 the 70-head model alone needs ~40 GB);
+# TRAIN_SECONDS stops every run after that many seconds (a run keeps its last epoch's
+# checkpoint, whose logs `collect` reads: the runs are then compared at the last epoch all reached).
 set -euo pipefail
 
-PRESETS=(lm1b_standard_d256 lm1b_standard_d384 lm1b_standard_d512
-         lm1b_fixed_d256_p32_h16 lm1b_fixed_d256_p32_h32 lm1b_fixed_d256_p32_h70)
+DEFAULT_PRESETS=(lm1b_standard_d256 lm1b_standard_d384 lm1b_standard_d512
+                 lm1b_fixed_d256_p32_h16 lm1b_fixed_d256_p32_h32 lm1b_fixed_d256_p32_h70)
+PRESETS=(${PRESETS:-${DEFAULT_PRESETS[*]}})
+JOBS=${JOBS:-1}
+TRAIN_SECONDS=${TRAIN_SECONDS:-0}
 
 usage() {
-    echo "usage: $0 prepare CORPUS_DIR PREPARED_DIR | train PREPARED_DIR RUNS_DIR STEPS" >&2
+    echo "usage: $0 prepare CORPUS_DIR PREPARED_DIR | train PREPARED_DIR RUNS_DIR STEPS [--set KEY=VALUE ...]" \
+         "| collect RUNS_DIR OUT_JSON" >&2
     exit 2
+}
+
+import_checkout() {
+    # This repository is the package `concise_attention`; not installed here (no TensorFlow), it is
+    # imported through a folder that holds a link of that name.
+    package_parent="$(mktemp -d)"
+    trap 'rm -rf "$package_parent"' EXIT
+    ln -s "$(cd "$(dirname "$0")/.." && pwd)" "$package_parent/concise_attention"
+    export PYTHONPATH="$package_parent${PYTHONPATH:+:$PYTHONPATH}"
+}
+
+train_one() {  # PRESET PREPARED_DIR RUNS_DIR STEPS [--set ...]
+    local preset=$1 data=$2 runs=$3 steps=$4
+    shift 4
+    timeout --signal=TERM "$TRAIN_SECONDS" env KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE="$preallocate" \
+        python3 -m concise_attention.training.shard_trainer --config "$preset" --data "$data" \
+        --run-dir "$runs/$preset" --set "training.train_steps=$steps" --set "tokenizer.vocabulary=$data/vocab.txt" \
+        "$@" --quiet >"$runs/$preset.log" 2>&1 || echo "$preset: stopped with status $? (see $runs/$preset.log)" >&2
 }
 
 case "${1:-}" in
@@ -29,17 +61,37 @@ case "${1:-}" in
             --set task.dataset=text_files --set "task.data_dir=$2"
         ;;
     train)
-        [[ $# -eq 4 && $4 =~ ^[1-9][0-9]*$ ]] || usage
-        # This repository is the package `concise_attention`; not installed here (no TensorFlow), it is
-        # imported through a folder that holds a link of that name.
-        package_parent="$(mktemp -d)"
-        trap 'rm -rf "$package_parent"' EXIT
-        ln -s "$(cd "$(dirname "$0")/.." && pwd)" "$package_parent/concise_attention"
-        export PYTHONPATH="$package_parent${PYTHONPATH:+:$PYTHONPATH}"
+        [[ $# -ge 4 && $4 =~ ^[1-9][0-9]*$ && $JOBS =~ ^[1-9][0-9]*$ && $TRAIN_SECONDS =~ ^[0-9]+$ ]] || usage
+        import_checkout
+        mkdir -p "$3"
+        preallocate=$( ((JOBS == 1)) && echo true || echo false)
+        data=$2 runs=$3 steps=$4
+        shift 4
+        running=0
         for preset in "${PRESETS[@]}"; do
-            KERAS_BACKEND=jax python -m concise_attention.training.shard_trainer --config "$preset" --data "$2" \
-                --run-dir "$3/$preset" --set "training.train_steps=$4" --set "tokenizer.vocabulary=$2/vocab.txt" --quiet
+            train_one "$preset" "$data" "$runs" "$steps" "$@" &
+            running=$((running + 1))
+            if ((running >= JOBS)); then wait -n || true; running=$((running - 1)); fi
         done
+        wait
+        ;;
+    collect)
+        [[ $# -eq 3 ]] || usage
+        python3 - "$2" "$3" <<'PYTHON'
+import json, pathlib, sys
+import numpy as np
+runs, study = pathlib.Path(sys.argv[1]), {}
+for run in sorted(path for path in runs.iterdir() if (path / "config.json").exists()):
+    entry = {"config": json.loads((run / "config.json").read_text())}
+    if (run / "metrics.json").exists():
+        entry["metrics"] = json.loads((run / "metrics.json").read_text())
+    elif (run / "checkpoint" / "state.npz").exists():
+        with np.load(run / "checkpoint" / "state.npz", allow_pickle=False) as saved:
+            entry["history"] = json.loads(str(saved["history"]))
+    study[run.name] = entry
+pathlib.Path(sys.argv[2]).write_text(json.dumps(study, indent=1))
+print(f"{len(study)} runs -> {sys.argv[2]}")
+PYTHON
         ;;
     *)
         usage

@@ -485,3 +485,72 @@ def test_gpu_heads_study_presets_train_from_the_shards_it_prepares():
     for argv in ([], ["train", "p", "r", "0"], ["prepare", "only-one"]):
         result = subprocess.run(["bash", str(script), *argv], capture_output=True, text=True)
         assert result.returncode == 2 and result.stderr.startswith("usage:"), (argv, result)
+
+
+def _prepared_folder(path, train_shards, rows=5, length=8, seed=0):
+    """A prepared causal_lm folder in the format training/shards.py documents, written by hand."""
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    path.mkdir()
+    (path / "vocab.txt").write_text("[PAD]\n" + "".join(f"w{index}\n" for index in range(40000)))
+    splits = {}
+    for split, count in (("train", train_shards), ("eval", 1)):
+        listed = []
+        for index in range(count):
+            segments = np.sort(rng.integers(0, 3, size=(rows, length)), axis=1)
+            tokens = np.where(segments > 0, rng.integers(1, 40000, size=(rows, length)), 0)
+            positions = np.where(segments > 0, rng.integers(0, length, size=(rows, length)), 0)
+            name = f"{split}-{index:05d}.npy"
+            np.save(path / name, np.stack([tokens, segments, positions], axis=1).astype(np.int32))
+            listed.append({"file": name, "rows": rows})
+        splits[split] = {"shards": listed, "rows": rows * count, "lines": 3 * count, "tokens": 0}
+    manifest = {"format": "concise-prepared-data/1", "task": "causal_lm", "fields": ["token_ids", "segment_ids", "positions"],
+                "sequence_length": length, "splits": splits}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_prepared_archive_rebuilds_the_shards_byte_for_byte_and_refuses_a_changed_one(tmp_path):
+    """scripts/prepared_archive.py: pack keeps the first N training shards, unpack rebuilds each one
+    identical to its file (int32, numpy's format) from the compact fields, the manifest lists the
+    subset with its tokens counted independently here, and a shard that does not rebuild to the
+    packed hash is refused with exit 2 before the manifest is written."""
+    import io
+    import json
+    import tarfile
+
+    import numpy as np
+
+    script = [sys.executable, str(ROOT / "scripts" / "prepared_archive.py")]
+    _prepared_folder(tmp_path / "prepared", train_shards=3)
+    archive, out = tmp_path / "data.tar.xz", tmp_path / "out"
+    subprocess.run([*script, "pack", str(tmp_path / "prepared"), str(archive), "--train-shards", "2"], check=True)
+    subprocess.run([*script, "unpack", str(archive), str(out)], check=True)
+    assert sorted(path.name for path in out.iterdir()) == ["eval-00000.npy", "manifest.json", "train-00000.npy",
+                                                           "train-00001.npy", "vocab.txt"]
+    for name in ("eval-00000.npy", "train-00000.npy", "train-00001.npy", "vocab.txt"):
+        assert (out / name).read_bytes() == (tmp_path / "prepared" / name).read_bytes(), name
+    train = json.loads((out / "manifest.json").read_text())["splits"]["train"]
+    kept = [np.load(tmp_path / "prepared" / f"train-0000{index}.npy") for index in (0, 1)]
+    assert [shard["file"] for shard in train["shards"]] == ["train-00000.npy", "train-00001.npy"]
+    assert train["rows"] == 10 and train["tokens"] == sum(int((rows[:, 1] != 0).sum()) for rows in kept)
+    assert train["subset_of"] == {"rows": 15, "lines": 9, "tokens": 0, "shards": 3}
+
+    changed = tmp_path / "changed.tar.xz"  # the same archive with one token id altered
+    with tarfile.open(archive, "r:xz") as source, tarfile.open(changed, "w:xz") as target:
+        for member in source.getmembers():
+            data = source.extractfile(member).read()
+            if member.name == "train-00001.npy.token_ids.npy":
+                values = np.load(io.BytesIO(data))
+                values[0, 0] += 1
+                buffer = io.BytesIO()
+                np.save(buffer, values)
+                data = buffer.getvalue()
+                member.size = len(data)
+            target.addfile(member, io.BytesIO(data))
+    result = subprocess.run([*script, "unpack", str(changed), str(tmp_path / "refused")], capture_output=True, text=True)
+    assert result.returncode == 2 and "train-00001.npy does not rebuild" in result.stderr, result.stderr
+    assert not (tmp_path / "refused" / "manifest.json").exists()
