@@ -78,7 +78,7 @@ case "${1:-}" in
     collect)
         [[ $# -eq 3 ]] || usage
         python3 - "$2" "$3" <<'PYTHON'
-import json, pathlib, sys
+import json, os, pathlib, sys
 import numpy as np
 runs, study = pathlib.Path(sys.argv[1]), {}
 for run in sorted(path for path in runs.iterdir() if (path / "config.json").exists()):
@@ -89,7 +89,10 @@ for run in sorted(path for path in runs.iterdir() if (path / "config.json").exis
         with np.load(run / "checkpoint" / "state.npz", allow_pickle=False) as saved:
             entry["history"] = json.loads(str(saved["history"]))
     study[run.name] = entry
-pathlib.Path(sys.argv[2]).write_text(json.dumps(study, indent=1))
+out = pathlib.Path(sys.argv[2])
+temporary = out.with_name(f"{out.name}.tmp-{os.getpid()}")  # rewritten while runs train: never half-written
+temporary.write_text(json.dumps(study, indent=1))
+os.replace(temporary, out)
 print(f"{len(study)} runs -> {sys.argv[2]}")
 PYTHON
         ;;

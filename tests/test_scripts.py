@@ -554,3 +554,28 @@ def test_prepared_archive_rebuilds_the_shards_byte_for_byte_and_refuses_a_change
     result = subprocess.run([*script, "unpack", str(changed), str(tmp_path / "refused")], capture_output=True, text=True)
     assert result.returncode == 2 and "train-00001.npy does not rebuild" in result.stderr, result.stderr
     assert not (tmp_path / "refused" / "manifest.json").exists()
+
+
+def test_gpu_heads_study_collect_reads_finished_runs_and_the_last_checkpoint_of_stopped_ones(tmp_path):
+    """`gpu_heads_study.sh collect`: a finished run contributes its metrics.json, a run stopped by
+    TRAIN_SECONDS the epoch logs inside its last checkpoint (the shard trainer's state.npz)."""
+    import json
+
+    import numpy as np
+
+    runs = tmp_path / "runs"
+    finished, stopped = runs / "lm1b_standard_d256", runs / "lm1b_fixed_d256_p32_h70"
+    for run in (finished, stopped):
+        (run / "checkpoint").mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"name": run.name}))
+    (finished / "metrics.json").write_text(json.dumps({"step": 600, "eval_loss": 4.0}))
+    history = [{"epoch": 1, "step": 300, "val_loss": 5.9}, {"epoch": 2, "step": 600, "val_loss": 5.1}]
+    np.savez(stopped / "checkpoint" / "state.npz", model_0=np.zeros(3), history=np.asarray(json.dumps(history)))
+    (runs / "lm1b_standard_d256.log").write_text("not a run")
+    script = ROOT / "scripts" / "gpu_heads_study.sh"
+    subprocess.run(["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True)
+    study = json.loads((tmp_path / "study.json").read_text())
+    assert sorted(study) == ["lm1b_fixed_d256_p32_h70", "lm1b_standard_d256"]
+    assert study["lm1b_standard_d256"] == {"config": {"name": "lm1b_standard_d256"}, "metrics": {"step": 600, "eval_loss": 4.0}}
+    assert study["lm1b_fixed_d256_p32_h70"]["history"] == history
+    assert [path.name for path in tmp_path.iterdir() if ".tmp-" in path.name] == []
