@@ -93,39 +93,23 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         self.embeddings_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_norm")
         self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
         self.blocks = build_blocks(
-            num_layers,
-            num_heads=num_heads,
-            intermediate_size=intermediate_size,
-            attention=attention,
-            activation=activation,
-            norm_position="post",
-            residual_scaling=residual_scaling,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            layer_norm_epsilon=layer_norm_epsilon,
-            kernel_initializer=initializer,
-            dtype=dtype,
-        )
+            num_layers, num_heads=num_heads, intermediate_size=intermediate_size, attention=attention, activation=activation,
+            norm_position="post", residual_scaling=residual_scaling, dropout=dropout, attention_dropout=attention_dropout,
+            layer_norm_epsilon=layer_norm_epsilon, kernel_initializer=initializer, dtype=dtype)
         self.pooler = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=initializer, dtype=dtype, name="pooler")
+        super().__init__(*self._functional_graph(), dtype=dtype, **kwargs)
+        self._keep_arguments(arguments)
 
-        # === Graph ===
-        inputs = {
-            name: keras.Input(shape=(None,), dtype="int32", name=name)
-            for name in ("input_word_ids", "input_mask", "input_type_ids")
-        }
+    def _functional_graph(self):
+        """(inputs, outputs): the symbolic tensors that make this a functional model."""
+        inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name)
+                  for name in ("input_word_ids", "input_mask", "input_type_ids")}
         x = self._embed(inputs)
         encoder_outputs = []
         for block in self.blocks:
             x = block(x, attention_mask=inputs["input_mask"])
             encoder_outputs.append(x)
-        outputs = {
-            "sequence_output": x,
-            "pooled_output": self.pooler(x[:, 0, :]),
-            "encoder_outputs": encoder_outputs,
-        }
-        super().__init__(inputs=inputs, outputs=outputs, dtype=dtype, **kwargs)
-
-        self._keep_arguments(arguments)
+        return inputs, {"sequence_output": x, "pooled_output": self.pooler(x[:, 0, :]), "encoder_outputs": encoder_outputs}
 
     def _embed(self, inputs, training=None):
         words = self.word_embeddings(inputs["input_word_ids"])

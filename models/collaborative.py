@@ -62,6 +62,36 @@ def _cp_factors(tensor_NxIxI, rank, seed, n_iter_max, tol):
     return query_IxK, key_IxK, mixing_NxK * weights[None, :]
 
 
+def _collaborative_layer(layer, shared_key_dim, query, key, mixing):
+    """The `CollaborativeAttention` of `layer`'s shape holding the factors, the content bias that
+    carries the query bias, and `layer`'s value and output projections."""
+    input_size = layer.query_dense.kernel.shape[0]
+    converted = CollaborativeAttention(
+        num_heads=layer.num_heads,
+        shared_key_dim=shared_key_dim,
+        head_size=layer.query_dense.kernel.shape[-1],
+        value_head_size=layer.value_dense.kernel.shape[-1],
+        output_size=layer.output_dense.kernel.shape[-1],
+        dropout=layer.dropout,
+        use_bias=layer.use_bias,
+        dtype=layer.dtype_policy,
+        name=layer.name,
+    )
+    converted.build((None, None, input_size))
+    converted.query_dense.kernel.assign(query.astype("float32"))
+    converted.key_dense.kernel.assign(key.astype("float32"))
+    converted.mixing.assign(mixing.astype("float32"))
+    if layer.use_bias:
+        query_bias_NxH = np.asarray(layer.query_dense.bias, "float64")
+        key_IxNxH = np.asarray(layer.key_dense.kernel, "float64")
+        converted.content_bias.assign(np.einsum("inh,nh->in", key_IxNxH, query_bias_NxH).astype("float32"))
+    else:
+        converted.content_bias.assign(np.zeros(converted.content_bias.shape, "float32"))
+    converted.value_dense.set_weights(layer.value_dense.get_weights())
+    converted.output_dense.set_weights(layer.output_dense.get_weights())
+    return converted
+
+
 def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, flops_length=128):
     """A `CollaborativeAttention` equivalent (or closest at rank D~k) to a trained layer.
 
@@ -95,29 +125,7 @@ def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, f
     error = float(np.linalg.norm(reconstruction - tensor) / np.linalg.norm(tensor))
 
     input_size = layer.query_dense.kernel.shape[0]
-    converted = CollaborativeAttention(
-        num_heads=heads,
-        shared_key_dim=shared_key_dim,
-        head_size=head_size,
-        value_head_size=layer.value_dense.kernel.shape[-1],
-        output_size=layer.output_dense.kernel.shape[-1],
-        dropout=layer.dropout,
-        use_bias=layer.use_bias,
-        dtype=layer.dtype_policy,
-        name=layer.name,
-    )
-    converted.build((None, None, input_size))
-    converted.query_dense.kernel.assign(query.astype("float32"))
-    converted.key_dense.kernel.assign(key.astype("float32"))
-    converted.mixing.assign(mixing.astype("float32"))
-    if layer.use_bias:
-        query_bias_NxH = np.asarray(layer.query_dense.bias, "float64")
-        key_IxNxH = np.asarray(layer.key_dense.kernel, "float64")
-        converted.content_bias.assign(np.einsum("inh,nh->in", key_IxNxH, query_bias_NxH).astype("float32"))
-    else:
-        converted.content_bias.assign(np.zeros(converted.content_bias.shape, "float32"))
-    converted.value_dense.set_weights(layer.value_dense.get_weights())
-    converted.output_dense.set_weights(layer.output_dense.get_weights())
+    converted = _collaborative_layer(layer, shared_key_dim, query, key, mixing)
     report = {
         "layer": layer.name,
         "shared_key_dim": shared_key_dim,
