@@ -20,6 +20,9 @@ import pathlib
 import sys
 import time
 
+import numpy as np
+import tensorflow as tf
+
 from concise_attention.export.savedmodels import export_run
 from concise_attention.models import presets
 from concise_attention.models.bert import BertPretrainer
@@ -50,9 +53,6 @@ PARAPHRASES = 3
 
 def masked_inputs(preprocess, tokens, sentence, word):
     """The encoder inputs of `sentence` with the first piece of `word` replaced by [MASK], and its position."""
-    import numpy as np
-    import tensorflow as tf
-
     inputs = {name: value.numpy() for name, value in preprocess(tf.constant([sentence])).items()}
     target = tokens.index(word) if word in tokens else None
     positions = np.flatnonzero(inputs["input_word_ids"][0] == target) if target is not None else []
@@ -64,8 +64,6 @@ def masked_inputs(preprocess, tokens, sentence, word):
 
 def predictions(mlm, inputs, position, target, tokens):
     """(top words with probabilities, the rank of `target`) of an MLM callable's logits at `position`."""
-    import numpy as np
-
     logits = np.asarray(mlm({**inputs, "masked_lm_positions": position})["mlm_logits"])[0, 0, : len(tokens)]
     probabilities = np.exp(logits - logits.max())
     probabilities /= probabilities.sum()
@@ -76,8 +74,6 @@ def predictions(mlm, inputs, position, target, tokens):
 
 def show_predictions(encoder_dir, preprocess_dir, untrained):
     """Prints, for each probe, the exported model's and an untrained model's predictions."""
-    import tensorflow as tf
-
     encoder, preprocess = tf.saved_model.load(str(encoder_dir)), tf.saved_model.load(str(preprocess_dir))
     with tf.io.gfile.GFile(encoder.vocab_file.asset_path.numpy().decode(), "r") as file:
         tokens = [line.rstrip("\n") for line in file]

@@ -40,7 +40,11 @@ import re
 import tarfile
 import tempfile
 
+import numpy as np
 import tensorflow as tf
+from tensorflow_serving.apis import model_pb2
+from tensorflow_serving.apis import predict_pb2
+from tensorflow_serving.apis import prediction_log_pb2
 
 from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
@@ -229,10 +233,6 @@ def warmup_batches(seq_length, texts=WARMUP_TEXTS):
 def write_warmup_requests(path, model_name, seq_length, texts=WARMUP_TEXTS, inputs=("text",)):
     """TF Serving's warm-up file: PredictionLog records of `serving_default` requests (`warmup_batches`;
     every input of `inputs` gets the same texts)."""
-    from tensorflow_serving.apis import model_pb2
-    from tensorflow_serving.apis import predict_pb2
-    from tensorflow_serving.apis import prediction_log_pb2
-
     tf.io.gfile.makedirs(os.path.dirname(str(path)))
     with tf.io.TFRecordWriter(str(path)) as writer:
         for batch in warmup_batches(seq_length, texts):
@@ -348,8 +348,6 @@ def _export_settings(source, seq_length, model_name, pooling):
 def _fix_seed_states(model):
     """Dropout's seed-generator states are drawn at random when a model is built: fixed here (generator
     i of the model gets seed i + 1, distinct ones) so that the same run exported twice gives identical variables."""
-    import numpy as np
-
     states = [variable for variable in model.variables if variable.path.endswith("seed_generator_state")]
     for index, variable in enumerate(states):
         variable.assign(np.array([index + 1, 0], dtype=variable.dtype))

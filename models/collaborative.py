@@ -52,7 +52,7 @@ def _exact_factors(layer):
 
 
 def _cp_factors(tensor_NxIxI, rank, seed, n_iter_max, tol):
-    import tensorly
+    import tensorly  # only for a conversion: models/ imports keras and numpy alone
     from tensorly.decomposition import parafac
 
     tensorly.set_backend("numpy")
@@ -150,7 +150,7 @@ def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progr
         (model, reports): the new model (collaborative attention, same builder) and
         one report per layer.
     """
-    from tqdm import tqdm
+    from tqdm import tqdm  # only for a conversion's progress bar: models/ imports keras and numpy alone
 
     if not isinstance(model, (BertEncoder, CausalLM)):
         raise ValueError(f"`model` must be a BertEncoder or a CausalLM. Received: {type(model).__name__}")

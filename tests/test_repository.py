@@ -138,6 +138,22 @@ def test_our_modules_are_imported_at_the_top_of_a_module():
     assert not inside, "\n".join(inside)
 
 
+
+def test_every_import_inside_a_function_says_why():
+    """Imports inside functions only delay a heavy or optional dependency (TensorFlow for the TensorFlow-free
+    route, TFDS, keras-hub, tensorly, a POSIX module), and a comment on the first import of each function's group
+    says which; an import that needs no delay belongs at the top of its module."""
+    silent = []
+    for tier in TIERS:
+        for path in sorted((ROOT / tier).rglob("*.py")):
+            lines = path.read_text(encoding="utf-8").split("\n")
+            for function in ast.walk(ast.parse("\n".join(lines))):
+                if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    imports = [node for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))]
+                    if imports and "#" not in lines[imports[0].lineno - 1]:
+                        silent.append(f"{path.relative_to(ROOT)}:{imports[0].lineno} {lines[imports[0].lineno - 1].strip()}")
+    assert not silent, "\n".join(silent)
+
 def _module_graph():
     """{module: modules of ours it imports}, over every module of the package (imports inside functions too;
     a module's import of its own parent package is not an edge: Python runs that one first anyway)."""

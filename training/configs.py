@@ -243,7 +243,7 @@ def count_parameters(config):
     policy) so that the never-initialised variables are dropped, not initialised later by
     the next scope that initialises deferred variables.
     """
-    import keras
+    import keras  # on first use: reading and validating a config stays quick (no backend import)
 
     policy = keras.config.dtype_policy()
     with keras.StatelessScope(initialize_variables=False):
@@ -323,7 +323,7 @@ ENVIRONMENT_EXIT_CODE = 3  # the machine, not the input: a read-only folder, a f
 
 def environment_errors():
     """The exceptions that mean the environment failed (OSError, and TensorFlow's file-system errors)."""
-    import tensorflow as tf
+    import tensorflow as tf  # on first use: this module stays TensorFlow-free (the JAX shard trainer's route)
 
     return (OSError, tf.errors.PermissionDeniedError, tf.errors.ResourceExhaustedError, tf.errors.UnavailableError)
 

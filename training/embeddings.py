@@ -11,6 +11,8 @@ that short texts cost little; the embedding is the mean of the token vectors ove
 """
 
 import numpy as np
+import tensorflow as tf
+from tqdm import tqdm
 
 from concise_attention.models.heads import mean_pooled
 from concise_attention.training import runs
@@ -25,8 +27,6 @@ class SentenceEncoder:
         if isinstance(sequence_length, bool) or not isinstance(sequence_length, int) or not 3 <= sequence_length <= limit:
             raise ValueError(f"`sequence_length` must be an integer in [3, the encoder's max_sequence_length={limit}]. "
                              f"Received: sequence_length={sequence_length!r}")
-        import tensorflow as tf
-
         self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, sequence_length
 
         def forward(word_ids, mask):  # pooled in the graph: (B, D) comes back, not (B, T, D)
@@ -68,9 +68,6 @@ class SentenceEncoder:
     def pooled(self, texts, batch_size=32, progress=None):
         """The mean of the token vectors over each text's real tokens, float32 (N, width), computed in
         length-sorted batches, each padded to its longest text ([CLS] text [SEP], cut to sequence_length)."""
-        import tensorflow as tf
-        from tqdm import tqdm
-
         ids = token_ids(self.tokenizer, texts, self.sequence_length)
         pad = self.tokenizer.token_to_id("[PAD]")
         order = np.argsort([len(row) for row in ids], kind="stable")
@@ -94,8 +91,6 @@ def padded(rows, pad):
 
 def token_ids(tokenizer, texts, sequence_length, chunk=1024):
     """[CLS] text [SEP] ids of each text, as the student's packer makes them: pieces cut to sequence_length - 2."""
-    import tensorflow as tf
-
     first, last = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     rows = []
     for start in range(0, len(texts), chunk):

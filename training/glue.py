@@ -206,7 +206,7 @@ def tfds_glue_examples(task, split, data_dir=None):
     Returns:
         list of TextExample whose labels are the builder's ClassLabel names (floats for STS-B).
     """
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # heavy; only the TFDS readers need it
 
     layout = glue_task(task)
     builder = tfds.builder(f"glue/{task}", data_dir=data_dir)

@@ -872,7 +872,7 @@ def _write_document(package, relative, paragraphs, writers, seen, paragraph_min_
 def _progress(items, description, enabled):
     if not enabled:
         return items
-    from tqdm import tqdm
+    from tqdm import tqdm  # the builder otherwise needs the standard library alone
 
     return tqdm(items, desc=description, unit="doc", file=sys.stderr)
 

@@ -13,6 +13,7 @@ paragraph per line.
 import pathlib
 import re
 import sys
+from pydoc_data import topics
 
 OUTPUT = pathlib.Path(__file__).parent / "data" / "python_reference.txt"
 
@@ -33,8 +34,6 @@ def prose_paragraphs(text):
 
 
 def main():
-    from pydoc_data import topics
-
     paragraphs = [p for name in sorted(topics.topics) for p in prose_paragraphs(topics.topics[name])]
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     temporary = OUTPUT.with_suffix(".tmp")

@@ -142,7 +142,7 @@ def corpus_lines(dataset, data_dir=None, split="train"):
 
 
 def _lm1b_lines(data_dir, split):
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # heavy; only the TFDS readers need it
 
     builder = tfds.builder("lm1b", data_dir=data_dir)
 
@@ -283,7 +283,7 @@ def bert_masking(token_ids_BxT, key, vocabulary_size, mask_rate, max_predictions
 def segment_pair_packer(tokenizer, sequence_length):
     """A function string pairs [B, 2] -> (token_ids, segment_ids) int [B, sequence_length]:
     [CLS] A [SEP] B [SEP] by keras-hub's MultiSegmentPacker (round-robin truncation)."""
-    import keras_hub
+    import keras_hub  # heavy; only the sentence-pair packer needs it
 
     packer = keras_hub.layers.MultiSegmentPacker(
         sequence_length, start_value=tokenizer.token_to_id("[CLS]"), end_value=tokenizer.token_to_id("[SEP]"),

@@ -339,7 +339,7 @@ class RunDirectory:
         is no lock: one trainer per run directory is the rule (the Cloud TPU launcher keeps one per VM)."""
         if "://" in self.path:
             return
-        import fcntl
+        import fcntl  # POSIX only, and only for local folders (gs:// has no lock)
 
         tf.io.gfile.makedirs(self.path)
         handle = open(self.file(".lock"), "a")

@@ -128,7 +128,7 @@ def tfds_squad_examples(split, data_dir=None):
 
     Data not in `data_dir` yet is downloaded and prepared, as `tfds.load` does.
     """
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # heavy; only the TFDS readers need it
 
     builder = tfds.builder("squad/v1.1", data_dir=data_dir)
     builder.download_and_prepare()

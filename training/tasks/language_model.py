@@ -39,7 +39,7 @@ class _TextCorpusTask(Task):
     reports_perplexity = True
 
     def load_data(self):
-        import tensorflow as tf
+        import tensorflow as tf  # on first use: this module stays TensorFlow-free (the JAX route)
 
         from concise_attention.training.pipeline import corpus_splits
 
@@ -63,7 +63,7 @@ class _TextCorpusTask(Task):
 
     def prepared_datasets(self, tokenizer, skip_batches, mask=None):
         """(train, eval) datasets of the prepared shards, checked against the run's vocabulary."""
-        import tensorflow as tf
+        import tensorflow as tf  # on first use: this module stays TensorFlow-free (the JAX route)
 
         from concise_attention.training.pipeline import prepared_dataset
 
@@ -90,12 +90,12 @@ class CausalLMTask(_TextCorpusTask):
 
     def row_chunks(self, lines, tokenizer):
         """Packed rows of `lines` for `concise-prepare-data` (the rows `datasets` trains on)."""
-        from concise_attention.training.pipeline import packed_chunks
+        from concise_attention.training.pipeline import packed_chunks  # TensorFlow: on first use
 
         return packed_chunks(lines, tokenizer, self.training.sequence_length)
 
     def datasets(self, tokenizer, skip_batches):
-        from concise_attention.training.pipeline import EVAL_WORD_LINES
+        from concise_attention.training.pipeline import EVAL_WORD_LINES  # TensorFlow: on first use
         from concise_attention.training.pipeline import language_model_dataset
         from concise_attention.training.pipeline import tokens_per_word
 
@@ -154,12 +154,12 @@ class MaskedLMTask(_TextCorpusTask):
 
     def row_chunks(self, lines, tokenizer):
         """Unmasked segment-pair rows of `lines` for `concise-prepare-data`."""
-        from concise_attention.training.pipeline import segment_pair_chunks
+        from concise_attention.training.pipeline import segment_pair_chunks  # TensorFlow: on first use
 
         return segment_pair_chunks(lines, tokenizer, self.training.sequence_length)
 
     def datasets(self, tokenizer, skip_batches):
-        from concise_attention.training.pipeline import masked_examples
+        from concise_attention.training.pipeline import masked_examples  # TensorFlow: on first use
         from concise_attention.training.pipeline import masked_lm_dataset
 
         training, settings = self.training, self.settings

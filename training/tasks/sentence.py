@@ -197,7 +197,7 @@ def _padded_eval(examples, labels, batch_size):
 
 def _packer(tokenizer, sequence_length, pairs):
     """(texts, labels, weights) batches -> (encoder inputs, labels, weights), int32 (B, T)."""
-    import keras_hub
+    import keras_hub  # heavy; only the pair packer needs it
 
     special = {token: tokenizer.token_to_id(token) for token in ("[PAD]", "[CLS]", "[SEP]")}
     packer = keras_hub.layers.MultiSegmentPacker(
