@@ -24,7 +24,7 @@ RESULTS = pathlib.Path(__file__).parent / "results" / "gpu_heads"
 
 def parameters(preset):
     """Parameters of a preset's model (the study's overrides change training settings only)."""
-    return int(configs.load_config(preset).build_model().count_params())
+    return configs.count_parameters(configs.load_config(preset))
 
 
 def rows(study, manifest):
