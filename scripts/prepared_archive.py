@@ -7,8 +7,8 @@
 of a 32k vocabulary, segment ids and positions need 16 bits or fewer, so the archive holds each
 field in the smallest unsigned type that holds its values, xz-compressed: about a tenth of the
 folder. `unpack` rebuilds every shard byte for byte and checks it against the SHA-256 that `pack`
-recorded from the original file before writing anything (then the manifest, last, as
-`concise-prepare-data` does).
+recorded from the original file before writing it; the manifest comes last (as `concise-prepare-data`
+writes it), so a folder where a shard was refused is never a prepared folder.
 
 `--train-shards N` keeps the first N training shards (the rows are stored in a seeded random
 order, so they are a uniform sample of the corpus) and every held-out shard; the manifest then
