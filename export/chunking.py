@@ -18,14 +18,15 @@ Why no coarser buckets: the serving graph takes any length without tracing again
 
 import tensorflow as tf
 
+from concise_attention.training import embeddings
+
 CHUNK_SIZE = 64  # rows a chunk holds: enough for efficient matrix products, small enough to bound memory
 BUCKET = 1  # chunks are padded to a multiple of this many tokens: 1, to the chunk's longest text
 
 
 def bucket_lengths(seq_length, bucket=BUCKET, shortest=2):
-    """The padded lengths a chunk can have: multiples of `bucket` below `seq_length` that hold `shortest`
-    tokens ([CLS] [SEP] of an empty text), then `seq_length`."""
-    return [*range(-(-shortest // bucket) * bucket, seq_length, bucket), seq_length]
+    """The padded lengths a chunk can have (`training.embeddings.bucket_lengths`, shared with training)."""
+    return embeddings.bucket_lengths(seq_length, bucket, shortest)
 
 
 def _flat(segment):

