@@ -21,6 +21,10 @@ product), so that each figure is also a share of the hardware: the encoder's FLO
 of each sentence (dense layers and attention, counted from the model's shapes) x sentences/s / rate.
 Every variant's embeddings are checked against (c) (cosine >= 0.99999) before anything is timed.
 Results: `--out` (JSON) and a Markdown table with the machine and the date.
+
+TensorFlow's oneDNN CPU kernels are on unless the environment says `TF_ENABLE_ONEDNN_OPTS=0` (TensorFlow
+turns them on by itself only on Intel CPUs with AVX-512 VNNI or newer, and reads the variable once, when it
+is imported); the JSON records whether they were on. `TF_ENABLE_ONEDNN_OPTS=0 python ...` measures without.
 """
 
 import argparse
@@ -33,12 +37,14 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # before TensorFlow is imported (see the docstring)
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import provenance  # noqa: E402  (benchmarks/, beside this script)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.util import _pywrap_util_port  # noqa: E402  (IsMklEnabled: are oneDNN's kernels on)
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 LENGTHS = {"short": (12, 18), "medium": (36, 44), "long": (110, 126)}  # WordPieces, [CLS] and [SEP] excluded
@@ -274,13 +280,14 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as workdir:
         for name, source, backbone, tokenizer in encoders(args.encoders):
             rows += benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir)
-    result = {**provenance.record(), "tensorflow": tf.__version__, "sequence_length": SEQ_LENGTH,
+    result = {**provenance.record(), "tensorflow": tf.__version__, "onednn": bool(_pywrap_util_port.IsMklEnabled()), "sequence_length": SEQ_LENGTH,
               "matmul_gflops": rate / 1e9, "rounds": args.rounds,
               "command": " ".join(["python benchmarks/serving_benchmark.py", *(argv if argv is not None else sys.argv[1:])]), "rows": rows}
     from concise_attention.training.runs import write_json_atomically
 
     write_json_atomically(args.out, result)
-    print(f"\n{result['machine']}, {result['date']}, matmul {result['matmul_gflops']:.0f} GFLOP/s\n\n" + table(result))
+    print(f"\n{result['machine']}, {result['date']}, oneDNN {'on' if result['onednn'] else 'off'}, "
+          f"matmul {result['matmul_gflops']:.0f} GFLOP/s\n\n" + table(result))
 
 
 if __name__ == "__main__":
