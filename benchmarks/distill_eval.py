@@ -245,6 +245,28 @@ def table(rows, teacher_name):
     return "\n".join(lines)
 
 
+QUALITY = {"cosine_to_teacher": "cos to teacher", "similarity_spearman": "similarity Spearman", "probe_accuracy": "WordNet probe",
+           "debian_probe_accuracy": "Debian probe", "recall_at_10": "recall@10"}
+
+
+def paired(rows, first, second):
+    """The Markdown table of the differences `first` - `second`, seed by seed, of every quality measure:
+    students named `student {label}_s{seed}` (the runs' folder names); seeds where both were measured."""
+    def seeds(label):
+        prefix = f"student {label}_s"
+        return {int(name[len(prefix):]) for name in rows if name.startswith(prefix) and name[len(prefix):].isdigit()}
+
+    common = sorted(seeds(first) & seeds(second))
+    if not common:
+        raise ValueError(f"no seed was measured for both {first!r} and {second!r} (students named 'student LABEL_sSEED')")
+    lines = [f"| {first} - {second} | " + " | ".join(f"seed {seed}" for seed in common) + " | mean |",
+             "|---|" + "---:|" * (len(common) + 1)]
+    for key, title in QUALITY.items():
+        differences = [rows[f"student {first}_s{seed}"][key] - rows[f"student {second}_s{seed}"][key] for seed in common]
+        lines.append(f"| {title} | " + " | ".join(f"{value:+.3f}" for value in differences) + f" | {np.mean(differences):+.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", help="distill run directories")
@@ -256,10 +278,17 @@ def main(argv=None):
     parser.add_argument("--presets", nargs="*", default=[], help="shipped presets to measure beside the runs (e.g. the one a run replaces)")
     parser.add_argument("--out", default=str(RESULTS / "distill_eval.json"))
     parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
+    parser.add_argument("--paired", nargs=2, action="append", metavar=("A", "B"), default=[],
+                        help="with --markdown: also the differences A - B seed by seed (runs named A_s0, B_s0, ...)")
     args = parser.parse_args(argv)
     if args.markdown:
         rows = json.loads(pathlib.Path(args.markdown).read_text())["rows"]
         print(table(rows, next(iter(rows))))
+        for first, second in args.paired:
+            try:
+                print("\n" + paired(rows, first, second))
+            except ValueError as error:  # a partial table: say which pair is missing, print the others
+                print(f"\n({error})")
         return
     if not (args.runs and args.data_dir):
         parser.error("--runs and --data-dir are required (unless --markdown)")

@@ -121,3 +121,22 @@ def test_the_probe_chooses_its_regularisation_on_the_training_split_and_refits()
     scaler = StandardScaler().fit(train_x)
     refit = LogisticRegression(C=chosen, max_iter=5000).fit(scaler.transform(train_x), train_y)
     assert accuracy == pytest.approx(np.mean(refit.predict(scaler.transform(dev_x)) == dev_y), abs=1 / 60)
+
+
+def test_the_paired_table_differences_students_seed_by_seed():
+    """`distill_eval.paired`: A - B per seed present for both (a hand computation), their mean, and a
+    one-line refusal when no seed pairs up."""
+    distill_eval = _benchmark_module("distill_eval")
+    measures = list(distill_eval.QUALITY)
+
+    def row(base):
+        return {key: base + index / 100 for index, key in enumerate(measures)}
+
+    rows = {"teacher t": row(1.0), "student a_s0": row(0.80), "student a_s1": row(0.70), "student a_s2": row(0.5),
+            "student b_s0": row(0.75), "student b_s1": row(0.72), "student ab_s0": row(0.0)}
+    lines = distill_eval.paired(rows, "a", "b").splitlines()
+    assert lines[0] == "| a - b | seed 0 | seed 1 | mean |"  # seed 2 has no b; "ab_s0" is not an "a" run
+    assert lines[2] == "| cos to teacher | +0.050 | -0.020 | +0.015 |"
+    assert len(lines) == 2 + len(measures)
+    with pytest.raises(ValueError, match="no seed was measured for both 'a' and 'c'"):
+        distill_eval.paired(rows, "a", "c")

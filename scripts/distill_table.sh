@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 22's table of students, the same data, steps and seeds for each, differences paired by seed:
+#   (a) distill_minilm_d192_fixed     width 192, fixed head size 64 with 6 heads, feed-forward 384
+#   (b) distill_minilm_d192_standard  width 192, standard attention (6 heads of 32), feed-forward 768: (a)'s parameters
+#   (c) distill_minilm_d384_standard  width 384, the teacher's shape, from a random start: the papers' "2w"
+#   (d) distill_minilm_d128_fixed     width 128, 4 layers, fixed head size 64 with 4 heads
+#
+#   bash scripts/distill_table.sh RUNS_DIR STEPS [SEED ...]    # seeds 0 1 by default; run from the folder
+#                                                              # that holds `corpus` and `general`
+# trains every student at every seed (seed by seed, so that a partial table is a whole one for the first
+# seeds) as RUNS_DIR/{a,b,c,d}_s{SEED}, each resumable (the same command again continues where it stopped),
+# then measures every finished run with benchmarks/distill_eval.py into RUNS_DIR/table.json and prints the
+# table and the paired differences a - b, a - c, d - a. Environment: STUDENTS replaces the list
+# ("label:config ..."), PYTHON the interpreter (default: python), and any --set KEY=VALUE after the
+# seeds goes to every run.
+set -euo pipefail
+
+[ $# -ge 2 ] || { echo "usage: $0 RUNS_DIR STEPS [SEED ...] [--set KEY=VALUE ...]" >&2; exit 2; }
+RUNS=$1 STEPS=$2
+shift 2
+SEEDS=() SETS=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --set) SETS+=(--set "$2"); shift 2 ;;
+        *) SEEDS+=("$1"); shift ;;
+    esac
+done
+[ ${#SEEDS[@]} -gt 0 ] || SEEDS=(0 1)
+STUDENTS=(${STUDENTS:-a:distill_minilm_d192_fixed b:distill_minilm_d192_standard d:distill_minilm_d128_fixed c:distill_minilm_d384_standard})
+PYTHON=${PYTHON:-python}
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+
+finished=()
+for seed in "${SEEDS[@]}"; do
+    for student in "${STUDENTS[@]}"; do
+        label=${student%%:*} config=${student#*:}
+        run="$RUNS/${label}_s${seed}"
+        "$PYTHON" -m concise_attention.cli.train --config "$config" --run-dir "$run" \
+            --set training.seed="$seed" --set training.train_steps="$STEPS" ${SETS[@]+"${SETS[@]}"}
+        finished+=("$run")
+    done
+done
+"$PYTHON" "$HERE/benchmarks/distill_eval.py" --runs "${finished[@]}" --data-dir corpus --out "$RUNS/table.json"
+"$PYTHON" "$HERE/benchmarks/distill_eval.py" --markdown "$RUNS/table.json" --paired a b --paired a c --paired d a
