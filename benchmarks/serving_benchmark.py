@@ -22,9 +22,9 @@ of each sentence (dense layers and attention, counted from the model's shapes) x
 Every variant's embeddings are checked against (c) (cosine >= 0.99999) before anything is timed.
 Results: `--out` (JSON) and a Markdown table with the machine and the date.
 
-TensorFlow's oneDNN CPU kernels are on unless the environment says `TF_ENABLE_ONEDNN_OPTS=0` (TensorFlow
-turns them on by itself only on Intel CPUs with AVX-512 VNNI or newer, and reads the variable once, when it
-is imported); the JSON records whether they were on. `TF_ENABLE_ONEDNN_OPTS=0 python ...` measures without.
+The JSON records whether TensorFlow's oneDNN CPU kernels were on: TensorFlow turns them on by itself only on
+Intel CPUs with AVX-512 VNNI or newer, and reads `TF_ENABLE_ONEDNN_OPTS` once, when it is imported, so
+`TF_ENABLE_ONEDNN_OPTS=1 python benchmarks/serving_benchmark.py ...` measures with them elsewhere.
 """
 
 import argparse
@@ -37,7 +37,6 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # before TensorFlow is imported (see the docstring)
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import provenance  # noqa: E402  (benchmarks/, beside this script)
@@ -282,7 +281,7 @@ def main(argv=None):
             rows += benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir)
     result = {**provenance.record(), "tensorflow": tf.__version__, "onednn": bool(_pywrap_util_port.IsMklEnabled()), "sequence_length": SEQ_LENGTH,
               "matmul_gflops": rate / 1e9, "rounds": args.rounds,
-              "command": " ".join(["python benchmarks/serving_benchmark.py", *(argv if argv is not None else sys.argv[1:])]), "rows": rows}
+              "command": provenance.command_line("benchmarks/serving_benchmark.py", argv if argv is not None else sys.argv[1:]), "rows": rows}
     from concise_attention.training.runs import write_json_atomically
 
     write_json_atomically(args.out, result)
