@@ -670,3 +670,52 @@ def test_token_ids_outside_the_vocabulary_are_refused(exported):
         bad[name] = tf.constant(np.full_like(ids, value))
         with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name} must be {message}"):
             serving(**bad)
+
+
+JIT_SERVE_SCRIPT = r"""
+import json, sys
+sys.modules["tensorflow_text"] = None  # no package of ours, no tensorflow-text: the SavedModel alone
+import tensorflow as tf
+served = tf.saved_model.load(sys.argv[1]).signatures["serving_default"](text=tf.constant(json.loads(sys.argv[2])))
+print(json.dumps(served["embedding"].numpy().tolist()))
+"""
+
+
+def test_a_jit_compiled_export_serves_the_same_answers_and_warms_up_every_shape(small_run, tmp_path):
+    """`concise-export --jit-compile`: in a fresh process the XLA-compiled serving model answers 70 texts of
+    mixed lengths (chunks of 64 and 6 rows: 6 padded to 8) as the default serving graph does (built here from
+    the run); export.json says so; the warm-up requests reach every shape a chunk can take (row count x
+    length); a non-bool is refused before anything is written."""
+    from concise_attention.cli import export as export_cli
+    from concise_attention.export.chunking import bucket_lengths
+    from concise_attention.export.chunking import row_buckets
+    from concise_attention.export.savedmodels import XLA_BUCKET
+    from concise_attention.export.savedmodels import export_run
+    from concise_attention.export.savedmodels import serving_model
+    from concise_attention.training import runs
+    from concise_attention.training.text import WordPieceModule
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    assert export_cli.main(["--run", str(small_run), "--out", str(tmp_path / "out"), "--jit-compile"]) == 0
+    compiled = tmp_path / "out" / "serving" / "1"
+    export = json.loads((compiled / "assets.extra" / "export.json").read_text())
+    assert export["jit_compile"] is True
+    texts = ["", "a", "the quick brown fox", "word " * 100] * 17 + ["fixed head size", "x"]
+    served = np.array(json.loads(_fresh_python(JIT_SERVE_SCRIPT, compiled, json.dumps(texts), cwd=tmp_path)))
+    _, _, encoder, vocabulary = runs.load_model(small_run)
+    tokenizer = WordPieceModule(str(vocabulary), lowercase=export["lowercase"], strip_accents=export["strip_accents"])
+    _, signatures = serving_model(encoder, tokenizer, export["seq_length"])
+    expected = signatures["serving_default"](text=tf.constant(texts))["embedding"].numpy()
+    assert served.shape == expected.shape == (70, 32)
+    cosine = np.sum(served * expected, 1) / np.linalg.norm(served, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.99999, cosine.min()
+
+    tokenize = tf.saved_model.load(str(compiled)).signatures["tokenize"]
+    shapes = set()
+    for record in tf.data.TFRecordDataset(str(compiled / "assets.extra" / "tf_serving_warmup_requests")).as_numpy_iterator():
+        text = tf.make_ndarray(prediction_log_pb2.PredictionLog.FromString(record).predict_log.request.inputs["text"])
+        shapes.add((len(text), int(tokenize(text=tf.constant(text))["input_mask"].numpy().sum(1).max())))
+    assert shapes == {(rows, length) for rows in row_buckets() for length in bucket_lengths(export["seq_length"], XLA_BUCKET)}
+    with pytest.raises(ValueError, match="jit_compile"):
+        export_run(small_run, tmp_path / "bad", jit_compile="yes")
+    assert not (tmp_path / "bad").exists()
