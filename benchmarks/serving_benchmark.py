@@ -9,9 +9,6 @@ the shipped corpus, at batch 1, 32 and 1,024, interleaved round by round in one 
 
   (a) `export`       the exported TF Serving model's `serving_default` (text in): length-sorted chunks,
                      each padded to its own longest text (`export.chunking`);
-  (a') `export_xla` the same export made with `--jit-compile`: the encoder compiled by XLA, each chunk's rows
-                     padded to a power of two and its length to a multiple of 8 (warmed up on every
-                     batch first, as TF Serving's warm-up records do);
   (b) `fixed_length` the serving graph exports had before, every text padded to 128 (today's figures
                      on main before chunking), on the same loaded encoder;
   (c) `keras_ids`    the Keras encoder called directly on token ids (tokenised beforehand), padded to
@@ -140,17 +137,15 @@ def keras_ids_graph(encoder):
     return tf.function(forward, input_signature=[tf.TensorSpec([None, None], tf.int32)] * 2)
 
 
-def variants(serving_dir, xla_dir, encoder, tokenizer):
+def variants(serving_dir, encoder, tokenizer):
     """{variant: function(texts list) -> numpy embeddings} of one encoder."""
     served = tf.saved_model.load(str(serving_dir)).signatures["serving_default"]
-    served_xla = tf.saved_model.load(str(xla_dir)).signatures["serving_default"]
     fixed, by_ids = fixed_length_graph(encoder, tokenizer), keras_ids_graph(encoder)
 
     def keras_ids(batch_ids):  # tokenised beforehand: (word_ids, mask) of each batch
         return np.concatenate([by_ids(ids, mask).numpy() for ids, mask in batch_ids])
 
     return {"export": lambda texts: served(text=tf.constant(texts))["embedding"].numpy(),
-            "export_xla": lambda texts: served_xla(text=tf.constant(texts))["embedding"].numpy(),
             "fixed_length": lambda texts: fixed(tf.constant(texts)).numpy(), "keras_ids": keras_ids}
 
 
@@ -198,9 +193,8 @@ def measure(functions, texts, batch_ids, batch, rounds):
     """{variant: median sentences/s} over `rounds`, the variants interleaved within each round."""
     rates = {name: [] for name in functions}
     batches = [texts[start:start + batch] for start in range(0, len(texts), batch)]
-    for name, function in functions.items():  # warm-up: tracing, thread pools; under XLA every shape's compilation
-        for chunk in batches if name == "export_xla" else batches[:1]:
-            function(batch_ids[:1] if name == "keras_ids" else chunk)
+    for name, function in functions.items():  # warm-up: tracing, thread pools
+        function(batch_ids[:1] if name == "keras_ids" else batches[0])
     for _ in range(rounds):
         for name, function in functions.items():
             start = time.perf_counter()
@@ -230,8 +224,7 @@ def benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir):
     from concise_attention.export.savedmodels import export_run
 
     written = export_run(source, os.path.join(workdir, name), seq_length=SEQ_LENGTH)
-    compiled = export_run(source, os.path.join(workdir, f"{name}-xla"), seq_length=SEQ_LENGTH, jit_compile=True)
-    functions = variants(written["serving"], compiled["serving"], backbone, tokenizer)
+    functions = variants(written["serving"], backbone, tokenizer)
     rows = []
     for length, texts in texts_by_length(tokenizer, args.count).items():
         tokens = float(np.mean(tokenizer.token_ids(tf.constant(texts), max_length=SEQ_LENGTH).row_lengths().numpy())) + 2

@@ -35,8 +35,6 @@ def main(argv=None):
     parser.add_argument("--seq-length", type=int, help="sequence length of the preprocessor and serving model (default: a run's own training.sequence_length, else min(128, max))")
     parser.add_argument("--model-name", help="TF Serving model name (default: the run's config name)")
     parser.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="serving embedding: mean of tokens or pooled [CLS]")
-    parser.add_argument("--jit-compile", action="store_true",
-                        help="serve the encoder compiled by XLA (faster on CPU; TF Serving then needs --xla_cpu_compilation_enabled=true)")
     parser.add_argument("--recover", action="store_true", help="only finish the commits of killed exports into OUT and remove their leftovers")
     args = parser.parse_args(argv)
     if not args.recover and not (args.run or args.hf_dir or args.preset):
@@ -47,8 +45,7 @@ def main(argv=None):
             return 0
         commit.check_out_dir(args.out, _store(args.out))  # before any model is loaded or built
         written = export_run(args.run or args.hf_dir or args.preset, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
-                             model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None,
-                             jit_compile=args.jit_compile)
+                             model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None)
     print(json.dumps(written, indent=1))
     return 0
 

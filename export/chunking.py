@@ -29,18 +29,6 @@ def bucket_lengths(seq_length, bucket=BUCKET, shortest=2):
     return embeddings.bucket_lengths(seq_length, bucket, shortest)
 
 
-def row_buckets(chunk_size=CHUNK_SIZE):
-    """The row counts a chunk is padded to under XLA: the powers of two below `chunk_size`, then `chunk_size`."""
-    return [*(2 ** power for power in range(max(chunk_size - 1, 1).bit_length()) if 2 ** power < chunk_size), chunk_size]
-
-
-def _rows_padded(inputs, rows, chunk_size):
-    """`inputs` (int32 [rows, length] each) with rows of zeros ([PAD], masked) up to the next of `row_buckets`."""
-    buckets = tf.constant(row_buckets(chunk_size), tf.int32)
-    target = tf.gather(buckets, tf.searchsorted(buckets, rows[None]))[0]
-    return {name: tf.pad(value, [[0, target - rows], [0, 0]]) for name, value in inputs.items()}
-
-
 def _flat(segment):
     return segment.merge_dims(1, -1) if segment.ragged_rank > 1 else segment
 
@@ -51,7 +39,7 @@ def _output_specs(run, names):
     return tf.function(run, autograph=False).get_concrete_function(specs).structured_outputs
 
 
-def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET, jit_compile=False):
+def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET):
     """Outputs of `run` for every row of `texts`, computed chunk by chunk (see the module docstring).
 
     Args:
@@ -62,9 +50,6 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
         seq_length: the export's sequence length (the most a chunk is padded to).
         run: `inputs dict -> nest of tensors [n, ...]` (the model and its pooling or head).
         names: the input names `run` reads.
-        jit_compile: run `run` compiled by XLA, once per input shape: each chunk's rows are then padded to a
-            power of two (`row_buckets`; the padding rows are all [PAD], masked, and their outputs dropped)
-            and its length to a multiple of `bucket`, so that the shapes, and the compilations, are few.
     Returns:
         `run`'s output structure, every tensor [N, ...] in the request's order.
     """
@@ -75,17 +60,12 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
     specs = tf.nest.flatten(structure)
     arrays = [tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=spec.shape) for spec in specs]
 
-    compute = tf.function(run, jit_compile=True, autograph=False) if jit_compile else run
-
     def body(index, arrays):
         chosen = order[index * chunk_size: tf.minimum((index + 1) * chunk_size, rows)]
         segments = [_flat(tokenizer.tokenize(tf.gather(text, chosen), max_length=seq_length)) for text in texts]
         longest = tf.reduce_max(tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments])) + 1 + len(texts)
         padded = tf.minimum((longest + bucket - 1) // bucket * bucket, seq_length)
-        inputs = tokenizer.pack(segments, padded)
-        if jit_compile:
-            inputs = _rows_padded(inputs, tf.shape(chosen)[0], chunk_size)
-        outputs = [output[:tf.shape(chosen)[0]] for output in tf.nest.flatten(compute(inputs))]
+        outputs = tf.nest.flatten(run(tokenizer.pack(segments, padded)))
         return index + 1, [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
 
     count = (rows + chunk_size - 1) // chunk_size

@@ -48,7 +48,6 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
-from concise_attention.export.chunking import row_buckets
 from concise_attention.export.chunking import chunked
 from concise_attention.models import presets
 from concise_attention.training import configs
@@ -59,9 +58,6 @@ from concise_attention.training.text import read_vocabulary
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-# Under XLA (`jit_compile`) a chunk's length is padded to a multiple of this: 16 lengths at 128, each
-# compiled once per row count (`export.chunking.row_buckets`).
-XLA_BUCKET = 8
 WARMUP_TEXTS = ("The quick brown fox jumps over the lazy dog.", "", "Fixed head size attention keeps each head expressive.")
 
 
@@ -171,12 +167,11 @@ def hub_preprocessor(tokenizer, seq_length):
     return root, signatures
 
 
-def serving_model(encoder, tokenizer, seq_length, pooling="mean", jit_compile=False):
+def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
     """The TF Serving model: `serving_default` (text -> `embedding` [batch, hidden], computed in
     length-sorted chunks, each padded to its own longest text: `export.chunking`), `serve_token_ids`
     (ids -> `embedding` and `sequence_output` [batch, seq, hidden], as sent) and `tokenize` (text ->
-    the encoder inputs at `seq_length`). `jit_compile`: `serving_default` runs the encoder compiled by XLA
-    (`export.chunking`, `XLA_BUCKET`)."""
+    the encoder inputs at `seq_length`)."""
     root = _holding(tokenizer)
     root.encoder_variables = _variables(encoder)  # what the graphs capture must be tracked
 
@@ -191,8 +186,7 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", jit_compile=Fa
         return {"embedding": embedding, "sequence_output": sequence}
 
     def embed_text(text):  # length-sorted chunks, each padded to its own longest text: bounded memory
-        return chunked([text], tokenizer, seq_length, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS,
-                       **_chunking(jit_compile))
+        return chunked([text], tokenizer, seq_length, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS)
 
     root.serve_text = tf.function(embed_text, input_signature=[tf.TensorSpec([None], tf.string, name="text")])
     def embed_ids(**inputs):  # ids as sent: outside the vocabulary or the segment types is an InvalidArgument
@@ -215,7 +209,7 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", jit_compile=Fa
     return root, signatures
 
 
-def task_serving_model(model, tokenizer, seq_length, signature, jit_compile=False):
+def task_serving_model(model, tokenizer, seq_length, signature):
     """The TF Serving model of a fine-tuned task model: `serving_default` takes the task's texts
     (`signature.texts`, e.g. `text` and `text_b`), packs them as in training and returns the
     task's outputs (`signature.outputs`: e.g. `probabilities` and `label`, or `score`)."""
@@ -224,32 +218,24 @@ def task_serving_model(model, tokenizer, seq_length, signature, jit_compile=Fals
 
     def predict(*texts):  # length-sorted chunks, each padded to its own longest pair: bounded memory
         return chunked(list(texts), tokenizer, seq_length, lambda inputs: signature.outputs({name: inputs[name] for name in ENCODER_INPUTS}),
-                       ENCODER_INPUTS, **_chunking(jit_compile))
+                       ENCODER_INPUTS)
 
     root.serve_text = tf.function(predict, input_signature=[tf.TensorSpec([None], tf.string, name=name) for name in signature.texts])
     return root, {"serving_default": root.serve_text.get_concrete_function()}
 
 
-def _chunking(jit_compile):
-    """`export.chunking.chunked`'s settings: under XLA, lengths padded to multiples of XLA_BUCKET."""
-    return {"bucket": XLA_BUCKET, "jit_compile": True} if jit_compile else {}
-
-
-def warmup_batches(seq_length, texts=WARMUP_TEXTS, jit_compile=False):
+def warmup_batches(seq_length, texts=WARMUP_TEXTS):
     """The warm-up requests: one text, a few texts, then one text per chunk length a request can be
-    padded to (`export.chunking.bucket_lengths`), so that the first request of each length is not slow;
-    under XLA, one request per shape a chunk can take (rows `row_buckets` x lengths), each compiled once."""
-    if jit_compile:
-        return [[" ".join(["a"] * (length - 2))] * rows for rows in row_buckets() for length in bucket_lengths(seq_length, XLA_BUCKET)]
+    padded to (`export.chunking.bucket_lengths`), so that the first request of each length is not slow."""
     return [[texts[0]], list(texts)] + [[" ".join(["a"] * (length - 2))] for length in bucket_lengths(seq_length)]
 
 
-def write_warmup_requests(path, model_name, seq_length, texts=WARMUP_TEXTS, inputs=("text",), jit_compile=False):
+def write_warmup_requests(path, model_name, seq_length, texts=WARMUP_TEXTS, inputs=("text",)):
     """TF Serving's warm-up file: PredictionLog records of `serving_default` requests (`warmup_batches`;
     every input of `inputs` gets the same texts)."""
     tf.io.gfile.makedirs(os.path.dirname(str(path)))
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for batch in warmup_batches(seq_length, texts, jit_compile):
+        for batch in warmup_batches(seq_length, texts):
             request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name, signature_name="serving_default"))
             for name in inputs:
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(batch, dtype=tf.string))
@@ -338,7 +324,7 @@ def _store(out_dir):
     return GFileStore() if "://" in str(out_dir) else commit.LocalStore()
 
 
-def _export_settings(source, seq_length, model_name, pooling, jit_compile=False):
+def _export_settings(source, seq_length, model_name, pooling):
     """The export's settings (recorded in export.json), checked before anything is written."""
     if source.model_type != "bert":
         raise ValueError(f"Only BERT models export as TF-Hub encoders. Received: model_type={source.model_type!r} ({source.path})")
@@ -356,10 +342,7 @@ def _export_settings(source, seq_length, model_name, pooling, jit_compile=False)
         raise ValueError(f"`model_name` must be 1-64 letters, digits and _.- (it goes into paths and models.config). "
                          f"Received: model_name={model_name!r}")
     default_name = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name or "model")[:64].lstrip(".") or "model"
-    if not isinstance(jit_compile, bool):
-        raise ValueError(f"`jit_compile` must be True or False. Received: jit_compile={jit_compile!r}")
-    return {"model_name": model_name or default_name, "seq_length": seq_length, "pooling": pooling, "jit_compile": jit_compile,
-            **source.tokenizer}
+    return {"model_name": model_name or default_name, "seq_length": seq_length, "pooling": pooling, **source.tokenizer}
 
 
 def _fix_seed_states(model):
@@ -370,8 +353,7 @@ def _fix_seed_states(model):
         variable.assign(np.array([index + 1, 0], dtype=variable.dtype))
 
 
-def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling="mean", kind=None,
-               jit_compile=False):
+def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling="mean", kind=None):
     """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
     Args:
@@ -390,8 +372,6 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
         pooling: the serving `embedding`: "mean" over non-padding tokens or "cls"
             (the pooled output).
         kind: "hf" or "run" to insist on one kind of source (`read_source`).
-        jit_compile: the serving model runs its encoder compiled by XLA (faster on CPU; TF Serving needs
-            --xla_cpu_compilation_enabled=true; each chunk shape compiles once, at warm-up).
 
     Returns:
         dict of the written paths, the version, the sequence length, the export id and what
@@ -401,7 +381,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
     commit.check_out_dir(out_dir, store)
     source, encoder, model = runs.load_source(source, kind)
     _fix_seed_states(model or encoder)
-    settings = _export_settings(source, seq_length, model_name, pooling, jit_compile)
+    settings = _export_settings(source, seq_length, model_name, pooling)
     task = source.task if model is not None else None
     described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}
     with commit.export_version(out_dir, version, overwrite, store) as staged:
@@ -458,13 +438,12 @@ def _write_version(staged, encoder, model, vocabulary, export):
     write_keras_preset(os.path.join(hub_dir, "keras"), model or encoder, vocab_copy, export["lowercase"], export["strip_accents"])
     signature = _serving_signature(export["config"], model) if model is not None else None
     if signature is None:  # no task model of its own to serve: the encoder's embeddings
-        served, signatures = serving_model(encoder, tokenizer, export["seq_length"], export["pooling"], export["jit_compile"])
+        served, signatures = serving_model(encoder, tokenizer, export["seq_length"], export["pooling"])
     else:
-        served, signatures = task_serving_model(model, tokenizer, export["seq_length"], signature, export["jit_compile"])
+        served, signatures = task_serving_model(model, tokenizer, export["seq_length"], signature)
     inputs = signature.texts if signature else ("text",)
     tf.saved_model.save(served, serving_dir, signatures=signatures)
-    write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"], export["seq_length"],
-                          inputs=inputs, jit_compile=export["jit_compile"])
+    write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"], export["seq_length"], inputs=inputs)
     with open(os.path.join(folder, commit.MODELS_CONFIG), "w") as file:
         file.write(models_config(export["model_name"]))
     for part, marker in commit.MARKERS.items():  # the export id in both halves

@@ -112,26 +112,3 @@ def test_peak_memory_does_not_grow_with_the_number_of_strings():
     assert result.returncode == 0, result.stderr[-3000:]
     before, after = map(int, result.stdout.split()[-2:])
     assert after < 1.5 * before, (before, after)  # kilobytes
-
-
-def test_under_xla_chunks_take_few_shapes_and_give_the_same_answers(model):
-    """jit_compile: chunks of at most 8 rows padded to a power of two (the last, 3 rows, to 4) and to a multiple
-    of 8 tokens; the mean embeddings equal full-length packing (padding rows and tokens are masked)."""
-    encoder, tokenizer = model
-
-    def run(inputs):
-        sequence = encoder(inputs, training=False)["sequence_output"]
-        mask = tf.cast(inputs["input_mask"], sequence.dtype)[:, :, None]
-        first = 0 * inputs["input_word_ids"][:, 0]
-        return {"embedding": tf.reduce_sum(sequence * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0),
-                "rows": tf.shape(inputs["input_word_ids"])[0] + first, "length": tf.shape(inputs["input_word_ids"])[1] + first}
-
-    @tf.function
-    def call(text):
-        return chunking.chunked([text], tokenizer, SEQ_LENGTH, run, ("input_word_ids", "input_mask", "input_type_ids"),
-                                chunk_size=8, bucket=8, jit_compile=True)
-
-    out = {key: value.numpy() for key, value in call(tf.constant(TEXTS)).items()}  # 27 texts: 8 + 8 + 8 + 3 rows
-    np.testing.assert_allclose(out["embedding"], _reference(encoder, tokenizer, TEXTS)[2], atol=2e-5)
-    assert sorted(out["rows"].tolist()) == [4] * 3 + [8] * 24 and chunking.row_buckets(8) == [1, 2, 4, 8]
-    assert set(out["length"]) <= set(chunking.bucket_lengths(SEQ_LENGTH, bucket=8))
