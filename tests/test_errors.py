@@ -1,6 +1,8 @@
 """Bad input on every CLI: one line naming the field or file and the value, exit code 2, no
 traceback, nothing written (in-process `main(argv)`, not subprocesses)."""
 
+import json
+
 import pytest
 
 from concise_attention.training import configs
@@ -247,3 +249,22 @@ def test_a_model_error_leaves_nothing_written_and_the_corrected_command_trains(t
     trained = sorted(path.name for path in run.iterdir())
     _fails(capsys, train_cli.main, [*argv, *standard, "--set", "model.num_heads=8"], "holds a run with a different `model`")
     assert sorted(path.name for path in run.iterdir()) == trained
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_and_a_changed_one_is_refused(tmp_path):
+    """A trained run whose config.json lacks a field added since (task.length_bucket of distill) starts again
+    under today's config with that field at its default; the field set otherwise is another task: refused."""
+    from concise_attention.training import runs
+
+    config = configs.load_config("distill_minilm_d192_fixed", ["task.length_bucket=0"])
+    saved = config.to_dict() | {"name": config.name}
+    del saved["task"]["length_bucket"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(saved))
+    (run / runs.BACKBONE_WEIGHTS).write_bytes(b"trained")  # has_progress: a config change would be refused
+    runs.RunDirectory(run).start(config.to_dict() | {"name": config.name})
+    assert json.loads((run / "config.json").read_text())["task"]["length_bucket"] == 0
+    changed = configs.load_config("distill_minilm_d192_fixed", ["task.length_bucket=8"])
+    with pytest.raises(ValueError, match="holds a run with a different `task`"):
+        runs.RunDirectory(run).start(changed.to_dict() | {"name": changed.name})

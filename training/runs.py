@@ -257,6 +257,17 @@ def load_source(path, kind=None):
 _LOCKS = {}  # absolute run directory -> the open .lock file this process holds (see RunDirectory.lock)
 
 
+def _with_defaults(saved):
+    """A run's saved config.json as today's schema reads it (legacy attention nested, a field added since with
+    its default), so that a run started before a new setting existed resumes; as saved where it no longer parses."""
+    if isinstance(saved.get("model"), dict):  # a run started before the nested attention config
+        saved["model"] = configs.nest_legacy_attention(saved["model"])
+    try:
+        return configs.config_from_dict({key: value for key, value in saved.items() if key != "name"}, saved.get("name", "run")).to_dict()
+    except ValueError:
+        return saved
+
+
 class RunDirectory:
     """Paths and the read/write operations of one run directory (local or gs://)."""
 
@@ -288,9 +299,7 @@ class RunDirectory:
         has trained (before its first checkpoint, a failed command's config is replaced by the corrected one's)."""
         self.check_writable()
         if tf.io.gfile.exists(self.file(CONFIG)):
-            saved = read_json(self.file(CONFIG))
-            if isinstance(saved.get("model"), dict):  # a run started before the nested attention config
-                saved["model"] = configs.nest_legacy_attention(saved["model"])
+            saved = _with_defaults(read_json(self.file(CONFIG)))
             differs = [section for section in ("model_type", "model", "task") if saved.get(section) != config_dict.get(section)]
             if differs and self.has_progress():
                 raise ValueError(f"{self.path} holds a run with a different `{differs[0]}`; use a new run directory.")

@@ -78,7 +78,10 @@ class DistillSettings(TaskSettings):
     similarity_weight: the two terms of the objective (see the module docstring); teacher_width: the
     teacher's embedding width (read off the teacher when left out; the run keeps it, so that a finished
     run loads without its teacher); student_init: "teacher" (the teacher's weights projected onto the
-    student's shape, `models.shrink`) or "random" (the seeded initialisation)."""
+    student's shape, `models.shrink`) or "random" (the seeded initialisation); length_bucket: 0 pads every
+    training batch to training.sequence_length; n > 0 draws each batch from texts of like length (tf.data's
+    `bucket_by_sequence_length`, in the shuffled order) and pads it to a multiple of n tokens: the same
+    texts and targets at a fraction of the padded positions (held-out batches keep the full length)."""
 
     teacher: typing.Optional[str] = None
     dataset: str = "sample"
@@ -347,7 +350,8 @@ def length_bucketed(examples, batch_size, lengths, skip_batches=0):
     def cut(inputs, targets, weights):
         longest = tf.reduce_max(tf.reduce_sum(inputs["input_mask"], axis=1))
         padded = tf.gather(lengths, tf.searchsorted(lengths, longest[None]))[0]
-        return {name: value[:, :padded] for name, value in inputs.items()}, targets, weights
+        # bucket_by_sequence_length leaves the batch dimension unknown: the batches are whole (drop_remainder).
+        return {name: tf.ensure_shape(value[:, :padded], (batch_size, None)) for name, value in inputs.items()}, targets, weights
 
     batches = examples.bucket_by_sequence_length(length, [end + 1 for end in lengths[:-1]], [batch_size] * len(lengths),
                                                  drop_remainder=True)
