@@ -23,7 +23,7 @@ Every variant's embeddings are checked against (c) (cosine >= 0.99999) before an
 Results: `--out` (JSON) and a Markdown table with the machine and the date.
 
 The JSON records whether TensorFlow's oneDNN CPU kernels were on: TensorFlow turns them on by itself only on
-Intel CPUs with AVX-512 VNNI or newer, and reads `TF_ENABLE_ONEDNN_OPTS` once, when it is imported, so
+CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX, and reads `TF_ENABLE_ONEDNN_OPTS` once, when it is imported, so
 `TF_ENABLE_ONEDNN_OPTS=1 python benchmarks/serving_benchmark.py ...` measures with them elsewhere.
 """
 
