@@ -281,6 +281,8 @@ def main(argv=None):
     parser.add_argument("--paired", nargs=2, action="append", metavar=("A", "B"), default=[],
                         help="with --markdown: also the differences A - B seed by seed (runs named A_s0, B_s0, ...)")
     args = parser.parse_args(argv)
+    if args.paired and not args.markdown:
+        parser.error("--paired reads a results file: give it with --markdown JSON")
     if args.markdown:
         rows = json.loads(pathlib.Path(args.markdown).read_text())["rows"]
         print(table(rows, next(iter(rows))))

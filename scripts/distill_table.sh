@@ -12,7 +12,8 @@
 # then measures every finished run with benchmarks/distill_eval.py into RUNS_DIR/table.json and prints the
 # table and the paired differences a - b, a - c, d - a. Environment: STUDENTS replaces the list
 # ("label:config ..."), PYTHON the interpreter (default: python), and any --set KEY=VALUE after the
-# seeds goes to every run.
+# seeds goes to every run. A finished run (RUN/metrics.json) is not trained again: another STEPS wants
+# another RUNS_DIR.
 set -euo pipefail
 
 [ $# -ge 2 ] || { echo "usage: $0 RUNS_DIR STEPS [SEED ...] [--set KEY=VALUE ...]" >&2; exit 2; }
@@ -21,7 +22,7 @@ shift 2
 SEEDS=() SETS=()
 while [ $# -gt 0 ]; do
     case $1 in
-        --set) SETS+=(--set "$2"); shift 2 ;;
+        --set) [ $# -ge 2 ] || { echo "$0: --set needs KEY=VALUE" >&2; exit 2; }; SETS+=(--set "$2"); shift 2 ;;
         *) SEEDS+=("$1"); shift ;;
     esac
 done
@@ -35,9 +36,10 @@ for seed in "${SEEDS[@]}"; do
     for student in "${STUDENTS[@]}"; do
         label=${student%%:*} config=${student#*:}
         run="$RUNS/${label}_s${seed}"
+        finished+=("$run")
+        [ -f "$run/metrics.json" ] && continue  # trained already (a run is resumed, or left as it is once done)
         "$PYTHON" -m concise_attention.cli.train --config "$config" --run-dir "$run" \
             --set training.seed="$seed" --set training.train_steps="$STEPS" ${SETS[@]+"${SETS[@]}"}
-        finished+=("$run")
     done
 done
 "$PYTHON" "$HERE/benchmarks/distill_eval.py" --runs "${finished[@]}" --data-dir corpus --out "$RUNS/table.json"

@@ -129,14 +129,16 @@ def test_the_paired_table_differences_students_seed_by_seed():
     distill_eval = _benchmark_module("distill_eval")
     measures = list(distill_eval.QUALITY)
 
-    def row(base):
-        return {key: base + index / 100 for index, key in enumerate(measures)}
+    def row(base):  # each measure its own value, so that a measure read for another would show
+        return {key: base + index ** 2 / 100 for index, key in enumerate(measures)}
 
     rows = {"teacher t": row(1.0), "student a_s0": row(0.80), "student a_s1": row(0.70), "student a_s2": row(0.5),
             "student b_s0": row(0.75), "student b_s1": row(0.72), "student ab_s0": row(0.0)}
     lines = distill_eval.paired(rows, "a", "b").splitlines()
     assert lines[0] == "| a - b | seed 0 | seed 1 | mean |"  # seed 2 has no b; "ab_s0" is not an "a" run
-    assert lines[2] == "| cos to teacher | +0.050 | -0.020 | +0.015 |"
-    assert len(lines) == 2 + len(measures)
+    assert lines[2:] == [f"| {title} | +0.050 | -0.020 | +0.015 |" for title in distill_eval.QUALITY.values()]
+    rows["student b_s0"]["recall_at_10"] = 0.0  # one cell of one measure: only its line changes
+    assert distill_eval.paired(rows, "a", "b").splitlines()[-1] == f"| recall@10 | {rows['student a_s0']['recall_at_10']:+.3f} | -0.020 | " \
+        f"{(rows['student a_s0']['recall_at_10'] - 0.02) / 2:+.3f} |"
     with pytest.raises(ValueError, match="no seed was measured for both 'a' and 'c'"):
         distill_eval.paired(rows, "a", "c")
