@@ -3,7 +3,7 @@
 #   (a) distill_minilm_d192_fixed     width 192, fixed head size 64 with 6 heads, feed-forward 384
 #   (b) distill_minilm_d192_standard  width 192, standard attention (6 heads of 32), feed-forward 768: (a)'s parameters
 #   (c) distill_minilm_d384_standard  width 384, the teacher's shape, from a random start: the papers' "2w"
-#   (d) distill_minilm_d128_fixed     width 128, 4 layers, fixed head size 64 with 4 heads
+#   (d) distill_minilm_d128_fixed     width 128, 4 layers, fixed head size 64 with 6 heads, feed-forward 256
 #
 #   bash scripts/distill_table.sh RUNS_DIR STEPS [SEED ...]    # seeds 0 1 by default; run from the folder
 #                                                              # that holds `corpus` and `general`

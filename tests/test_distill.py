@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from concise_attention.training import configs
 from test_hf_export import hugging_face_ids
@@ -73,8 +74,6 @@ def test_length_buckets_batch_texts_of_like_length_and_cut_only_padding():
     """task.length_bucket's batching against a plain-Python bucketing of the same stream: each batch holds the
     next `batch` examples whose real lengths fall in one bucket, in arrival order, cut to that bucket's end
     (every real token kept); skipping k batches gives the batches after the first k (a resumed run)."""
-    import tensorflow as tf
-
     rng = np.random.default_rng(0)
     real = rng.integers(2, 33, size=300)
     ids = np.zeros((300, 32), "int32")
@@ -215,8 +214,6 @@ def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projec
 def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(tmp_path, capsys, monkeypatch):
     """Through the CLI: the run's metrics equal numpy on the reloaded model's outputs and the cached
     teacher outputs; the export serves the student's mean embedding, 32-d, not the projection."""
-    import tensorflow as tf
-
     from concise_attention.export.savedmodels import export_run
 
     argv = ["--config", "distill_minilm_d192_fixed", "--run-dir", str(tmp_path / "run"), "--quiet"]

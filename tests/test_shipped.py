@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from concise_attention.models import presets
+from test_results import _benchmark_module
 
 SHIPPED = presets.shipped_presets()
 LIMIT = 25 * 10**6
@@ -64,7 +65,6 @@ def test_the_model_cards_probe_figure_holds_for_the_shipped_weights(name):
     split, `benchmarks/distill_eval.probe_accuracy`, where the card says so; else the earlier fixed C=1):
     within one point."""
     import csv
-    import importlib.util
     import re
 
     from sklearn.linear_model import LogisticRegression
@@ -83,10 +83,7 @@ def test_the_model_cards_probe_figure_holds_for_the_shipped_weights(name):
     train_x, dev_x = (encoder.encode([row["sentence"] for row in rows]) for rows in (train, dev))
     train_y, dev_y = ([row["label"] for row in rows] for rows in (train, dev))
     if "its L2 strength C chosen by 5-fold cross-validation" in card:  # the sentence export.ship writes
-        spec = importlib.util.spec_from_file_location("distill_eval", root / "benchmarks" / "distill_eval.py")
-        distill_eval = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(distill_eval)
-        accuracy, _ = distill_eval.probe_accuracy(train_x, train_y, dev_x, dev_y)
+        accuracy, _ = _benchmark_module("distill_eval").probe_accuracy(train_x, train_y, dev_x, dev_y)
     else:
         probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=3000)).fit(train_x, train_y)
         accuracy = np.mean(probe.predict(dev_x) == np.array(dev_y))
