@@ -227,7 +227,7 @@ def training_loop(options):
     return "; ".join([
         'export PATH="$HOME/.local/bin:$PATH"',
         f'log="{REMOTE_LOG}"',
-        f'(while sleep 300; do gcloud storage cp "$log" {log_copy}; done) & copier=$!',
+        f'(while sleep 300; do gcloud storage cp "$log" {log_copy}; done) 9>&- & copier=$!',
         "restarts=0",
         'while true; do echo "$(date -u +%FT%TZ) concise-train start (restart $restarts)" >> "$log"',
         f'{train} >> "$log" 2>&1',
@@ -244,13 +244,18 @@ def training_loop(options):
 
 
 def train_command(options):
-    """Starts the loop on every worker, detached from ssh; refuses if one is already running there."""
+    """Starts the loop on every worker, detached from ssh; refuses if one is already running there.
+
+    The lock is taken here, before anything starts, on descriptor 9, which the detached loop inherits
+    and holds until it ends (its log copier closes it), so a second launch is refused however soon
+    it follows the first.
+    """
     status = shlex.quote(f"{options.launcher_dir}/status")
-    lock = f'"{REMOTE_LOCK}"'
     return _ssh(options, "; ".join([
-        f'if ! flock -n {lock} true; then echo "concise-train is already running on $(hostname)" >&2; exit 1; fi',
+        f'exec 9>>"{REMOTE_LOCK}"',
+        'if ! flock -n 9; then echo "concise-train is already running on $(hostname)" >&2; exit 1; fi',
         f"echo running | gcloud storage cp - {status} || exit 1",
-        f"setsid nohup flock -n {lock} bash -c {shlex.quote(training_loop(options))} > /dev/null 2>&1 < /dev/null &",
+        f"setsid nohup bash -c {shlex.quote(training_loop(options))} > /dev/null 2>&1 < /dev/null &",
     ]))
 
 

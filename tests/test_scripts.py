@@ -40,7 +40,7 @@ INSTALL = (
 )
 LOOP = (
     'export PATH="$HOME/.local/bin:$PATH"; log="$HOME/concise-train.log"; '
-    '(while sleep 300; do gcloud storage cp "$log" gs://my-bucket/runs/lm/launcher/"$(hostname).log"; done) & copier=$!; '
+    '(while sleep 300; do gcloud storage cp "$log" gs://my-bucket/runs/lm/launcher/"$(hostname).log"; done) 9>&- & copier=$!; '
     'restarts=0; while true; do echo "$(date -u +%FT%TZ) concise-train start (restart $restarts)" >> "$log"; '
     "concise-train --config tiny_lm --run-dir gs://my-bucket/runs/lm --strategy tpu --tpu local "
     '--set training.train_steps=200 >> "$log" 2>&1; code=$?; '
@@ -50,9 +50,10 @@ LOOP = (
     'echo "$code" | gcloud storage cp - gs://my-bucket/runs/lm/launcher/status'
 )
 TRAIN_REMOTE = (
-    'if ! flock -n "$HOME/.concise-train.lock" true; then echo "concise-train is already running on $(hostname)" >&2; '
-    "exit 1; fi; echo running | gcloud storage cp - gs://my-bucket/runs/lm/launcher/status || exit 1; "
-    f'setsid nohup flock -n "$HOME/.concise-train.lock" bash -c {shlex.quote(LOOP)} > /dev/null 2>&1 < /dev/null &'
+    'exec 9>>"$HOME/.concise-train.lock"; '
+    'if ! flock -n 9; then echo "concise-train is already running on $(hostname)" >&2; exit 1; fi; '
+    "echo running | gcloud storage cp - gs://my-bucket/runs/lm/launcher/status || exit 1; "
+    f'setsid nohup bash -c {shlex.quote(LOOP)} > /dev/null 2>&1 < /dev/null &'
 )
 TRAIN = f"{SSH} {shlex.quote('--command=' + TRAIN_REMOTE)}"
 TARBALL = ROOT / "dist" / "concise-attention.tar.gz"
@@ -448,22 +449,34 @@ def test_restart_loop(fake_vm, codes, max_restarts, calls, status):
     assert saved_log.count("training, call") == calls and f"exit code {codes[calls - 1]}" in saved_log
 
 
+def _wait_for_the_loop(launcher, seconds=30):
+    """The status the loop leaves (the fake gcloud truncates, then writes: an empty read is mid-write)."""
+    deadline = time.monotonic() + seconds
+    while (status := (launcher / "status").read_text().strip()) in ("running", "") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return status
+
+
 def test_train_detaches_and_refuses_a_second_launch(fake_vm):
+    """The first launch returns while training runs; a second one at once is refused (the lock is
+    taken before the first returns, not by its detached child later); once the loop has ended the
+    lock is free and a new launch starts."""
     home, env, launcher = fake_vm
-    (home / "codes").write_text("0\n")
-    (home / "delay").write_text("2\n")
+    (home / "codes").write_text("0\n0\n")
+    (home / "delay").write_text("4\n")
     remote = cloud_tpu.train_command(_options())[-1].removeprefix("--command=")
     started = time.monotonic()
     subprocess.run(["bash", "-c", remote], env=env, check=True, timeout=30)
-    assert time.monotonic() - started < 1.5  # returned while concise-train still runs
+    assert time.monotonic() - started < 3  # returned while concise-train still runs
     assert (launcher / "status").read_text().strip() == "running"
     second = subprocess.run(["bash", "-c", remote], env=env, capture_output=True, text=True, timeout=30)
     assert second.returncode == 1 and "already running" in second.stderr
-    deadline = time.monotonic() + 20
-    while (launcher / "status").read_text().strip() == "running" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert (launcher / "status").read_text().strip() == "0"
+    assert _wait_for_the_loop(launcher) == "0"
     assert (home / "calls").read_text().count("--tpu local") == 1
+    (home / "delay").write_text("0\n")
+    subprocess.run(["bash", "-c", remote], env=env, check=True, timeout=30)
+    assert _wait_for_the_loop(launcher) == "0"
+    assert (home / "calls").read_text().count("--tpu local") == 2
 
 
 def test_gpu_heads_study_presets_train_from_the_shards_it_prepares():
