@@ -5,6 +5,8 @@ pooled [CLS] output through dropout and a dense layer (N classes, or 1 output fo
 regression score); the span labeler maps every token to a start and an end logit.
 """
 
+import math
+
 import keras
 from keras import ops
 
@@ -95,16 +97,21 @@ class SentenceEmbedder(EncoderHead):
     (what the exported encoder serves, at the student's own width D); `teacher_space`
     (B, teacher_width) a unit-length linear projection of the same mean, trained to match the
     teacher's embedding where the widths differ. Only the encoder ships: the projection serves
-    the training objective and the cosine-to-teacher measure.
+    the training objective and the cosine-to-teacher measure. With a `teacher` encoder (frozen,
+    run in inference mode on the same inputs), also `relation` (B,): MiniLMv2's relation
+    divergence of the two last layers (`relation_divergence`).
 
     Args:
         encoder: a `BertEncoder`.
         teacher_width: the teacher's embedding width.
+        teacher: None, or a `BertEncoder` of 2 or more layers reading the same vocabulary.
+        relation_heads: the relation heads (with a teacher; they must divide the query, key and
+            value widths of both last layers).
     """
 
-    head_arguments = ("teacher_width",)
+    head_arguments = ("teacher_width", "relation_heads")
 
-    def __init__(self, encoder, teacher_width, **kwargs):
+    def __init__(self, encoder, teacher_width, teacher=None, relation_heads=None, **kwargs):
         _check_encoder(encoder)
         if isinstance(teacher_width, bool) or not isinstance(teacher_width, int) or teacher_width < 1:
             raise ValueError(f"`teacher_width` must be a positive integer. Received: teacher_width={teacher_width!r}")
@@ -114,7 +121,90 @@ class SentenceEmbedder(EncoderHead):
             dtype=encoder.dtype_policy, name="teacher_projection",
         )
         inputs = dict(encoder.input)
-        pooled = mean_pooled(encoder(inputs)["sequence_output"], inputs["input_mask"])
+        encoded = encoder(inputs)
+        pooled = mean_pooled(encoded["sequence_output"], inputs["input_mask"])
         outputs = {"embedding": unit(pooled), "teacher_space": unit(ops.cast(self.projection(pooled), "float32"))}
+        if teacher is not None:
+            relation_heads = check_relation_heads(teacher, encoder, relation_heads)
+            self.relation = RelationDivergence(teacher, encoder.blocks[-1], relation_heads, name="relation")
+            outputs["relation"] = self.relation(inputs, encoded["encoder_outputs"][-2])
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
-        self.teacher_width = teacher_width
+        self.teacher_width, self.teacher, self.relation_heads = teacher_width, teacher, relation_heads
+
+    def get_config(self):
+        teacher = None if self.teacher is None else keras.layers.serialize(self.teacher)
+        return {**super().get_config(), "teacher": teacher}
+
+    @classmethod
+    def from_config(cls, config):
+        teacher = config.get("teacher")
+        return super().from_config({**config, "teacher": None if teacher is None else keras.layers.deserialize(teacher)})
+
+
+class RelationDivergence(keras.layers.Layer):
+    """`relation_divergence` of a frozen teacher encoder (run in inference mode, inside this layer) and
+    the student's last block, given the encoder inputs and that block's input."""
+
+    def __init__(self, teacher, student_block, heads, **kwargs):
+        super().__init__(**kwargs)
+        self.teacher, self.student_block, self.heads = teacher, student_block, heads
+        self.teacher.trainable = False
+
+    def call(self, inputs, student_block_input):
+        teacher_block_input = self.teacher(inputs, training=False)["encoder_outputs"][-2]
+        teacher_qkv = self.teacher.blocks[-1].attention_projections(teacher_block_input)
+        student_qkv = self.student_block.attention_projections(student_block_input)
+        return relation_divergence(teacher_qkv, student_qkv, inputs["input_mask"], self.heads)
+
+    def compute_output_spec(self, inputs, student_block_input):
+        return keras.KerasTensor(student_block_input.shape[:1], dtype="float32")
+
+
+def attention_widths(encoder):
+    """The query, key and value widths (the heads side by side) of `encoder`'s last layer."""
+    attention = encoder.blocks[-1].attention
+    return [math.prod(dense.partial_output_shape[1:]) for dense in (attention.query_dense, attention.key_dense, attention.value_dense)]
+
+
+def check_relation_heads(teacher, student, relation_heads=None):
+    """The relation heads for `teacher` and `student` (default: the teacher's head count), checked: both have
+    2 or more layers and the count divides all six query, key and value widths."""
+    _check_encoder(teacher)
+    for role, encoder in (("teacher", teacher), ("student", student)):
+        if len(encoder.blocks) < 2:
+            raise ValueError(f"Relation distillation reads the input of the last of 2 or more layers; the {role} has {len(encoder.blocks)}.")
+    heads = teacher.num_heads if relation_heads is None else relation_heads
+    widths = {"teacher": attention_widths(teacher), "student": attention_widths(student)}
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or any(w % heads for v in widths.values() for w in v):
+        raise ValueError(f"`relation_heads` must be a positive integer dividing the last layers' query, key and value widths "
+                         f"(teacher {widths['teacher']}, student {widths['student']}). Received: relation_heads={heads!r}")
+    return heads
+
+
+def relation_divergence(teacher_qkv, student_qkv, mask_BxT, heads):
+    """MiniLMv2's self-attention relation distillation, per example (B,), float32.
+
+    For the queries, the keys and the values alike, each model's heads side by side (B, T, width) are
+    split again into `heads` relation heads of width/heads; each relation head gives
+    softmax(X X^T / sqrt(width/heads)) over the real tokens. The loss is KL(teacher || student) of
+    these relations, averaged over the three, the relation heads and the real tokens: it needs no
+    common head count or width, only a common number of relation heads.
+    """
+    mask = ops.cast(mask_BxT, "float32")
+    key_bias_Bx1x1xS = ((1.0 - mask) * -1e9)[:, None, None, :]
+    tokens = ops.maximum(ops.sum(mask, axis=1), 1.0)
+    total = 0.0
+    for teacher_BxTxW, student_BxTxV in zip(teacher_qkv, student_qkv):
+        teacher_log = _relation_log_probabilities(teacher_BxTxW, key_bias_Bx1x1xS, heads)
+        student_log = _relation_log_probabilities(student_BxTxV, key_bias_Bx1x1xS, heads)
+        divergence_BxRxT = ops.sum(ops.exp(teacher_log) * (teacher_log - student_log), axis=-1)
+        total = total + ops.sum(ops.mean(divergence_BxRxT, axis=1) * mask, axis=1) / tokens
+    return total / 3.0
+
+
+def _relation_log_probabilities(x_BxTxW, key_bias_Bx1x1xS, heads):
+    x_BxTxW = ops.cast(x_BxTxW, "float32")
+    size = x_BxTxW.shape[-1] // heads
+    x_BxRxTxH = ops.transpose(ops.reshape(x_BxTxW, (ops.shape(x_BxTxW)[0], ops.shape(x_BxTxW)[1], heads, size)), (0, 2, 1, 3))
+    logits_BxRxTxS = ops.matmul(x_BxRxTxH, ops.transpose(x_BxRxTxH, (0, 1, 3, 2))) / math.sqrt(size)
+    return ops.log_softmax(logits_BxRxTxS + key_bias_Bx1x1xS, axis=-1)

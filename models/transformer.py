@@ -171,6 +171,16 @@ class TransformerBlock(keras.layers.Layer):
         x = self.feedforward_norm(ops.add(self._scale_residual(x, "feedforward"), self.dropout_layer(transformed, training=training)))
         return x, (attended, transformed)
 
+    def attention_projections(self, x):
+        """The queries, keys and values (each B, T, width: the heads side by side) that this block's
+        self-attention computes from its input `x` (MiniLMv2's relation distillation reads them)."""
+        attention_input = self.attention_norm(x) if self.norm_position == "pre" else x
+        projections = []
+        for dense in (self.attention.query_dense, self.attention.key_dense, self.attention.value_dense):
+            width = math.prod(dense.partial_output_shape[1:])
+            projections.append(ops.reshape(dense(attention_input), (ops.shape(x)[0], ops.shape(x)[1], width)))
+        return projections
+
     def _scale_residual(self, x, sublayer):
         if self.residual_scaling == "admin":
             return ops.multiply(x, getattr(self, f"{sublayer}_omega"))

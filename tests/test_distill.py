@@ -70,6 +70,73 @@ def test_the_two_loss_terms_equal_hand_computations():
     assert float(distill.UnitCosineDistance()(teacher.astype("float32"), projected.astype("float32"))) == pytest.approx(cosine, rel=1e-5)
 
 
+def _numpy_relations(x_BxTxW, mask_BxT, heads):
+    """softmax(X X^T / sqrt(d)) per relation head over the real keys, in plain loops (B, R, T, S)."""
+    batch, length, width = x_BxTxW.shape
+    size = width // heads
+    relations = np.zeros((batch, heads, length, length))
+    for b in range(batch):
+        for r in range(heads):
+            x = x_BxTxW[b, :, r * size:(r + 1) * size].astype("float64")
+            logits = x @ x.T / np.sqrt(size)
+            logits[:, mask_BxT[b] == 0] = -np.inf
+            relations[b, r] = np.exp(logits - logits.max(1, keepdims=True))
+            relations[b, r] /= relations[b, r].sum(1, keepdims=True)
+    return relations
+
+
+def test_the_relation_divergence_equals_a_numpy_computation():
+    """MiniLMv2's term for a teacher of width 12 and a student of width 8, 4 relation heads, padded rows:
+    KL(teacher || student) per real query token, averaged over heads, tokens and Q/K/V."""
+    from concise_attention.models.heads import relation_divergence
+
+    rng = np.random.default_rng(0)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], "int32")
+    teacher = [rng.normal(size=(2, 5, 12)).astype("float32") for _ in range(3)]
+    student = [rng.normal(size=(2, 5, 8)).astype("float32") for _ in range(3)]
+    expected = np.zeros(2)
+    for t, s in zip(teacher, student):
+        p, q = _numpy_relations(t, mask, 4), _numpy_relations(s, mask, 4)
+        for b in range(2):
+            real = mask[b] == 1
+            kl = [np.sum(p[b, r, i, real] * np.log(p[b, r, i, real] / q[b, r, i, real])) for r in range(4) for i in np.flatnonzero(real)]
+            expected[b] += np.mean(kl) / 3
+    np.testing.assert_allclose(np.asarray(relation_divergence(teacher, student, mask, 4)), expected, rtol=1e-4)
+    assert np.all(expected > 0)
+
+
+def test_the_relation_term_trains_the_student_only_against_a_frozen_teacher_in_inference_mode():
+    """A student that is a copy of the teacher (no dropout) has no relation loss even while the teacher,
+    built with dropout 0.5, sits in a model called in training mode: the teacher runs in inference mode.
+    A training step moves the student's weights and none of the teacher's; relation heads that do not
+    divide a width are refused, naming the field."""
+    import keras
+
+    from concise_attention.models.bert import BertEncoder
+    from concise_attention.models.heads import SentenceEmbedder
+
+    sizes = dict(vocab_size=40, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=16, max_sequence_length=8)
+    teacher = BertEncoder(**sizes, dropout=0.5, attention_dropout=0.5)
+    student = BertEncoder(**sizes, dropout=0.0, attention_dropout=0.0)
+    student.set_weights(teacher.get_weights())
+    model = SentenceEmbedder(student, teacher_width=16, teacher=teacher, relation_heads=2)
+    rng = np.random.default_rng(1)
+    inputs = {"input_word_ids": rng.integers(1, 40, (4, 8)).astype("int32"), "input_mask": np.ones((4, 8), "int32"),
+              "input_type_ids": np.zeros((4, 8), "int32")}
+    inputs["input_mask"][2:, 5:] = 0
+    np.testing.assert_allclose(np.asarray(model(inputs, training=True)["relation"]), 0.0, atol=1e-6)
+    student.blocks[-1].attention.query_dense.kernel.assign(rng.normal(size=(16, 4, 4)).astype("float32"))
+    assert np.all(np.asarray(model(inputs, training=False)["relation"]) > 1e-3)
+    before = [w.numpy().copy() for w in teacher.weights]
+    student_key = student.blocks[-1].attention.key_dense.kernel.numpy().copy()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss={"relation": distill.OutputAsLoss()})
+    model.train_on_batch(inputs, {"relation": np.zeros(4, "float32")})
+    assert all(np.array_equal(w.numpy(), b) for w, b in zip(teacher.weights, before))
+    assert not np.array_equal(student.blocks[-1].attention.key_dense.kernel.numpy(), student_key)
+    with pytest.raises(ValueError, match="relation_heads"):
+        SentenceEmbedder(BertEncoder(**sizes), teacher_width=16, teacher=teacher, relation_heads=3)
+
+
 def test_length_buckets_batch_texts_of_like_length_and_cut_only_padding():
     """task.length_bucket's batching against a plain-Python bucketing of the same stream: each batch holds the
     next `batch` examples whose real lengths fall in one bucket, in arrival order, cut to that bucket's end
@@ -133,6 +200,7 @@ def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
     ("task.train_texts=0", "task.train_texts"), ("task.sentence_share=1.5", "task.sentence_share"),
     ("task.projection_weight=-1", "task.projection_weight"), ("task.similarity_weight=.nan", "task.similarity_weight"),
     ("task.dataset=lm1b", "task.dataset"), ("task.length_bucket=-8", "task.length_bucket"), ("task.length_bucket=true", "task.length_bucket"),
+    ("task.relation_weight=-1", "task.relation_weight"), ("task.relation_heads=0", "task.relation_heads"),
 ])
 def test_bad_settings_name_the_field(override, message):
     with pytest.raises(ValueError, match=message):
@@ -244,6 +312,24 @@ def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(
     unit = embedding / np.linalg.norm(embedding, axis=1, keepdims=True)
     np.testing.assert_allclose(unit, outputs["embedding"][:4], atol=1e-5)
     _ship_and_load(tmp_path, task.eval_texts[:8], outputs["embedding"][:8], monkeypatch, capsys)
+
+
+@pytest.mark.slow
+def test_a_student_distils_with_the_relation_term_and_its_teacher_stays_frozen(tmp_path, capsys):
+    """Through the CLI with task.relation_weight: the held-out relation divergence is reported, and the
+    teacher inside the reloaded run (trained, checkpointed, reloaded) still has the teacher's own weights."""
+    argv = ["--config", "distill_minilm_d192_fixed", "--run-dir", str(tmp_path / "run"), "--quiet"]
+    for override in (*TINY, f"task.cache_dir={tmp_path / 'cache'}", "task.relation_weight=1", "task.relation_heads=4"):
+        argv += ["--set", override]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    metrics = json.loads(out[out.index("{"):])
+    assert 0 < metrics["eval_relation"] < 10
+    model = runs.load_model(tmp_path / "run")[1]
+    teacher = runs.load_source(distill.default_teacher())[1]
+    assert len(model.relation.teacher.weights) == len(teacher.weights) > 0
+    for loaded, original in zip(model.relation.teacher.weights, teacher.weights):
+        np.testing.assert_array_equal(loaded.numpy(), original.numpy())
 
 
 def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):

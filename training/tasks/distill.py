@@ -11,7 +11,15 @@ sentence-transformers pooling). The student (`models.heads.SentenceEmbedder`) is
     embedding      the student's own unit embeddings reproduce the teacher's in-batch cosine
                    similarities, mean squared difference of the two B x B matrices
                    (`task.similarity_weight`): the space the student serves, at its own width,
-                   keeps the teacher's geometry, not only a projection of it.
+                   keeps the teacher's geometry, not only a projection of it;
+    relation       (off by default) MiniLMv2's self-attention relation distillation: the queries, keys
+                   and values of the student's last layer, each re-split into R relation heads, give
+                   token-to-token relations softmax(X X^T / sqrt(d)) that match the teacher's last
+                   layer's in KL divergence (`task.relation_weight`, R = `task.relation_heads`,
+                   default the teacher's head count; it must divide both models' query, key and value
+                   widths, so any head count and size works). It needs the teacher's own token states
+                   for each batch: the teacher runs frozen inside the training model (not cached), and a
+                   run trained with the term needs its teacher to load again.
 
 Only the encoder ships (exported like any run: the served `embedding` is the mean of its token vectors);
 P serves training and the cosine-to-teacher measure.
@@ -45,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from concise_attention.models.heads import SentenceEmbedder
+from concise_attention.models.heads import check_relation_heads
 from concise_attention.models.heads import mean_pooled
 from concise_attention.models.shrink import shrink_into
 from concise_attention.models.shrink import stream_directions
@@ -78,7 +87,9 @@ class DistillSettings(TaskSettings):
     similarity_weight: the two terms of the objective (see the module docstring); teacher_width: the
     teacher's embedding width (read off the teacher when left out; the run keeps it, so that a finished
     run loads without its teacher); student_init: "teacher" (the teacher's weights projected onto the
-    student's shape, `models.shrink`) or "random" (the seeded initialisation); length_bucket: 0 pads every
+    student's shape, `models.shrink`) or "random" (the seeded initialisation); relation_weight,
+    relation_heads: MiniLMv2's relation term (0: off; see the module docstring) and its relation heads
+    (None: the teacher's head count); length_bucket: 0 pads every
     training batch to training.sequence_length; n > 0 draws each batch from texts of like length (tf.data's
     `bucket_by_sequence_length`, in the shuffled order) and pads it to a multiple of n tokens: the same
     texts and targets at a fraction of the padded positions (held-out batches keep the full length)."""
@@ -94,6 +105,8 @@ class DistillSettings(TaskSettings):
     similarity_weight: float = 1.0
     teacher_width: typing.Optional[int] = None
     student_init: str = "teacher"
+    relation_weight: float = 0.0
+    relation_heads: typing.Optional[int] = None
     length_bucket: int = 0
 
     def __post_init__(self):
@@ -107,13 +120,15 @@ class DistillSettings(TaskSettings):
             object.__setattr__(self, "data_dir", list(self.data_dir))  # a list, as config.json reads back
         elif self.data_dir is not None and not isinstance(self.data_dir, str):
             raise ValueError(f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}")
-        for name, least in (("train_texts", 1), ("eval_texts", 1), ("length_bucket", 0)):
+        for name, least in (("train_texts", 1), ("eval_texts", 1), ("length_bucket", 0), ("relation_heads", 1)):
             value = getattr(self, name)
+            if name == "relation_heads" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"`task.{name}` must be an integer >= {least}. Received: task.{name}={value!r}")
         if not 0.0 <= self.sentence_share <= 1.0:
             raise ValueError(f"`task.sentence_share` must be in [0, 1]. Received: task.sentence_share={self.sentence_share!r}")
-        for name in ("projection_weight", "similarity_weight"):
+        for name in ("projection_weight", "similarity_weight", "relation_weight"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value >= 0):
                 raise ValueError(f"`task.{name}` must be a finite number >= 0. Received: task.{name}={value!r}")
@@ -150,6 +165,14 @@ class SimilarityMatrixLoss(keras.losses.Loss):
         teacher = keras.ops.matmul(y_true, keras.ops.transpose(y_true))
         student = keras.ops.matmul(y_pred, keras.ops.transpose(y_pred))
         return keras.ops.mean(keras.ops.square(student - teacher), axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class OutputAsLoss(keras.losses.Loss):
+    """An output that is already a per-example loss (the relation divergence) taken as it is."""
+
+    def call(self, y_true, y_pred):
+        return y_pred
 
 
 def draw_texts(lines, count, sentence_share, seed=0):
@@ -215,6 +238,11 @@ class DistillTask(Task):
         if self.training.sequence_length > limit:
             raise ValueError(f"training.sequence_length={self.training.sequence_length} exceeds the teacher's max_sequence_length={limit} "
                              f"(task.teacher={self.teacher!r}).")
+        if self.settings.relation_weight:
+            try:
+                check_relation_heads(self.teacher_backbone, self.config.build_model(), self.settings.relation_heads)
+            except ValueError as error:
+                raise ValueError(f"task.relation_heads: {error}") from error
         self.settings = dataclasses.replace(self.settings, teacher_width=int(source.model["hidden_size"]))
 
     def vocabulary_file(self):
@@ -278,19 +306,25 @@ class DistillTask(Task):
         return len(self.train_texts)
 
     def build_model(self, backbone):
+        """The student's SentenceEmbedder; with the relation term, a frozen copy of the teacher inside it (built
+        here, in the strategy's scope: a run trained with the term needs its teacher to load again)."""
         width = self.settings.teacher_width or int(self.source.model["hidden_size"])
-        return SentenceEmbedder(backbone, teacher_width=width)
+        teacher = runs.load_source(self.source.path)[1] if self.settings.relation_weight else None
+        return SentenceEmbedder(backbone, teacher_width=width, teacher=teacher, relation_heads=self.settings.relation_heads)
 
     def compile_arguments(self):
         settings = self.settings
-        return {"loss": {"embedding": SimilarityMatrixLoss(), "teacher_space": UnitCosineDistance()},
-                "loss_weights": {"embedding": settings.similarity_weight, "teacher_space": settings.projection_weight}}
+        losses = {"embedding": SimilarityMatrixLoss(), "teacher_space": UnitCosineDistance()}
+        weights = {"embedding": settings.similarity_weight, "teacher_space": settings.projection_weight}
+        if settings.relation_weight:
+            losses["relation"], weights["relation"] = OutputAsLoss(), settings.relation_weight
+        return {"loss": losses, "loss_weights": weights}
 
     def datasets(self, tokenizer, skip_batches):
         training = self.training
         self.eval_targets = teacher_outputs(self, tokenizer, self.eval_texts)
         train_targets = teacher_outputs(self, tokenizer, self.train_texts)
-        pack = _packer(tokenizer, training.sequence_length)
+        pack = _packer(tokenizer, training.sequence_length, relation=bool(self.settings.relation_weight))
         train = tf.data.Dataset.from_tensor_slices((self.train_texts, train_targets)).repeat()
         train = train.shuffle(len(self.train_texts), seed=training.seed, reshuffle_each_iteration=True)
         if self.settings.length_bucket:
@@ -304,7 +338,8 @@ class DistillTask(Task):
 
     def evaluate(self, model, eval_data, eval_steps):
         """eval_loss; cosine_to_teacher: mean cos(P s, t) over the held-out texts; similarity_spearman:
-        Spearman correlation of the student's own pairwise cosines with the teacher's (first 512 texts)."""
+        Spearman correlation of the student's own pairwise cosines with the teacher's (first 512 texts);
+        with the relation term, eval_relation: its mean over the held-out texts."""
         loss = model.evaluate(self.eval_packed, verbose=0, return_dict=True)["loss"]
         outputs = model.predict(self.eval_packed, verbose=0)
         cosine = float(np.mean(np.sum(outputs["teacher_space"] * self.eval_targets, axis=-1)))
@@ -312,8 +347,9 @@ class DistillTask(Task):
         upper = np.triu_indices(first, k=1)
         student = outputs["embedding"][:first] @ outputs["embedding"][:first].T
         teacher = self.eval_targets[:first] @ self.eval_targets[:first].T
+        relation = {"eval_relation": float(np.mean(outputs["relation"]))} if "relation" in outputs else {}
         return {"eval_loss": loss, "eval_cosine_to_teacher": cosine,
-                "eval_similarity_spearman": metric_functions.spearman(teacher[upper], student[upper])}
+                "eval_similarity_spearman": metric_functions.spearman(teacher[upper], student[upper]), **relation}
 
 
 def ridge_map(inputs_NxD, targets_NxE, ridge=RIDGE):
@@ -358,14 +394,18 @@ def length_bucketed(examples, batch_size, lengths, skip_batches=0):
     return batches.skip(skip_batches).map(cut)
 
 
-def _packer(tokenizer, sequence_length):
-    """(texts, teacher embeddings) batches -> (encoder inputs, targets of both outputs, weights)."""
+def _packer(tokenizer, sequence_length, relation=False):
+    """(texts, teacher embeddings) batches -> (encoder inputs, targets of the outputs, weights); the
+    relation output (with `relation`) is its own loss: its target is a placeholder."""
     pack_texts = sentence_packer(tokenizer, sequence_length, pairs=False)
+    outputs = ("embedding", "teacher_space", *(("relation",) if relation else ()))
 
     def pack(texts, targets):
         weights = tf.ones_like(targets[:, 0])
         inputs, targets, weights = pack_texts((texts,), targets, weights)
-        return inputs, {"embedding": targets, "teacher_space": targets}, {"embedding": weights, "teacher_space": weights}
+        placeholder = tf.zeros_like(weights)
+        return (inputs, {name: placeholder if name == "relation" else targets for name in outputs},
+                {name: weights for name in outputs})
 
     return pack
 
