@@ -114,6 +114,7 @@ def test_the_relation_term_trains_the_student_only_against_a_frozen_teacher_in_i
 
     from concise_attention.models.bert import BertEncoder
     from concise_attention.models.heads import SentenceEmbedder
+    from concise_attention.models.heads import check_relation_heads
 
     sizes = dict(vocab_size=40, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=16, max_sequence_length=8)
     teacher = BertEncoder(**sizes, dropout=0.5, attention_dropout=0.5)
@@ -133,6 +134,7 @@ def test_the_relation_term_trains_the_student_only_against_a_frozen_teacher_in_i
     model.train_on_batch(inputs, {"relation": np.zeros(4, "float32")})
     assert all(np.array_equal(w.numpy(), b) for w, b in zip(teacher.weights, before))
     assert not np.array_equal(student.blocks[-1].attention.key_dense.kernel.numpy(), student_key)
+    assert check_relation_heads(teacher, student) == 4  # by default the teacher's head count
     with pytest.raises(ValueError, match="relation_heads"):
         SentenceEmbedder(BertEncoder(**sizes), teacher_width=16, teacher=teacher, relation_heads=3)
 
