@@ -6,6 +6,7 @@ regression score); the span labeler maps every token to a start and an end logit
 """
 
 import math
+import types
 
 import keras
 from keras import ops
@@ -99,7 +100,9 @@ class SentenceEmbedder(EncoderHead):
     teacher's embedding where the widths differ. Only the encoder ships: the projection serves
     the training objective and the cosine-to-teacher measure. With a `teacher` encoder (frozen,
     run in inference mode on the same inputs), also `relation` (B,): MiniLMv2's relation
-    divergence of the two last layers (`relation_divergence`).
+    divergence of the two last layers (`relation_divergence`). The teacher is training machinery,
+    not state: its weights are neither saved with the model nor in its config, so a model trained
+    with it saves, loads and ships as one without.
 
     Args:
         encoder: a `BertEncoder`.
@@ -109,7 +112,7 @@ class SentenceEmbedder(EncoderHead):
             value widths of both last layers).
     """
 
-    head_arguments = ("teacher_width", "relation_heads")
+    head_arguments = ("teacher_width",)
 
     def __init__(self, encoder, teacher_width, teacher=None, relation_heads=None, **kwargs):
         _check_encoder(encoder)
@@ -129,31 +132,31 @@ class SentenceEmbedder(EncoderHead):
             self.relation = RelationDivergence(teacher, encoder.blocks[-1], relation_heads, name="relation")
             outputs["relation"] = self.relation(inputs, encoded["encoder_outputs"][-2])
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
-        self.teacher_width, self.teacher, self.relation_heads = teacher_width, teacher, relation_heads
-
-    def get_config(self):
-        teacher = None if self.teacher is None else keras.layers.serialize(self.teacher)
-        return {**super().get_config(), "teacher": teacher}
-
-    @classmethod
-    def from_config(cls, config):
-        teacher = config.get("teacher")
-        return super().from_config({**config, "teacher": None if teacher is None else keras.layers.deserialize(teacher)})
+        self.teacher_width = teacher_width
 
 
 class RelationDivergence(keras.layers.Layer):
-    """`relation_divergence` of a frozen teacher encoder (run in inference mode, inside this layer) and
-    the student's last block, given the encoder inputs and that block's input."""
+    """`relation_divergence` of a frozen teacher encoder (run in inference mode, inside this layer, no
+    gradient) and the student's last block, given the encoder inputs and that block's input.
+
+    Neither is tracked by this layer: the teacher's weights stay out of the model's weights, checkpoints
+    and presets (the task builds it from its source), and the student's block is saved where the
+    encoder holds it, so a model with this layer saves exactly the variables of one without.
+    """
 
     def __init__(self, teacher, student_block, heads, **kwargs):
         super().__init__(**kwargs)
-        self.teacher, self.student_block, self.heads = teacher, student_block, heads
-        self.teacher.trainable = False
+        teacher.trainable = False
+        # A plain namespace, set past Keras' attribute tracking: neither Keras' saving (which walks
+        # layers, lists, tuples and dicts) nor TensorFlow's checkpoints reach into it.
+        object.__setattr__(self, "models", types.SimpleNamespace(teacher=teacher, student_block=student_block))
+        self.heads = heads
 
     def call(self, inputs, student_block_input):
-        teacher_block_input = self.teacher(inputs, training=False)["encoder_outputs"][-2]
-        teacher_qkv = self.teacher.blocks[-1].attention_projections(teacher_block_input)
-        student_qkv = self.student_block.attention_projections(student_block_input)
+        teacher, student_block = self.models.teacher, self.models.student_block
+        teacher_block_input = teacher(inputs, training=False)["encoder_outputs"][-2]
+        teacher_qkv = [ops.stop_gradient(x) for x in teacher.blocks[-1].attention_projections(teacher_block_input)]
+        student_qkv = student_block.attention_projections(student_block_input)
         return relation_divergence(teacher_qkv, student_qkv, inputs["input_mask"], self.heads)
 
     def compute_output_spec(self, inputs, student_block_input):
@@ -187,8 +190,10 @@ def relation_divergence(teacher_qkv, student_qkv, mask_BxT, heads):
     For the queries, the keys and the values alike, each model's heads side by side (B, T, width) are
     split again into `heads` relation heads of width/heads; each relation head gives
     softmax(X X^T / sqrt(width/heads)) over the real tokens. The loss is KL(teacher || student) of
-    these relations, averaged over the three, the relation heads and the real tokens: it needs no
-    common head count or width, only a common number of relation heads.
+    these relations, averaged over the relation heads and the real tokens and over the three (the
+    paper sums the three: a weight of 3 on this mean is its loss); it needs no common head count or
+    width, only a common number of relation heads. Collaborative attention's queries and keys here
+    are its shared projection, before the per-head mixing.
     """
     mask = ops.cast(mask_BxT, "float32")
     key_bias_Bx1x1xS = ((1.0 - mask) * -1e9)[:, None, None, :]

@@ -474,6 +474,8 @@ def test_train_detaches_and_refuses_a_second_launch(fake_vm):
     assert _wait_for_the_loop(launcher) == "0"
     assert (home / "calls").read_text().count("--tpu local") == 1
     (home / "delay").write_text("0\n")
+    # The loop writes its status last and releases the lock as it exits, a moment later.
+    subprocess.run(["flock", "-w", "10", str(home / ".concise-train.lock"), "true"], check=True, timeout=30)
     subprocess.run(["bash", "-c", remote], env=env, check=True, timeout=30)
     assert _wait_for_the_loop(launcher) == "0"
     assert (home / "calls").read_text().count("--tpu local") == 2

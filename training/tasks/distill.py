@@ -18,8 +18,9 @@ sentence-transformers pooling). The student (`models.heads.SentenceEmbedder`) is
                    layer's in KL divergence (`task.relation_weight`, R = `task.relation_heads`,
                    default the teacher's head count; it must divide both models' query, key and value
                    widths, so any head count and size works). It needs the teacher's own token states
-                   for each batch: the teacher runs frozen inside the training model (not cached), and a
-                   run trained with the term needs its teacher to load again.
+                   for each batch: the teacher runs frozen inside the training model (not cached; its
+                   weights are not saved with the run, which loads again with its teacher). The three
+                   relations are averaged (MiniLMv2 sums them: a weight of 3 is the paper's loss).
 
 Only the encoder ships (exported like any run: the served `embedding` is the mean of its token vectors);
 P serves training and the cosine-to-teacher measure.
@@ -242,7 +243,7 @@ class DistillTask(Task):
             try:
                 check_relation_heads(self.teacher_backbone, self.config.build_model(), self.settings.relation_heads)
             except ValueError as error:
-                raise ValueError(f"task.relation_heads: {error}") from error
+                raise ValueError(f"task.relation_weight={self.settings.relation_weight}, task.relation_heads={self.settings.relation_heads}: {error}") from error
         self.settings = dataclasses.replace(self.settings, teacher_width=int(source.model["hidden_size"]))
 
     def vocabulary_file(self):
@@ -307,7 +308,7 @@ class DistillTask(Task):
 
     def build_model(self, backbone):
         """The student's SentenceEmbedder; with the relation term, a frozen copy of the teacher inside it (built
-        here, in the strategy's scope: a run trained with the term needs its teacher to load again)."""
+        here, in the strategy's scope; not saved with the model, whose variables are those of one without)."""
         width = self.settings.teacher_width or int(self.source.model["hidden_size"])
         teacher = runs.load_source(self.source.path)[1] if self.settings.relation_weight else None
         return SentenceEmbedder(backbone, teacher_width=width, teacher=teacher, relation_heads=self.settings.relation_heads)
