@@ -14,21 +14,24 @@ checkpoint (bit-identically). A model that two studies share is trained once.
                  multi-head (L layers of h heads), post-LN, with and without Admin.
 
 Two corpora:
-  (default)      the shipped 31k-word sample: each run sees it ~22 times (memorisation counts);
-                 results in benchmarks/results/studies/.
+  (default)      the shipped 31k-word sample: each run sees it ~22 times (memorisation counts): a quick
+                 rehearsal, results in benchmarks/results/cache/studies_sample/ (not committed: its
+                 tables were retired, docs/results.md says why).
   --corpus DIR   a corpus built by `python -m concise_attention.training.make_corpus`: prepared once into shards
                  (benchmarks/results/cache/), each run reads 3% of its training split (one pass),
                  evaluated on the whole held-out split; results in benchmarks/results/studies_large/.
 
 Each CSV row records the run's data (steps, tokens seen, passes, whether a token was seen
-twice), date and machine; `--plot-only` redraws the plots, `--markdown` prints the docs/results.md
-tables. `--jobs N` trains N runs at once, each on cpu_count / N threads (on 2 cores, 2 jobs
-of 1 thread gave ~1.2x the runs per hour; a run's last bits depend on its thread count).
+twice), date, machine and commit; `--plot-only` redraws the plots, `--markdown` prints the docs/results.md
+tables, `--check` re-runs each table's first row from scratch and says whether it still reproduces.
+`--jobs N` trains N runs at once, each on cpu_count / N threads (on 2 cores, 2 jobs of 1 thread gave
+~1.2x the runs per hour; a run's last bits depend on its thread count).
 
-    python benchmarks/studies.py                                   # shipped corpus, seeds 0, 1, 2
+    python benchmarks/studies.py                                   # shipped sample, seeds 0, 1, 2
     python benchmarks/studies.py --corpus corpus --jobs 2
     python benchmarks/studies.py --study heads --seeds 0           # one study, one seed
     python benchmarks/studies.py --corpus corpus --markdown
+    python benchmarks/studies.py --corpus corpus --check --jobs 2  # the committed tables, still true?
 """
 
 import argparse
@@ -51,13 +54,28 @@ import provenance  # noqa: E402  (benchmarks/, beside this script)
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 CACHE = RESULTS / "cache"
-# The shipped 31k-word corpus (the first results, ~30 passes per run) and a corpus built by
+# The shipped 31k-word sample (~22 passes per run; its tables retired, not committed) and a corpus built by
 # `python -m concise_attention.training.make_corpus` (--corpus DIR: one pass at most, held out by document).
-STUDIES_DIR = RESULTS / "studies"
+STUDIES_DIR = CACHE / "studies_sample"
 LARGE_STUDIES_DIR = RESULTS / "studies_large"
 # Vocabulary of the large corpus: WordPiece trained on one training line in VOCABULARY_EVERY
 # (a sample of every package, not the first packages in name order).
 VOCABULARY_EVERY = 3
+# `--check`: a committed row re-run from scratch must give its perplexity within this share (issue 27).
+CHECK_TOLERANCE = 0.005
+# The guard of the checked tables (issue 27): a table's models of distinct code paths (attention types, norm
+# positions, Admin; "concatenate w=64 h=4" is "standard w=64 h=4", trained once), cut to CANARY_OVERRIDES
+# (2 layers, no XLA: seconds each, not minutes) and trained CANARY_STEPS steps on the shipped sample prepared
+# into shards (the large tables' path: WordPiece training, packing, shards). `--check` records their held-out losses in check.json beside
+# the re-run row; tests/test_results.py trains them again: another loss means the code has changed the
+# numbers since the table was checked, and the check is due again.
+CANARY_STEPS = 10
+CANARY_OVERRIDES = ["model.num_layers=2", "training.jit_compile=false"]
+CANARIES = {
+    "heads": ["standard w=64 h=4", "fixed p=16 w=64 h=8"],
+    "collaborative": ["concatenate w=64 h=4", "collaborative w=64 D~k=16 (D_k/4)"],
+    "depth": ["deep 16 layers x 1 head, Admin"],
+}
 
 WIDTH = 64  # w: the scaled-down counterpart of the paper's 256
 HEAD_SIZE = 16  # p: w/4, as the paper's 32 is 256/8
@@ -412,21 +430,71 @@ def _record(corpus, uses, metrics):
               f"({row['parameters']:,} params, {row['seconds']:.0f} s, {row['passes']:.3g} passes)", flush=True)
 
 
-def run_studies(corpus, seeds, studies, jobs):
-    """Trains every pending run (`jobs` at a time, each process on cpu_count / jobs threads) and
-    records each as it finishes; a model shared by two studies is trained once."""
-    pending = _pending(corpus, seeds, studies)
-    first = {run_dir: uses[0] for run_dir, uses in pending.items()}
-    arguments = {run_dir: (corpus, *STUDIES[study][label], seed) for run_dir, (study, label, seed) in first.items()}
+def _train_all(arguments, jobs):
+    """Yields (key, metrics) of `train_run(*arguments[key])` for every key as each run finishes, `jobs` at a
+    time, each process on cpu_count / jobs threads."""
     if jobs == 1:
-        for run_dir, uses in pending.items():
-            _record(corpus, uses, train_run(*arguments[run_dir]))
+        for key, argument in arguments.items():
+            yield key, train_run(*argument)
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent) as pool:
-        futures = {pool.submit(train_run, *arguments[run_dir], threads): run_dir for run_dir in pending}
+        futures = {pool.submit(train_run, *argument, threads): key for key, argument in arguments.items()}
         for future in concurrent.futures.as_completed(futures):
-            _record(corpus, pending[futures[future]], future.result())
+            yield futures[future], future.result()
+
+
+def canary(study, label, prepared):
+    """Held-out loss of the model of `label`, cut to CANARY_OVERRIDES, after CANARY_STEPS steps (seed 0) on
+    the shipped sample prepared into `prepared` (once): what today's code gives the study, to 6 decimals."""
+    import tempfile
+
+    from concise_attention.training import configs
+    from concise_attention.training.trainer import train
+
+    manifest = _prepared(["task.dataset=sample"], pathlib.Path(prepared))
+    preset, overrides = STUDIES[study][label]
+    config = configs.load_config(preset, [
+        *COMMON, "task.dataset=prepared", f"task.data_dir={prepared}", f"tokenizer.vocabulary={pathlib.Path(prepared) / 'vocab.txt'}",
+        f"training.eval_batches={min(4, manifest['splits']['eval']['rows'] // 16)}", f"training.train_steps={CANARY_STEPS}",
+        f"training.steps_per_epoch={CANARY_STEPS}", "training.warmup_steps=5", "training.steps_per_execution=5", *overrides,
+        *CANARY_OVERRIDES, "training.seed=0"])
+    with tempfile.TemporaryDirectory() as run_dir:
+        return round(train(config, run_dir, verbose=0)["eval_loss"], 6)
+
+
+def run_studies(corpus, seeds, studies, jobs):
+    """Trains every pending run and records each as it finishes; a model shared by two studies is trained once."""
+    pending = _pending(corpus, seeds, studies)
+    first = {run_dir: uses[0] for run_dir, uses in pending.items()}
+    arguments = {run_dir: (corpus, *STUDIES[study][label], seed) for run_dir, (study, label, seed) in first.items()}
+    for run_dir, metrics in _train_all(arguments, jobs):
+        _record(corpus, pending[run_dir], metrics)
+
+
+def check_tables(corpus, studies, jobs):
+    """Re-runs the first committed row of each table from scratch with today's code (in a scratch folder)
+    and compares its held-out perplexity with the committed one; writes RESULTS/check.json and returns
+    whether every table reproduced within CHECK_TOLERANCE (relative)."""
+    scratch = dataclasses.replace(corpus, runs=CACHE / f"check_{corpus.name}")
+    shutil.rmtree(scratch.runs, ignore_errors=True)  # from scratch: nothing trained before is reused
+    committed = {study: read_rows(study, corpus.results)[0] for study in studies}
+    arguments = {study: (scratch, *STUDIES[study][row["label"]], int(row["seed"])) for study, row in committed.items()}
+    record = {}
+    for study, metrics in _train_all(arguments, jobs):
+        row, rerun = committed[study], make_row(corpus, study, committed[study]["label"], int(committed[study]["seed"]), metrics)
+        before, now = float(row["eval_subword_perplexity"]), rerun["eval_subword_perplexity"]
+        record[study] = {"label": row["label"], "seed": int(row["seed"]), "committed": before, "committed_commit": row.get("commit", "unknown"),
+                         "rerun": now, "relative": round(now / before - 1, 5), "reproduced": abs(now / before - 1) <= CHECK_TOLERANCE,
+                         **{key: rerun[key] for key in ("date", "machine", "commit", "clean", "seconds")}}
+        print(f"{study:13s} {row['label']:40s} seed {row['seed']}: committed {before:.3f}, today {now:.3f} "
+              f"({100 * (now / before - 1):+.2f}%): {'reproduced' if record[study]['reproduced'] else 'STALE'}", flush=True)
+    for study in record:
+        record[study]["canaries"] = {label: canary(study, label, scratch.runs / "prepared_sample") for label in CANARIES[study]}
+    path = corpus.results / "check.json"
+    previous = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps(previous | record, indent=1, sort_keys=True) + "\n")
+    return all(entry["reproduced"] for entry in record.values())
 
 
 def main():
@@ -437,6 +505,8 @@ def main():
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each on cpu_count / jobs threads")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots from the CSVs, train nothing")
     parser.add_argument("--markdown", action="store_true", help="print the docs/results.md tables from the CSVs, train nothing")
+    parser.add_argument("--check", action="store_true", help="re-run each table's first row from scratch with today's code and "
+                        "compare its perplexity with the committed one (results in check.json; exit 1 if a table is stale)")
     args = parser.parse_args()
     studies = list(STUDIES) if args.study == "all" else [args.study]
     results = LARGE_STUDIES_DIR if args.corpus else STUDIES_DIR
@@ -448,6 +518,8 @@ def main():
             elif rows:
                 plot(study, rows, results)
         return
+    if args.check:
+        raise SystemExit(0 if check_tables(corpus(args.corpus), studies, args.jobs) else 1)
     run_studies(corpus(args.corpus), args.seeds, studies, args.jobs)
 
 
