@@ -519,6 +519,10 @@ def main():
                 plot(study, rows, results)
         return
     if args.check:
+        missing = [study for study in studies if not read_rows(study, results)]
+        if missing:  # before anything is prepared or trained
+            print(f"studies.py: error: --check: no {', '.join(missing)} table in {results}", file=sys.stderr)
+            raise SystemExit(2)
         raise SystemExit(0 if check_tables(corpus(args.corpus), studies, args.jobs) else 1)
     run_studies(corpus(args.corpus), args.seeds, studies, args.jobs)
 
