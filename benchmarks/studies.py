@@ -21,7 +21,8 @@ Two corpora:
                  (benchmarks/results/cache/), each run reads 3% of its training split (one pass),
                  evaluated on the whole held-out split; results in benchmarks/results/studies_large/.
 
-Each CSV row records the run's data (steps, tokens seen, passes, whether a token was seen
+A finished run is not trained again: to regenerate a table with new code, move its CSV aside and delete
+its runs (benchmarks/results/cache/studies_large/ or studies/). Each CSV row records the run's data (steps, tokens seen, passes, whether a token was seen
 twice), date, machine and commit; `--plot-only` redraws the plots, `--markdown` prints the docs/results.md
 tables, `--check` re-runs each table's first row from scratch and says whether it still reproduces.
 `--jobs N` trains N runs at once, each on cpu_count / N threads (on 2 cores, 2 jobs of 1 thread gave
@@ -178,24 +179,25 @@ def _large_vocabulary(corpus_dir, path):
     return path
 
 
-def corpus(corpus_dir=None):
-    """The Corpus of the shipped sample (None) or of a corpus folder built by training.make_corpus."""
+def corpus(corpus_dir=None, cache=CACHE):
+    """The Corpus of the shipped sample (None) or of a corpus folder built by training.make_corpus, its
+    prepared data, vocabulary and runs in `cache`."""
     if corpus_dir is None:
         # The sample runs read the text pipeline; the same rows, prepared once, give the counts.
-        manifest = _prepared(["task.dataset=sample"], CACHE / "prepared_sample")
-        return Corpus("sample", ("task.dataset=sample", "training.eval_batches=20"), STUDIES_DIR, CACHE / "studies",
+        manifest = _prepared(["task.dataset=sample"], cache / "prepared_sample")
+        return Corpus("sample", ("task.dataset=sample", "training.eval_batches=20"), STUDIES_DIR, cache / "studies",
                       manifest["splits"]["train"])
     corpus_dir = pathlib.Path(corpus_dir).resolve()
     if not (corpus_dir / "manifest.json").is_file() or not (corpus_dir / "heldout").is_dir():
         raise SystemExit(f"studies.py: error: --corpus {corpus_dir} is not a corpus built by training.make_corpus "
                          "(no manifest.json or heldout/)")
-    prepared = CACHE / "prepared_large"
-    vocabulary = _large_vocabulary(corpus_dir, CACHE / "large_vocab.txt")
+    prepared = cache / "prepared_large"
+    vocabulary = _large_vocabulary(corpus_dir, cache / "large_vocab.txt")
     manifest = _prepared(["task.dataset=text_files", f"task.data_dir={corpus_dir}"], prepared, vocabulary)
     # The whole held-out split is evaluated.
     eval_batches = manifest["splits"]["eval"]["rows"] // 16
     return Corpus("large", ("task.dataset=prepared", f"task.data_dir={prepared}", f"tokenizer.vocabulary={prepared / 'vocab.txt'}",
-                            f"training.eval_batches={eval_batches}"), LARGE_STUDIES_DIR, CACHE / "studies_large", manifest["splits"]["train"])
+                            f"training.eval_batches={eval_batches}"), LARGE_STUDIES_DIR, cache / "studies_large", manifest["splits"]["train"])
 
 
 def _config(corpus, preset, overrides, seed):
@@ -277,7 +279,8 @@ def write_rows(results, study, rows):
     path = results / f"{study}.csv"
     temporary = path.with_suffix(".csv.tmp")
     with temporary.open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        # Every row's columns (rows older than a column have none: "unknown").
+        writer = csv.DictWriter(file, fieldnames=list(dict.fromkeys(key for row in rows for key in row)), restval="unknown")
         writer.writeheader()
         writer.writerows(rows)
     os.replace(temporary, path)
@@ -472,29 +475,41 @@ def run_studies(corpus, seeds, studies, jobs):
         _record(corpus, pending[run_dir], metrics)
 
 
+def _write_json(path, record):
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    os.replace(temporary, path)
+
+
 def check_tables(corpus, studies, jobs):
-    """Re-runs the first committed row of each table from scratch with today's code (in a scratch folder)
-    and compares its held-out perplexity with the committed one; writes RESULTS/check.json and returns
-    whether every table reproduced within CHECK_TOLERANCE (relative)."""
-    scratch = dataclasses.replace(corpus, runs=CACHE / f"check_{corpus.name}")
-    shutil.rmtree(scratch.runs, ignore_errors=True)  # from scratch: nothing trained before is reused
+    """Re-runs the first committed row of each table with today's code, `corpus` prepared from scratch
+    (main() gives it a scratch cache), and compares its held-out perplexity with the committed one; records
+    each in RESULTS/check.json as it is known, then the CANARIES' losses. Returns whether every table
+    reproduced within CHECK_TOLERANCE (relative)."""
     committed = {study: read_rows(study, corpus.results)[0] for study in studies}
-    arguments = {study: (scratch, *STUDIES[study][row["label"]], int(row["seed"])) for study, row in committed.items()}
-    record = {}
+    arguments = {study: (corpus, *STUDIES[study][row["label"]], int(row["seed"])) for study, row in committed.items()}
+    path = corpus.results / "check.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
     for study, metrics in _train_all(arguments, jobs):
         row, rerun = committed[study], make_row(corpus, study, committed[study]["label"], int(committed[study]["seed"]), metrics)
         before, now = float(row["eval_subword_perplexity"]), rerun["eval_subword_perplexity"]
+        relative = now / before - 1
         record[study] = {"label": row["label"], "seed": int(row["seed"]), "committed": before, "committed_commit": row.get("commit", "unknown"),
-                         "rerun": now, "relative": round(now / before - 1, 5), "reproduced": abs(now / before - 1) <= CHECK_TOLERANCE,
+                         "rerun": now, "relative": round(relative, 5), "reproduced": abs(relative) <= CHECK_TOLERANCE,
+                         # the same data? (a tokenisation change repacks the corpus)
+                         "committed_train_split_tokens": int(row["train_split_tokens"]), "train_split_tokens": corpus.train["tokens"],
                          **{key: rerun[key] for key in ("date", "machine", "commit", "clean", "seconds")}}
+        _write_json(path, record)
         print(f"{study:13s} {row['label']:40s} seed {row['seed']}: committed {before:.3f}, today {now:.3f} "
-              f"({100 * (now / before - 1):+.2f}%): {'reproduced' if record[study]['reproduced'] else 'STALE'}", flush=True)
-    for study in record:
-        record[study]["canaries"] = {label: canary(study, label, scratch.runs / "prepared_sample") for label in CANARIES[study]}
-    path = corpus.results / "check.json"
-    previous = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps(previous | record, indent=1, sort_keys=True) + "\n")
-    return all(entry["reproduced"] for entry in record.values())
+              f"({100 * relative:+.2f}%): {'reproduced' if record[study]['reproduced'] else 'STALE'}", flush=True)
+    losses = {}  # a model of two tables is trained once
+    for study in committed:
+        keys = {label: json.dumps(STUDIES[study][label]) for label in CANARIES[study]}
+        for label, key in keys.items():
+            losses[key] = losses[key] if key in losses else canary(study, label, corpus.runs.parent / "prepared_sample")
+        record[study]["canaries"] = {label: losses[key] for label, key in keys.items()}
+    _write_json(path, record)
+    return all(record[study]["reproduced"] for study in committed)
 
 
 def main():
@@ -523,7 +538,9 @@ def main():
         if missing:  # before anything is prepared or trained
             print(f"studies.py: error: --check: no {', '.join(missing)} table in {results}", file=sys.stderr)
             raise SystemExit(2)
-        raise SystemExit(0 if check_tables(corpus(args.corpus), studies, args.jobs) else 1)
+        scratch = CACHE / f"check_{'large' if args.corpus else 'sample'}"
+        shutil.rmtree(scratch, ignore_errors=True)  # from scratch: nothing prepared or trained before is reused
+        raise SystemExit(0 if check_tables(corpus(args.corpus, scratch), studies, args.jobs) else 1)
     run_studies(corpus(args.corpus), args.seeds, studies, args.jobs)
 
 

@@ -84,6 +84,29 @@ def test_study_table_still_reproduces_with_todays_code(study, canary_losses):
             "the code has changed the numbers; run `python benchmarks/studies.py --corpus corpus --check --jobs 2`")
 
 
+def test_check_reproduces_a_table_from_scratch_and_flags_a_stale_one(tmp_path, monkeypatch):
+    """`studies.py --check` on a one-row table of a tiny model on the shipped sample whose committed perplexity
+    was raised by 1%: re-run from scratch (its data prepared again), the row gives its original perplexity to
+    the last digit, the table is flagged stale, and the check records the token counts and the canary."""
+    studies = _benchmark_module("studies")
+    tiny = ["training.train_steps=20", "training.steps_per_epoch=20", "training.warmup_steps=5", "training.steps_per_execution=5",
+            "training.jit_compile=false", "model.num_layers=1"]
+    monkeypatch.setattr(studies, "COMMON", [*studies.COMMON, *tiny])
+    preset, overrides = studies._standard(32, 2)
+    monkeypatch.setattr(studies, "STUDIES", {"depth": {"tiny": (preset, [*overrides, "training.eval_batches=2"])}})
+    monkeypatch.setattr(studies, "CANARIES", {"depth": ["tiny"]})
+    monkeypatch.setattr(studies, "STUDIES_DIR", tmp_path / "results")
+    studies.run_studies(studies.corpus(None, tmp_path / "cache"), [0], ["depth"], 1)
+    [row] = studies.read_rows("depth", tmp_path / "results")
+    original = float(row["eval_subword_perplexity"])
+    studies.write_rows(tmp_path / "results", "depth", [{**row, "eval_subword_perplexity": round(original * 1.01, 3)}])
+    assert not studies.check_tables(studies.corpus(None, tmp_path / "scratch"), ["depth"], 1)
+    check = json.loads((tmp_path / "results" / "check.json").read_text())["depth"]
+    assert (check["label"], check["rerun"], check["reproduced"], list(check["canaries"])) == ("tiny", original, False, ["tiny"])
+    assert check["relative"] == pytest.approx(1 / 1.01 - 1, abs=1e-4)
+    assert check["train_split_tokens"] == check["committed_train_split_tokens"] > 0
+
+
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_readme_training_throughput_is_the_committed_data(backend):
     record = json.loads((RESULTS / f"train_{backend}.json").read_text())
