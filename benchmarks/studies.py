@@ -22,8 +22,8 @@ Two corpora:
                  evaluated on the whole held-out split; results in benchmarks/results/studies_large/.
 
 A finished run is not trained again: to regenerate a table with new code, move its CSV aside and delete
-its runs (benchmarks/results/cache/studies_large/ or studies/). Each CSV row records the run's data (steps, tokens seen, passes, whether a token was seen
-twice), date, machine and commit; `--plot-only` redraws the plots, `--markdown` prints the docs/results.md
+its runs (benchmarks/results/cache/studies_large/ or studies/). Each CSV row records the run's data
+(steps, tokens seen, passes, whether a token was seen twice), date, machine and commit; `--plot-only` redraws the plots, `--markdown` prints the docs/results.md
 tables, `--check` re-runs each table's first row from scratch and says whether it still reproduces.
 `--jobs N` trains N runs at once, each on cpu_count / N threads (on 2 cores, 2 jobs of 1 thread gave
 ~1.2x the runs per hour; a run's last bits depend on its thread count).
@@ -67,8 +67,8 @@ CHECK_TOLERANCE = 0.005
 # The guard of the checked tables (issue 27): a table's models of distinct code paths (attention types, norm
 # positions, Admin; "concatenate w=64 h=4" is "standard w=64 h=4", trained once), cut to CANARY_OVERRIDES
 # (2 layers, no XLA: seconds each, not minutes) and trained CANARY_STEPS steps on the shipped sample prepared
-# into shards (the large tables' path: WordPiece training, packing, shards). `--check` records their held-out losses in check.json beside
-# the re-run row; tests/test_results.py trains them again: another loss means the code has changed the
+# into shards (the large tables' path: WordPiece training, packing, shards). `--check` records their held-out
+# losses in check.json beside the re-run row; tests/test_results.py trains them again: another loss means the code has changed the
 # numbers since the table was checked, and the check is due again.
 CANARY_STEPS = 10
 CANARY_OVERRIDES = ["model.num_layers=2", "training.jit_compile=false"]
