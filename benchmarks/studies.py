@@ -466,6 +466,16 @@ def canary(study, label, prepared):
         return round(train(config, run_dir, verbose=0)["eval_loss"], 6)
 
 
+def canary_losses(study, prepared, losses):
+    """{label: `canary` loss} of the CANARIES of `study`; `losses` ({model: loss}) keeps those trained
+    already, so that a model of two tables is trained once."""
+    keys = {label: json.dumps(STUDIES[study][label]) for label in CANARIES[study]}
+    for label, key in keys.items():
+        if key not in losses:
+            losses[key] = canary(study, label, prepared)
+    return {label: losses[key] for label, key in keys.items()}
+
+
 def run_studies(corpus, seeds, studies, jobs):
     """Trains every pending run and records each as it finishes; a model shared by two studies is trained once."""
     pending = _pending(corpus, seeds, studies)
@@ -475,23 +485,20 @@ def run_studies(corpus, seeds, studies, jobs):
         _record(corpus, pending[run_dir], metrics)
 
 
-def _write_json(path, record):
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    os.replace(temporary, path)
-
-
 def check_tables(corpus, studies, jobs):
     """Re-runs the first committed row of each table with today's code, `corpus` prepared from scratch
     (main() gives it a scratch cache), and compares its held-out perplexity with the committed one; records
     each in RESULTS/check.json as it is known, then the CANARIES' losses. Returns whether every table
     reproduced within CHECK_TOLERANCE (relative)."""
+    from concise_attention.training.runs import write_bytes_atomically
+
     committed = {study: read_rows(study, corpus.results)[0] for study in studies}
     arguments = {study: (corpus, *STUDIES[study][row["label"]], int(row["seed"])) for study, row in committed.items()}
     path = corpus.results / "check.json"
     record = json.loads(path.read_text()) if path.is_file() else {}
     for study, metrics in _train_all(arguments, jobs):
-        row, rerun = committed[study], make_row(corpus, study, committed[study]["label"], int(committed[study]["seed"]), metrics)
+        row = committed[study]
+        rerun = make_row(corpus, study, row["label"], int(row["seed"]), metrics)
         before, now = float(row["eval_subword_perplexity"]), rerun["eval_subword_perplexity"]
         relative = now / before - 1
         record[study] = {"label": row["label"], "seed": int(row["seed"]), "committed": before, "committed_commit": row.get("commit", "unknown"),
@@ -499,16 +506,13 @@ def check_tables(corpus, studies, jobs):
                          # the same data? (a tokenisation change repacks the corpus)
                          "committed_train_split_tokens": int(row["train_split_tokens"]), "train_split_tokens": corpus.train["tokens"],
                          **{key: rerun[key] for key in ("date", "machine", "commit", "clean", "seconds")}}
-        _write_json(path, record)
+        write_bytes_atomically(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
         print(f"{study:13s} {row['label']:40s} seed {row['seed']}: committed {before:.3f}, today {now:.3f} "
               f"({100 * relative:+.2f}%): {'reproduced' if record[study]['reproduced'] else 'STALE'}", flush=True)
-    losses = {}  # a model of two tables is trained once
+    losses = {}
     for study in committed:
-        keys = {label: json.dumps(STUDIES[study][label]) for label in CANARIES[study]}
-        for label, key in keys.items():
-            losses[key] = losses[key] if key in losses else canary(study, label, corpus.runs.parent / "prepared_sample")
-        record[study]["canaries"] = {label: losses[key] for label, key in keys.items()}
-    _write_json(path, record)
+        record[study]["canaries"] = canary_losses(study, corpus.runs.parent / "prepared_sample", losses)
+    write_bytes_atomically(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return all(record[study]["reproduced"] for study in committed)
 
 

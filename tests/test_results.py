@@ -52,16 +52,9 @@ def test_readme_study_table_is_the_committed_data(study):
 
 @pytest.fixture(scope="module")
 def canary_losses(tmp_path_factory):
-    """{(preset, overrides): held-out loss after studies.CANARY_STEPS steps}, each model trained once."""
+    """studies.canary_losses of a study, the sample prepared once and each model trained once."""
     studies, prepared, losses = _benchmark_module("studies"), tmp_path_factory.mktemp("canary") / "prepared", {}
-
-    def loss(study, label):
-        key = json.dumps(studies.STUDIES[study][label])
-        if key not in losses:
-            losses[key] = studies.canary(study, label, prepared)
-        return losses[key]
-
-    return loss
+    return lambda study: studies.canary_losses(study, prepared, losses)
 
 
 @pytest.mark.parametrize("study", ["heads", "collaborative", "depth"])
@@ -77,8 +70,9 @@ def test_study_table_still_reproduces_with_todays_code(study, canary_losses):
     assert check["reproduced"] and abs(check["rerun"] / check["committed"] - 1) <= studies.CHECK_TOLERANCE, check
     assert f"| {first['label']} | {check['committed']:.3f} | {check['rerun']:.3f} |" in README, "docs/results.md misquotes check.json"
     assert set(check["canaries"]) == set(studies.CANARIES[study])
+    today_by_label = canary_losses(study)
     for label, recorded in check["canaries"].items():
-        today = canary_losses(study, label)
+        today = today_by_label[label]
         assert today == pytest.approx(recorded, rel=1e-4), (
             f"{study} / {label}: 10-step loss {today} today, {recorded} when the table was checked ({check['commit']}): "
             "the code has changed the numbers; run `python benchmarks/studies.py --corpus corpus --check --jobs 2`")
