@@ -37,13 +37,13 @@ setuptools.setup(
     cmdclass={"build_py": BuildPy},
     package_data={
         "concise_attention.configs": ["*.yaml"],
-        "concise_attention.training": ["data/*.txt", "data/*/*"],
+        "concise_attention.training.data": ["*.txt", "wordnet_topics/*", "debian_sections/*"],
         "concise_attention.models": ["shipped/*/*", "shipped/*/assets/tokenizer/*"],
     },
     install_requires=[
         "tensorflow>=2.20,<2.21",
         "keras>=3.10,<4",
-        "keras-hub>=0.29",  # WordPiece vocabulary training (training/tokenizer.py), the GLUE pair packer
+        "keras-hub>=0.29",  # WordPiece vocabulary training (training/preprocessing/tokenizer.py), the GLUE pair packer
         "tensorflow-text>=2.20,<2.21",  # what keras-hub's WordPiece vocabulary training runs on
         "tensorflow-datasets>=4.9",  # GLUE and SQuAD readers
         "tensorly>=0.8",  # the CP decomposition of collaborative conversion
@@ -60,7 +60,7 @@ setuptools.setup(
             "concise-export = concise_attention.cli.export:main",
             "concise-quickstart = concise_attention.cli.quickstart:main",
             "concise-collaborative = concise_attention.cli.collaborative:main",
-            "concise-prepare-data = concise_attention.training.prepare_data:main",
+            "concise-prepare-data = concise_attention.training.backends.prepare_data:main",
             "concise-evaluate = concise_attention.cli.evaluate:main",
         ]
     },

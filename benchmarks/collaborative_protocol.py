@@ -33,12 +33,13 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from concise_attention.training import configs  # noqa: E402
-from concise_attention.models.transformer import head_size_of  # noqa: E402
-from concise_attention.cli import train as cli  # noqa: E402
 from concise_attention.cli import collaborative as collaborative_cli  # noqa: E402
 from concise_attention.cli import evaluate as evaluate_cli  # noqa: E402
-from concise_attention.training import runs  # noqa: E402
+from concise_attention.cli import train as cli  # noqa: E402
+from concise_attention.models.transformer import head_size_of  # noqa: E402
+from concise_attention.training import files  # noqa: E402
+from concise_attention.training.run import configs  # noqa: E402
+from concise_attention.training.run import runs  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 RECORD = RESULTS / "collaborative_protocol.json"
@@ -55,7 +56,7 @@ def _step(work, name, function, *arguments):
     with contextlib.redirect_stdout(io.StringIO()):  # the commands' own printing
         result = function(*arguments)
     seconds = time.perf_counter() - start
-    runs.write_json_atomically(path, {"result": result, "seconds": seconds})
+    files.write_json_atomically(path, {"result": result, "seconds": seconds})
     return result, seconds
 
 
@@ -76,7 +77,7 @@ def _convert_and_evaluate(tuned, out, shared_key_dim, iterations):
     metrics_path = out.parent / f"{out.name}_metrics.json"
     if evaluate_cli.main(["--run", str(out), "--output", str(metrics_path)]) != 0:
         raise SystemExit(f"evaluating {out} failed")
-    return [runs.read_json(metrics_path), json.loads((out / "conversion_report.json").read_text())]
+    return [files.read_json(metrics_path), json.loads((out / "conversion_report.json").read_text())]
 
 
 def run_protocol(work, init, ranks, epochs, again_epochs, iterations):
@@ -148,7 +149,7 @@ def main():
                   data="wordnet_topics", date=time.strftime("%Y-%m-%d"), machine=platform.processor() or platform.machine(),
                   cpu_count=os.cpu_count())
     out = pathlib.Path(args.out)
-    runs.write_json_atomically(out, record)
+    files.write_json_atomically(out, record)
     runs.write_bytes_atomically(out.with_suffix(".md"), markdown(record) + "\n")
     print(markdown(record))
     print(f"{record['seconds'] / 60:.1f} min; wrote {out} and {out.with_suffix('.md')}")

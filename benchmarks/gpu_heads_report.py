@@ -17,7 +17,7 @@ import json
 import math
 import pathlib
 
-from concise_attention.training import configs
+from concise_attention.training.run import configs
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "gpu_heads"
 

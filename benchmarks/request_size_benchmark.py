@@ -57,7 +57,7 @@ def main(argv=None):
     parser.add_argument("--export", help="an export folder (its serving/1 is served); default: all-MiniLM-L6-v2 exported here")
     parser.add_argument("--out", default=str(RESULTS / "request_size_benchmark.json"))
     args = parser.parse_args(argv)
-    from concise_attention.training.data import read_lines
+    from concise_attention.training.data.packing import read_lines
 
     sentences = [line.split(". ")[0].strip() + "." for line in read_lines() if len(line.split()) >= 12][:32]
     with tempfile.TemporaryDirectory() as workdir:

@@ -25,16 +25,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from concise_attention.training import prepare_data  # noqa: E402
-from concise_attention.training import shards  # noqa: E402
-from concise_attention.training.data import SAMPLE_CORPUS  # noqa: E402
-from concise_attention.training.pipeline import corpus_lines  # noqa: E402
-from concise_attention.training.pipeline import language_model_dataset  # noqa: E402
-from concise_attention.training.pipeline import prepared_dataset  # noqa: E402
-from concise_attention.training.runs import write_json_atomically  # noqa: E402
-from concise_attention.training.tokenizer import wordpiece_tokenizer  # noqa: E402
+from concise_attention.training.backends import prepare_data  # noqa: E402
+from concise_attention.training.data import shards  # noqa: E402
+from concise_attention.training.data.packing import SAMPLE_CORPUS  # noqa: E402
+from concise_attention.training.data.pipeline import corpus_lines  # noqa: E402
+from concise_attention.training.data.pipeline import language_model_dataset  # noqa: E402
+from concise_attention.training.data.pipeline import prepared_dataset  # noqa: E402
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer  # noqa: E402
+from concise_attention.training.run.runs import write_json_atomically  # noqa: E402
 
-from concise_attention.training import configs  # noqa: E402
+from concise_attention.training.run import configs  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 

@@ -78,7 +78,7 @@ def minilm_folder():
 def texts_by_length(tokenizer, count=1024):
     """{short, medium, long}: `count` texts of the shipped corpus (sentences, and whole paragraphs for
     the long ones) whose WordPiece counts lie in LENGTHS, repeated in order if there are fewer."""
-    from concise_attention.training.data import read_lines
+    from concise_attention.training.data.packing import read_lines
 
     lines = [line.strip() for line in read_lines() if line.strip()]
     candidates = sorted({part.strip() for line in lines for part in (line, *line.split(". ")) if len(part.split()) >= 3})
@@ -208,8 +208,8 @@ def encoders(chosen=None):
     """(name, source for export_run, loaded backbone, tokenizer) of the teacher and each shipped preset
     (only the names in `chosen`, when given)."""
     from concise_attention.models import presets
-    from concise_attention.training import runs
-    from concise_attention.training.text import WordPieceModule
+    from concise_attention.training.preprocessing.text import WordPieceModule
+    from concise_attention.training.run import runs
 
     for name, source in [("all-MiniLM-L6-v2", str(minilm_folder())), *[(preset, preset) for preset in presets.shipped_presets()]]:
         if chosen and name not in chosen:
@@ -282,7 +282,7 @@ def main(argv=None):
     result = {**provenance.record(), "tensorflow": tf.__version__, "onednn": bool(_pywrap_util_port.IsMklEnabled()), "sequence_length": SEQ_LENGTH,
               "matmul_gflops": rate / 1e9, "rounds": args.rounds,
               "command": provenance.command_line("benchmarks/serving_benchmark.py", argv if argv is not None else sys.argv[1:]), "rows": rows}
-    from concise_attention.training.runs import write_json_atomically
+    from concise_attention.training.run.runs import write_json_atomically
 
     write_json_atomically(args.out, result)
     print(f"\n{result['machine']}, {result['date']}, oneDNN {'on' if result['onednn'] else 'off'}, "

@@ -17,7 +17,7 @@ Two corpora:
   (default)      the shipped 31k-word sample: each run sees it ~22 times (memorisation counts): a quick
                  rehearsal, results in benchmarks/results/cache/studies_sample/ (not committed: its
                  tables were retired, docs/results.md says why).
-  --corpus DIR   a corpus built by `python -m concise_attention.training.make_corpus`: prepared once into shards
+  --corpus DIR   a corpus built by `python -m concise_attention.training.data.make_corpus`: prepared once into shards
                  (benchmarks/results/cache/), each run reads 3% of its training split (one pass),
                  evaluated on the whole held-out split; results in benchmarks/results/studies_large/.
 
@@ -56,7 +56,7 @@ import provenance  # noqa: E402  (benchmarks/, beside this script)
 RESULTS = pathlib.Path(__file__).parent / "results"
 CACHE = RESULTS / "cache"
 # The shipped 31k-word sample (~22 passes per run; its tables retired, not committed) and a corpus built by
-# `python -m concise_attention.training.make_corpus` (--corpus DIR: one pass at most, held out by document).
+# `python -m concise_attention.training.data.make_corpus` (--corpus DIR: one pass at most, held out by document).
 STUDIES_DIR = CACHE / "studies_sample"
 LARGE_STUDIES_DIR = RESULTS / "studies_large"
 # Vocabulary of the large corpus: WordPiece trained on one training line in VOCABULARY_EVERY
@@ -136,7 +136,7 @@ STUDIES = {
 class Corpus:
     """Where a set of studies reads its data and writes its results.
 
-    name: "sample" (the shipped corpus) or "large" (built by training.make_corpus).
+    name: "sample" (the shipped corpus) or "large" (built by training.data.make_corpus).
     overrides: the config overrides selecting the data (and the evaluation batches).
     results: folder of the CSVs and plots. runs: folder of the run directories.
     train: {"rows", "tokens"} of the packed training split (for the passes over it).
@@ -151,9 +151,9 @@ class Corpus:
 
 def _prepared(config_overrides, out, vocabulary=None):
     """Prepares (once) the data of `config_overrides` into `out`; returns its manifest."""
-    from concise_attention.training import configs
-    from concise_attention.training import prepare_data
-    from concise_attention.training import shards
+    from concise_attention.training.backends import prepare_data
+    from concise_attention.training.data import shards
+    from concise_attention.training.run import configs
 
     if not (out / shards.MANIFEST).is_file():
         if out.exists():
@@ -165,11 +165,11 @@ def _prepared(config_overrides, out, vocabulary=None):
 
 def _large_vocabulary(corpus_dir, path):
     """WordPiece vocabulary of the large corpus, trained on one training line in VOCABULARY_EVERY."""
-    from concise_attention.training import configs
-    from concise_attention.training.pipeline import corpus_splits
-    from concise_attention.training.tokenizer import train_wordpiece
-    from concise_attention.training.trainer import VOCABULARY_TRAINING_LINES
-    from concise_attention.training.trainer import tokenizer_settings
+    from concise_attention.training.backends.trainer import VOCABULARY_TRAINING_LINES
+    from concise_attention.training.data.pipeline import corpus_splits
+    from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
+    from concise_attention.training.preprocessing.tokenizer import train_wordpiece
+    from concise_attention.training.run import configs
 
     if not path.is_file():
         config = configs.load_config("lm1b_standard_d256", COMMON)
@@ -180,7 +180,7 @@ def _large_vocabulary(corpus_dir, path):
 
 
 def corpus(corpus_dir=None, cache=CACHE):
-    """The Corpus of the shipped sample (None) or of a corpus folder built by training.make_corpus, its
+    """The Corpus of the shipped sample (None) or of a corpus folder built by training.data.make_corpus, its
     prepared data, vocabulary and runs in `cache`."""
     if corpus_dir is None:
         # The sample runs read the text pipeline; the same rows, prepared once, give the counts.
@@ -189,7 +189,7 @@ def corpus(corpus_dir=None, cache=CACHE):
                       manifest["splits"]["train"])
     corpus_dir = pathlib.Path(corpus_dir).resolve()
     if not (corpus_dir / "manifest.json").is_file() or not (corpus_dir / "heldout").is_dir():
-        raise SystemExit(f"studies.py: error: --corpus {corpus_dir} is not a corpus built by training.make_corpus "
+        raise SystemExit(f"studies.py: error: --corpus {corpus_dir} is not a corpus built by training.data.make_corpus "
                          "(no manifest.json or heldout/)")
     prepared = cache / "prepared_large"
     vocabulary = _large_vocabulary(corpus_dir, cache / "large_vocab.txt")
@@ -201,7 +201,7 @@ def corpus(corpus_dir=None, cache=CACHE):
 
 
 def _config(corpus, preset, overrides, seed):
-    from concise_attention.training import configs
+    from concise_attention.training.run import configs
 
     return configs.load_config(preset, [*COMMON, *corpus.overrides, *overrides, f"training.seed={seed}"])
 
@@ -229,8 +229,8 @@ def train_run(corpus, preset, overrides, seed, threads=None):
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
-    from concise_attention.training.checkpoints import Preempted
-    from concise_attention.training.trainer import train
+    from concise_attention.training.backends.trainer import train
+    from concise_attention.training.run.checkpoints import Preempted
 
     config = _config(corpus, preset, overrides, seed)
     run_dir = run_directory(corpus, preset, overrides, seed)
@@ -250,8 +250,8 @@ def train_run(corpus, preset, overrides, seed, threads=None):
 
 def make_row(corpus, study, label, seed, metrics):
     """The CSV row of a finished run: the model, the data seen, the held-out perplexity, where and when."""
-    from concise_attention.training import configs
     from concise_attention.models.transformer import head_size_of
+    from concise_attention.training.run import configs
 
     preset, overrides = STUDIES[study][label]
     config = _config(corpus, preset, overrides, seed)
@@ -452,8 +452,8 @@ def canary(study, label, prepared):
     the shipped sample prepared into `prepared` (once): what today's code gives the study, to 6 decimals."""
     import tempfile
 
-    from concise_attention.training import configs
-    from concise_attention.training.trainer import train
+    from concise_attention.training.backends.trainer import train
+    from concise_attention.training.run import configs
 
     manifest = _prepared(["task.dataset=sample"], pathlib.Path(prepared))
     preset, overrides = STUDIES[study][label]
@@ -490,7 +490,7 @@ def check_tables(corpus, studies, jobs):
     (main() gives it a scratch cache), and compares its held-out perplexity with the committed one; records
     each in RESULTS/check.json as it is known, then the CANARIES' losses. Returns whether every table
     reproduced within CHECK_TOLERANCE (relative)."""
-    from concise_attention.training.runs import write_bytes_atomically
+    from concise_attention.training.run.runs import write_bytes_atomically
 
     committed = {study: read_rows(study, corpus.results)[0] for study in studies}
     arguments = {study: (corpus, *STUDIES[study][row["label"]], int(row["seed"])) for study, row in committed.items()}
@@ -520,7 +520,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", choices=[*STUDIES, "all"], default="all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--corpus", help="a corpus folder built by `python -m concise_attention.training.make_corpus` (default: the shipped sample)")
+    parser.add_argument("--corpus", help="a corpus folder built by `python -m concise_attention.training.data.make_corpus` (default: the shipped sample)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each on cpu_count / jobs threads")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots from the CSVs, train nothing")
     parser.add_argument("--markdown", action="store_true", help="print the docs/results.md tables from the CSVs, train nothing")

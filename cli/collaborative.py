@@ -3,7 +3,7 @@
     concise-collaborative --hf-dir path/to/bert --shared-key-dim 192 --out converted/
     concise-collaborative --run runs/tiny --ratio 0.5 --out converted/
 
-Writes OUT as a run directory (`training.runs`): config.json (the converted architecture,
+Writes OUT as a run directory (`training.run.runs`): config.json (the converted architecture,
 the source's task and tokenizer settings), vocab.txt, backbone.weights.h5, plus
 conversion_report.json, all into a temporary folder renamed at the end: a failed or refused
 conversion leaves nothing behind, and an existing OUT is kept unless --overwrite. OUT then
@@ -26,16 +26,19 @@ import tempfile
 
 from concise_attention.models.collaborative import convert_model
 from concise_attention.models.transformer import head_size_of
-from concise_attention.training import configs
-from concise_attention.training import runs
+from concise_attention.training import files
+from concise_attention.training.backends.trainer import initialize_backbone
+from concise_attention.training.inference import sources
+from concise_attention.training.preprocessing.text import read_vocabulary
+from concise_attention.training.run import configs
+from concise_attention.training.run import runs
 from concise_attention.training.tasks import make_task
-from concise_attention.training.trainer import initialize_backbone
 
 
 def _load_source(path):
-    """The source's `runs.Source`, its backbone (the BERT encoder or the causal LM) and, for a run
+    """The source's `sources.Source`, its backbone (the BERT encoder or the causal LM) and, for a run
     with a task model (a fine-tuned classifier, ...), its config and task model; weights loaded."""
-    source = runs.read_source(path)
+    source = sources.read_source(path)
     if source.model_weights is not None:
         config, task_model, backbone, _ = runs.load_model(path)
         return source, backbone, (config, task_model)
@@ -83,12 +86,12 @@ def _write_run(directory, source, converted, reports, task=None):
         "description": f"{source.path} converted to collaborative attention (D~k={shared_key_dim})"}
     if task is not None and task[0].training is not None:
         config["training"] = dataclasses.asdict(task[0].training)
-    runs.write_json_atomically(run.file(runs.CONFIG), config)
-    run.write_vocabulary(runs.read_vocabulary(source.vocabulary))
-    runs.save_weights(converted, run.file(runs.BACKBONE_WEIGHTS))
+    files.write_json_atomically(run.file(files.CONFIG), config)
+    run.write_vocabulary(read_vocabulary(source.vocabulary))
+    files.save_weights(converted, run.file(files.BACKBONE_WEIGHTS))
     if task is not None:
-        runs.save_weights(task[1], run.file(runs.MODEL_WEIGHTS))
-    runs.write_json_atomically(run.file("conversion_report.json"), reports)
+        files.save_weights(task[1], run.file(files.MODEL_WEIGHTS))
+    files.write_json_atomically(run.file("conversion_report.json"), reports)
 
 
 def main(argv=None):

@@ -14,12 +14,13 @@ import json
 import pathlib
 import sys
 
-from concise_attention.training import configs
-from concise_attention.training import runs
+from concise_attention.training import files
+from concise_attention.training.backends.trainer import cached_eval
+from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+from concise_attention.training.run import configs
+from concise_attention.training.run import runs
 from concise_attention.training.tasks import make_task
-from concise_attention.training.tokenizer import wordpiece_tokenizer
-from concise_attention.training.trainer import cached_eval
-from concise_attention.training.trainer import tokenizer_settings
 
 
 def evaluate_run(path):
@@ -27,7 +28,7 @@ def evaluate_run(path):
     its evaluation, e.g. eval_loss, eval_accuracy, majority_class_accuracy)."""
     config, model, _, vocabulary = runs.load_model(path)
     if config.training is None:
-        raise ValueError(f"{runs.join(path, runs.CONFIG)} has no `training` section: it does not say how to evaluate "
+        raise ValueError(f"{files.join(path, files.CONFIG)} has no `training` section: it does not say how to evaluate "
                          "(sequence length, batch size).")
     task = make_task(config)
     task.check()
@@ -58,7 +59,7 @@ def main(argv=None):
         _check_output(args.output)  # before the evaluation: a bad --output must not cost one
         metrics = evaluate_run(args.run)
         if args.output:
-            runs.write_json_atomically(args.output, metrics)
+            files.write_json_atomically(args.output, metrics)
     print(json.dumps(metrics, indent=1))
     return 0
 

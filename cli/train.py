@@ -5,10 +5,10 @@ import json
 import os
 import sys
 
-from concise_attention.training import configs
-from concise_attention.training.checkpoints import PREEMPTED_EXIT_CODE
-from concise_attention.training.checkpoints import Preempted
-from concise_attention.training.trainer import train
+from concise_attention.training.backends.trainer import train
+from concise_attention.training.run import configs
+from concise_attention.training.run.checkpoints import Preempted
+from concise_attention.training.run.checkpoints import PREEMPTED_EXIT_CODE
 
 
 def main(argv=None):

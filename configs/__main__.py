@@ -1,3 +1,3 @@
-from concise_attention.training.configs import main
+from concise_attention.training.run.configs import main
 
 main()

@@ -18,14 +18,14 @@ Why no coarser buckets: the serving graph takes any length without tracing again
 
 import tensorflow as tf
 
-from concise_attention.training import embeddings
+from concise_attention.training.inference import embeddings
 
 CHUNK_SIZE = 64  # rows a chunk holds: enough for efficient matrix products, small enough to bound memory
 BUCKET = 1  # chunks are padded to a multiple of this many tokens: 1, to the chunk's longest text
 
 
 def bucket_lengths(seq_length, bucket=BUCKET, shortest=2):
-    """The padded lengths a chunk can have (`training.embeddings.bucket_lengths`, shared with training)."""
+    """The padded lengths a chunk can have (`training.inference.embeddings.bucket_lengths`, shared with training)."""
     return embeddings.bucket_lengths(seq_length, bucket, shortest)
 
 
@@ -44,7 +44,7 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
 
     Args:
         texts: 1 or 2 string tensors [N], one per text input (the rows of a pair task side by side).
-        tokenizer: a `training.text.WordPieceModule`: its `tokenize(chunk, max_length=seq_length)` is called on
+        tokenizer: a `training.preprocessing.text.WordPieceModule`: its `tokenize(chunk, max_length=seq_length)` is called on
             one chunk at a time (a request is never tokenised whole, so its memory does not grow with its
             size), its `pack(segments, length)` gives the chunk's int32 [n, length] inputs.
         seq_length: the export's sequence length (the most a chunk is padded to).

@@ -1,6 +1,6 @@
 """Exporting a trained BERT as it is: TF-Hub encoder + preprocessor, Keras 3 preset, TF Serving
 model, tarball; from a run directory, a `concise-collaborative` output or a Hugging Face BERT
-folder alike (all read by `training.runs.load_source`), with no training.
+folder alike (all read by `training.run.runs.load_source`), with no training.
 
     OUT/hub/<version>/encoder/           TF-Hub BERT encoder (reusable SavedModel, `.mlm` when the
                                          source has an MLM head)
@@ -21,7 +21,7 @@ callable with `training=` and exposes `variables`, `trainable_variables` and
 is a Keras-3 endpoint for `keras.layers.TFSMLayer`. The preprocessor's `.tokenize` and
 `.bert_pack_inputs` each carry the tokenizer (its tables), so a tf_keras model built from
 `hub.KerasLayer(preprocess.tokenize)` saves. Every graph uses core TensorFlow ops only (the
-tokenizer is `training.text.WordPieceModule`, the one tokenizer of training and serving), so stock TF Serving runs the serving model and
+tokenizer is `training.preprocessing.text.WordPieceModule`, the one tokenizer of training and serving), so stock TF Serving runs the serving model and
 none of the artifacts needs tensorflow-text to load.
 
 A version is written into a staging folder and committed by `export.commit` (a journal,
@@ -50,11 +50,11 @@ from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
 from concise_attention.export.chunking import chunked
 from concise_attention.models import presets
-from concise_attention.training import configs
-from concise_attention.training import runs
+from concise_attention.training.preprocessing.text import read_vocabulary
+from concise_attention.training.preprocessing.text import WordPieceModule
+from concise_attention.training.run import configs
+from concise_attention.training.run import runs
 from concise_attention.training.tasks import make_task
-from concise_attention.training.text import WordPieceModule
-from concise_attention.training.text import read_vocabulary
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
@@ -357,7 +357,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
     """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
     Args:
-        source: what `training.runs.read_source` reads: a run directory (config.json,
+        source: what `training.inference.sources.read_source` reads: a run directory (config.json,
             backbone.weights.h5 [+ model.weights.h5], vocab.txt), a `concise-collaborative`
             output, or a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt
             [, tokenizer_config.json]). A task head it holds is exported with it: an MLM

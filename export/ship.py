@@ -19,8 +19,8 @@ import sys
 import tempfile
 
 from concise_attention.models import presets
-from concise_attention.training import runs
-
+from concise_attention.training import files
+from concise_attention.training.run import runs
 MAX_MEGABYTES = 25
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
@@ -47,13 +47,13 @@ def _data_lines(task):
     folders = task["data_dir"] if isinstance(task["data_dir"], list) else [task["data_dir"]]
     lines = []
     for folder in folders:
-        manifest = runs.join(folder, "manifest.json")
+        manifest = files.join(folder, "manifest.json")
         try:
-            sources = runs.read_json(manifest)["sources"]
+            sources = files.read_json(manifest)["sources"]
         except ValueError:
             lines.append(f"- `{os.path.basename(os.path.normpath(folder))}`: no manifest.json")
             continue
-        lines.append(f"- `{os.path.basename(os.path.normpath(folder))}` (`python -m concise_attention.training.make_corpus`): "
+        lines.append(f"- `{os.path.basename(os.path.normpath(folder))}` (`python -m concise_attention.training.data.make_corpus`): "
                      + "; ".join(f"{source['package']} {source['version']} ({source['licence']})" for source in sources))
     return lines
 
@@ -82,7 +82,7 @@ def model_card(name, source, config, results, run):
         f"# {name}", "",
         f"A {model['hidden_size']}-dimensional English sentence encoder distilled from "
         f"{task.get('teacher') or 'all-MiniLM-L6-v2 (384-d)'} by concise-attention's `distill` task.", "",
-        "```python", "from concise_attention.training.embeddings import SentenceEncoder", "",
+        "```python", "from concise_attention.training.inference.embeddings import SentenceEncoder", "",
         f'encoder = SentenceEncoder.from_preset("{name}")   # no network: shipped inside the package',
         'vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell sharply."])   '
         f"# numpy (2, {model['hidden_size']}), unit rows", "```", "",
@@ -121,8 +121,8 @@ def ship(run, name, results_path, shipped_dir=None):
     """Writes the shipped preset `name` of the distill run `run`; returns its folder."""
     if not NAME.fullmatch(name):
         raise ValueError(f"--name {name!r}: use 1-64 lower-case letters, digits and _.- (starting with a letter or digit)")
-    results = runs.read_json(results_path)
-    config = runs.read_json(runs.join(run, runs.CONFIG))
+    results = files.read_json(results_path)
+    config = files.read_json(files.join(run, files.CONFIG))
     if config.get("task", {}).get("name") != "distill":
         raise ValueError(f"--run {run}: not a distill run (task {config.get('task', {}).get('name')!r})")
     source, backbone, _ = runs.load_source(run, kind="run")

@@ -2,7 +2,7 @@
 # The heads study at the LM1B shape of Bhojanapalli et al. (Figure 1: 6 layers, sequence 256,
 # vocabulary 32k): standard attention at width 256, 384 and 512 against fixed head size 32 at
 # width 256 with 16, 32 and 70 heads (the presets' parameter counts: 12.9M, 20.6M, 29.0M against
-# 14.5M, 17.7M, 25.2M), trained from the same prepared shards of the corpus training.make_corpus
+# 14.5M, 17.7M, 25.2M), trained from the same prepared shards of the corpus training.data.make_corpus
 # builds, on a GPU machine that has JAX and no TensorFlow.
 #
 #   # 1. on a CPU machine with this package installed (TensorFlow): tokenise and pack once
@@ -49,7 +49,7 @@ train_one() {  # PRESET PREPARED_DIR RUNS_DIR STEPS [--set ...]
     local preset=$1 data=$2 runs=$3 steps=$4
     shift 4
     timeout --signal=TERM "$TRAIN_SECONDS" env KERAS_BACKEND=jax XLA_PYTHON_CLIENT_PREALLOCATE="$preallocate" \
-        python3 -m concise_attention.training.shard_trainer --config "$preset" --data "$data" \
+        python3 -m concise_attention.training.backends.shard_trainer --config "$preset" --data "$data" \
         --run-dir "$runs/$preset" --set "training.train_steps=$steps" --set "tokenizer.vocabulary=$data/vocab.txt" \
         "$@" --quiet >"$runs/$preset.log" 2>&1 || echo "$preset: stopped with status $? (see $runs/$preset.log)" >&2
 }

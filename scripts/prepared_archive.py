@@ -27,7 +27,7 @@ import tarfile
 
 import numpy as np
 
-from concise_attention.training import shards
+from concise_attention.training.data import shards
 
 INDEX = "archive.json"
 VOCABULARY_FILES = (shards.VOCABULARY, f"{shards.VOCABULARY}.sha256")  # the second: the vocabulary's recorded hash

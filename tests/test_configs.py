@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from concise_attention.training import configs
 from concise_attention.models.bert import BertEncoder
 from concise_attention.models.lm import CausalLM
+from concise_attention.training.run import configs
 
 # Bhojanapalli et al. (2020), Tables 1-3: parameters of the BERT-study models.
 PAPER_PARAMETERS = {
@@ -152,7 +152,9 @@ def test_nested_attention_overrides():
 def test_a_run_directory_written_before_the_nested_form_still_loads(tmp_path):
     """A config.json with the old flat attention fields: read as a task.init source, rebuilt
     with its weights by `runs.load_model`, and resumed with the new form of the same model."""
-    from concise_attention.training import runs
+    from concise_attention.training import files
+    from concise_attention.training.inference import sources
+    from concise_attention.training.run import runs
     from concise_attention.training.tasks import make_task
 
     config = configs.load_config("tiny_bert_collaborative")
@@ -163,10 +165,10 @@ def test_a_run_directory_written_before_the_nested_form_still_loads(tmp_path):
     del old["model"]["attention"]
     old["model"].update(attention_type="collaborative", head_size=8, shared_key_dim=8, mixing_initializer=None)
     run = runs.RunDirectory(tmp_path)
-    runs.write_json_atomically(run.file(runs.CONFIG), old)
+    files.write_json_atomically(run.file(files.CONFIG), old)
     run.save_models(backbone, model)
 
-    assert runs.read_source(tmp_path).model["attention"] == {"type": "collaborative", "head_size": 8, "shared_key_dim": 8}
+    assert sources.read_source(tmp_path).model["attention"] == {"type": "collaborative", "head_size": 8, "shared_key_dim": 8}
     loaded_config, loaded, loaded_backbone, _ = runs.load_model(tmp_path)
     assert loaded_config.model == config.model
     attention = loaded_backbone.blocks[0].attention
@@ -174,7 +176,7 @@ def test_a_run_directory_written_before_the_nested_form_still_loads(tmp_path):
     for ours, theirs in zip(loaded.weights, model.weights, strict=True):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
     run.start(new)  # the same model in the nested form: the run resumes
-    assert runs.read_json(run.file(runs.CONFIG))["model"]["attention"]["type"] == "collaborative"
+    assert files.read_json(run.file(files.CONFIG))["model"]["attention"]["type"] == "collaborative"
 
 
 def test_model_config_round_trips_through_the_builder():

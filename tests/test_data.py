@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from concise_attention.training.data import SAMPLE_CORPUS
-from concise_attention.training.data import next_token_targets
-from concise_attention.training.data import pack_sentences
-from concise_attention.training.data import read_lines
-from concise_attention.training.pipeline import check_utf8
+from concise_attention.training.data.packing import next_token_targets
+from concise_attention.training.data.packing import pack_sentences
+from concise_attention.training.data.packing import read_lines
+from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.data.pipeline import check_utf8
 
 
 def test_packing_keeps_sentences_whole_and_positions_restart():
@@ -52,7 +52,7 @@ def test_bad_corpus_paths(tmp_path):
 def test_utf8_check_names_the_line_whatever_the_chunk_boundaries(tmp_path, monkeypatch, chunk_bytes):
     """Multi-byte characters split across read chunks are valid; the first bad bytes are
     reported on the line Python's own per-line decoding finds them."""
-    monkeypatch.setattr("concise_attention.training.pipeline.CHECK_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr("concise_attention.training.data.pipeline.CHECK_CHUNK_BYTES", chunk_bytes)
     good = "naïve café\n中文 text 😀\n\nÅngström\n".encode("utf-8")
     (tmp_path / "good.txt").write_bytes(good * 3)
     check_utf8(str(tmp_path / "good.txt"))

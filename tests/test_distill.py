@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training import configs
+from concise_attention.training.run import configs
 from test_hf_export import hugging_face_ids
 from test_hf_export import reference_embeddings
 from concise_attention.cli import train as cli
-from concise_attention.training import runs
+from concise_attention.training.run import runs
 from concise_attention.training.tasks import distill
 from concise_attention.training.tasks import make_task
 
@@ -35,7 +35,7 @@ def _task(tmp_path, *overrides):
 
 
 def test_teacher_outputs_are_minilm_mean_embeddings_computed_once_and_verified(tmp_path, minilm_dir, monkeypatch):
-    from concise_attention.training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     task = _task(tmp_path)
     tokenizer = wordpiece_tokenizer(task.vocabulary_file(), lowercase=True, strip_accents=True)
@@ -113,8 +113,8 @@ def test_the_relation_term_trains_the_student_only_against_a_frozen_teacher_in_i
     import keras
 
     from concise_attention.models.bert import BertEncoder
-    from concise_attention.models.heads import SentenceEmbedder
     from concise_attention.models.heads import check_relation_heads
+    from concise_attention.models.heads import SentenceEmbedder
 
     sizes = dict(vocab_size=40, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=16, max_sequence_length=8)
     teacher = BertEncoder(**sizes, dropout=0.5, attention_dropout=0.5)
@@ -251,7 +251,7 @@ def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projec
     the whole model, P stays as loaded."""
     import scipy.linalg
 
-    from concise_attention.training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     task = _task(tmp_path, "task.student_init=random")
     task.load_data()
@@ -361,7 +361,7 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     """export.ship writes a float16 preset with its model card; it loads by name and embeds as the run does."""
     from concise_attention.export import ship
     from concise_attention.models import presets
-    from concise_attention.training.embeddings import SentenceEncoder
+    from concise_attention.training.inference.embeddings import SentenceEncoder
 
     rows = {"teacher x": {"probe_accuracy": 0.9, "cosine_to_teacher": 1.0}, "student run": {"probe_accuracy": 0.45, "cosine_to_teacher": 0.25, "parameters": 1e6}}
     results = tmp_path / "results.json"
@@ -390,7 +390,7 @@ def test_prepare_data_computes_the_teacher_outputs_once_for_the_run_to_read(tmp_
     """`concise-prepare-data` with a distill config: the folder holds the teacher's embeddings of the run's
     texts (equal to a numpy BERT's on HF `tokenizers` ids) and a manifest; a run pointed at it
     (task.cache_dir) reads them without running the teacher; a second preparation there is refused."""
-    from concise_attention.training import prepare_data
+    from concise_attention.training.backends import prepare_data
 
     argv = ["--config", "distill_minilm_d192_fixed", "--out", str(tmp_path / "prepared"), "--quiet"]
     for override in TINY:

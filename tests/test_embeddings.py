@@ -1,4 +1,4 @@
-"""`training.embeddings.SentenceEncoder`: `encode(list of strings)` equals a numpy BERT's mean embeddings
+"""`training.inference.embeddings.SentenceEncoder`: `encode(list of strings)` equals a numpy BERT's mean embeddings
 (Hugging Face `tokenizers` ids) of all-MiniLM-L6-v2, in the order given, whatever the batch size."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 
 from test_hf_export import hugging_face_ids
 from test_hf_export import reference_embeddings
-from concise_attention.training.embeddings import SentenceEncoder
+from concise_attention.training.inference.embeddings import SentenceEncoder
 
 TEXTS = ["A man is playing a guitar.", "short", "Stock markets fell sharply on Monday, the third fall in a row.",
          "Café naïve résumé", "", "The cat sat on the mat " * 40, "Two dogs run in the park."]

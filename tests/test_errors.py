@@ -5,11 +5,12 @@ import json
 
 import pytest
 
-from concise_attention.training import configs
-from concise_attention.cli import export as export_cli
-from concise_attention.training.data import SAMPLE_CORPUS
-from concise_attention.cli import train as train_cli
 from concise_attention.cli import collaborative as collaborative_cli
+from concise_attention.cli import export as export_cli
+from concise_attention.cli import train as train_cli
+from concise_attention.training import files
+from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.run import configs
 
 
 def _fails(capsys, main, argv, *expected):
@@ -63,8 +64,7 @@ def test_truncated_config_of_a_run_names_the_file(tmp_path, capsys):
 
 def test_truncated_weights_of_a_run_name_the_file(tmp_path, capsys):
     from concise_attention.models.bert import BertPretrainer
-    from concise_attention.training import runs
-
+    from concise_attention.training.run import runs
     config = configs.load_config("tiny_bert_fixed")
     model = BertPretrainer(config.build_model())
     run = runs.RunDirectory(tmp_path / "run")
@@ -186,10 +186,10 @@ def test_environment_failures_are_one_line_with_exit_code_3(tmp_path, capsys, mo
     exit code 3, one line naming the file, no traceback, and no temporary file left behind."""
     import errno
 
-    from concise_attention.training import configs
+    from concise_attention.training.run import configs
     import tensorflow as tf
 
-    from concise_attention.training import runs
+    from concise_attention.training.run import runs
 
     class FullDisk(tf.io.gfile.GFile):
         def write(self, data):
@@ -198,7 +198,7 @@ def test_environment_failures_are_one_line_with_exit_code_3(tmp_path, capsys, mo
     with monkeypatch.context() as patched:
         patched.setattr(tf.io.gfile, "GFile", FullDisk)
         with pytest.raises(OSError):
-            runs.write_bytes_atomically(tmp_path / "kept" / "file.json", "{}")
+            files.write_bytes_atomically(tmp_path / "kept" / "file.json", "{}")
     assert list((tmp_path / "kept").iterdir()) == []  # the temporary file is removed
 
     def full(self, config):
@@ -254,7 +254,7 @@ def test_a_model_error_leaves_nothing_written_and_the_corrected_command_trains(t
 def test_a_run_saved_before_a_setting_existed_resumes_and_a_changed_one_is_refused(tmp_path):
     """A trained run whose config.json lacks a field added since (task.length_bucket of distill) starts again
     under today's config with that field at its default; the field set otherwise is another task: refused."""
-    from concise_attention.training import runs
+    from concise_attention.training.run import runs
 
     config = configs.load_config("distill_minilm_d192_fixed", ["task.length_bucket=0"])
     saved = config.to_dict() | {"name": config.name}
@@ -262,7 +262,7 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_a_changed_one_is_refus
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps(saved))
-    (run / runs.BACKBONE_WEIGHTS).write_bytes(b"trained")  # has_progress: a config change would be refused
+    (run / files.BACKBONE_WEIGHTS).write_bytes(b"trained")  # has_progress: a config change would be refused
     runs.RunDirectory(run).start(config.to_dict() | {"name": config.name})
     assert json.loads((run / "config.json").read_text())["task"]["length_bucket"] == 0
     changed = configs.load_config("distill_minilm_d192_fixed", ["task.length_bucket=8"])

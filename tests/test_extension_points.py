@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from concise_attention.cli import train as cli
 from concise_attention.models.attention import ATTENTION_TYPES
 from concise_attention.models.attention import FixedHeadSizeAttention
 from concise_attention.models.attention import register_attention
-from concise_attention.cli import train as cli
-from concise_attention.training.data import SAMPLE_CORPUS
-from concise_attention.training.data import read_lines
-from concise_attention.training.tasks import TASKS
+from concise_attention.training.data.packing import read_lines
+from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.tasks import register_task
 from concise_attention.training.tasks import ServingSignature
 from concise_attention.training.tasks import Task
+from concise_attention.training.tasks import TASKS
 from concise_attention.training.tasks import TaskSettings
-from concise_attention.training.tasks import register_task
 
 
 class TemperedAttention(FixedHeadSizeAttention):
@@ -125,7 +125,7 @@ def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(registered
     assert saved["model"]["attention"] == {"type": "tempered", "head_size": 16, "temperature": 0.5}
     assert json.loads((tmp_path / "run" / "metrics.json").read_text()) == metrics
 
-    from concise_attention.training import runs
+    from concise_attention.training.run import runs
 
     _, model, backbone, _ = runs.load_model(tmp_path / "run")
     attention = backbone.blocks[0].attention

@@ -12,7 +12,7 @@ import scipy.stats
 import sklearn.metrics
 
 from concise_attention.cli import train as cli
-from concise_attention.training import runs
+from concise_attention.training.run import runs
 
 TINY_BERT = [
     "model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
@@ -177,7 +177,7 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
 @pytest.mark.parametrize("preset, texts", [("glue_mrpc", ("text", "text_b")), ("glue_sst2", ("text",)), ("glue_stsb", ("text", "text_b"))])
 def test_each_sentence_task_says_what_its_serving_model_serves(preset, texts):
     """`Task.serving_signature` (what the exporter serves) against numpy on the live model's logits."""
-    from concise_attention.training import configs
+    from concise_attention.training.run import configs
     from concise_attention.training.tasks import make_task
 
     regression = preset == "glue_stsb"
@@ -204,7 +204,7 @@ def test_each_sentence_task_says_what_its_serving_model_serves(preset, texts):
 
 
 def test_a_task_without_a_serving_model_of_its_own_serves_the_encoder():
-    from concise_attention.training import configs
+    from concise_attention.training.run import configs
     from concise_attention.training.tasks import make_task
 
     config = configs.load_config("tiny_bert_fixed")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training import configs
+from concise_attention.training.run import configs
 from gcs_fake import FakeGCS
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,8 +53,8 @@ def _checkpoint_landed():
 
 
 def _weights(run):
-    """The task model's weights as `training.runs` loads them (through tf.io.gfile: local or gs://)."""
-    from concise_attention.training import runs
+    """The task model's weights as `training.run.runs` loads them (through tf.io.gfile: local or gs://)."""
+    from concise_attention.training.run import runs
 
     return [np.asarray(variable) for variable in runs.load_model(run)[1].weights]
 
@@ -63,7 +63,7 @@ def _reference_embeddings(run, texts):
     """The local run's encoder on Hugging Face `tokenizers`' WordPiece ids, mean over the tokens."""
     import tokenizers
 
-    from concise_attention.training import runs
+    from concise_attention.training.run import runs
 
     _, pretrainer, _, vocabulary = runs.load_model(run)
     encodings = tokenizers.BertWordPieceTokenizer(str(vocabulary), lowercase=True).encode_batch(texts)
@@ -141,7 +141,7 @@ def test_gfile_on_the_fake_gcs_behaves_as_on_the_local_filesystem(gcs, tmp_path)
 def gcs_run(gcs, tmp_path_factory):
     """The run on gs://: killed after its first checkpoint, restarted to the end, exported, served
     from gs:// in a fresh process; an uninterrupted local run of the same config beside it."""
-    from concise_attention.training.trainer import train
+    from concise_attention.training.backends.trainer import train
 
     root = tmp_path_factory.mktemp("gcs")
     cwd, local = root / "cwd", root / "local"

@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from concise_attention.training import glue
-from concise_attention.training.glue import TextExample
+from concise_attention.training.data import glue
+from concise_attention.training.data.glue import TextExample
 
 
 def _write(path, rows):

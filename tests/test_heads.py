@@ -3,9 +3,9 @@
 import keras
 import numpy as np
 
-from concise_attention.training import configs
 from concise_attention.models.heads import BertClassifier
 from concise_attention.models.heads import BertSpanLabeler
+from concise_attention.training.run import configs
 
 
 def _inputs():

@@ -283,7 +283,7 @@ def test_keras_preset_loads_and_fine_tunes_every_encoder_variable_with_adam(tiny
     from concise_attention.models.bert import BertEncoder
     from concise_attention.models.bert import BertPretrainer
     from concise_attention.models.heads import BertClassifier
-    from concise_attention.training.tokenizer import wordpiece_tokenizer
+    from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     preset = tiny["out"] / "hub" / "1" / "keras"
     settings = presets.tokenizer_settings(preset)
@@ -356,11 +356,10 @@ def test_bad_hugging_face_folders_are_named_and_nothing_is_written(tmp_path, cap
 
 
 def test_model_max_length_above_the_positions_is_not_a_disagreement(tmp_path):
-    from concise_attention.training import runs
-
+    from concise_attention.training.inference import sources
     directory = write_tiny_checkpoint(tmp_path / "bert")
     _change_json("tokenizer_config.json", model_max_length=100_000)(directory)
-    source = runs.read_source(directory, "hf")
+    source = sources.read_source(directory, "hf")
     assert source.model["max_sequence_length"] == POSITIONS and source.tokenizer == {"lowercase": False, "strip_accents": False}
 
 
@@ -380,8 +379,8 @@ def test_a_converted_collaborative_minilm_exports_serves_and_fine_tunes_with_its
     fine-tuning run from the converted output keeps lowercase and strip_accents."""
     import tensorflow as tf
 
-    from concise_attention.cli import train as train_cli
     from concise_attention.cli import collaborative as collaborative_cli
+    from concise_attention.cli import train as train_cli
 
     source = tmp_path / "minilm_accents_kept"
     source.mkdir()

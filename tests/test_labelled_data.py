@@ -12,9 +12,9 @@ import pytest
 from sklearn.dummy import DummyClassifier
 from sklearn.metrics import accuracy_score
 
-from concise_attention.training import make_labelled_data
+from concise_attention.training.data import make_labelled_data
 
-DATA_DIR = pathlib.Path(make_labelled_data.__file__).parent / "data" / "wordnet_topics"
+DATA_DIR = pathlib.Path(make_labelled_data.__file__).parent / "wordnet_topics"
 
 
 def read_tsv(path):

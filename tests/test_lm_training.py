@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from concise_attention.training import configs
-from concise_attention.training.data import pack_sentences
-from concise_attention.training.data import read_lines
-from concise_attention.training.lm import fit_language_model
-from concise_attention.training.tokenizer import train_wordpiece
-from concise_attention.training.tokenizer import wordpiece_tokenizer
+from concise_attention.training.backends.lm import fit_language_model
+from concise_attention.training.data.packing import pack_sentences
+from concise_attention.training.data.packing import read_lines
+from concise_attention.training.preprocessing.tokenizer import train_wordpiece
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+from concise_attention.training.run import configs
 
 
 @pytest.fixture(scope="module")

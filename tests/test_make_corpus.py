@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from concise_attention.training import make_corpus
+from concise_attention.training.data import make_corpus
 
 COPYRIGHT = """\
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
@@ -270,7 +270,7 @@ def test_no_duplicate_paragraph_and_no_heldout_document_in_train(built):
 def test_the_trainer_reads_the_built_corpus_by_its_own_split(built, tmp_path):
     """`task.dataset: text_files` on a built corpus trains on train/ and evaluates on heldout/
     (walking the whole folder, one line in 20, would train on held-out documents)."""
-    from concise_attention.training.pipeline import corpus_splits
+    from concise_attention.training.data.pipeline import corpus_splits
 
     _, out, _ = built
     train_lines, eval_lines = corpus_splits("text_files", str(out))

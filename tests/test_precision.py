@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training import configs
 from concise_attention.cli import export as export_cli
 from concise_attention.cli import train as train_cli
-from concise_attention.training.objectives import StepCountingLossScaleOptimizer
+from concise_attention.training.run import configs
+from concise_attention.training.tasks.objectives import StepCountingLossScaleOptimizer
 
 STEPS = 200
 
@@ -94,10 +94,10 @@ def test_unknown_precision_is_named(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_served_model_of_a_mixed_bfloat16_run_is_float32(tmp_path):
-    """A run directory as a mixed_bfloat16 run leaves it (written through `training.runs`),
+    """A run directory as a mixed_bfloat16 run leaves it (written through `training.run.runs`),
     exported: float32 variables, float32 outputs, no bfloat16 anywhere in the served graphs."""
     from concise_attention.models.bert import BertPretrainer
-    from concise_attention.training import runs
+    from concise_attention.training.run import runs
 
     config = configs.load_config("tiny_bert_fixed", ["training.precision=mixed_bfloat16"])
     pretrainer = BertPretrainer(config.build_model(dtype=keras.DTypePolicy("mixed_bfloat16")))

@@ -16,21 +16,23 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training import configs
 from concise_attention.cli import train as train_cli
-from concise_attention.training import prepare_data
-from concise_attention.training import runs
-from concise_attention.training import shard_trainer
-from concise_attention.training import shards
-from concise_attention.training.data import SAMPLE_CORPUS
-from concise_attention.training.data import read_lines
-from concise_attention.training.pipeline import EVAL_EVERY
-from concise_attention.training.pipeline import corpus_lines
-from concise_attention.training.pipeline import language_model_dataset
-from concise_attention.training.pipeline import masked_lm_dataset
-from concise_attention.training.pipeline import masked_examples
-from concise_attention.training.pipeline import prepared_dataset
-from concise_attention.training.tokenizer import wordpiece_tokenizer
+from concise_attention.training import files
+from concise_attention.training.backends import prepare_data
+from concise_attention.training.backends import shard_trainer
+from concise_attention.training.data import shards
+from concise_attention.training.data.packing import read_lines
+from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.data.pipeline import corpus_lines
+from concise_attention.training.data.pipeline import EVAL_EVERY
+from concise_attention.training.data.pipeline import language_model_dataset
+from concise_attention.training.data.pipeline import masked_examples
+from concise_attention.training.data.pipeline import masked_lm_dataset
+from concise_attention.training.data.pipeline import prepared_dataset
+from concise_attention.training.preprocessing.text import read_vocabulary
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+from concise_attention.training.run import configs
+from concise_attention.training.run import runs
 
 ROOT = pathlib.Path(__file__).parent.parent
 ROWS_PER_SHARD = 100
@@ -74,7 +76,7 @@ def test_prepare_is_deterministic_and_shards_are_numpy(prepared):
     assert all(shard["rows"] == ROWS_PER_SHARD for shard in train["shards"][:-1])
     rows = np.load(first / "train-00000.npy")  # numpy alone reads a shard
     assert rows.dtype == np.int32 and rows.shape == (ROWS_PER_SHARD, 3, 64)
-    assert manifest["vocabulary_sha256"] == shards.vocabulary_sha256(runs.read_vocabulary(first / "vocab.txt"))
+    assert manifest["vocabulary_sha256"] == shards.vocabulary_sha256(read_vocabulary(first / "vocab.txt"))
     assert not [name for name in names if ".tmp" in name]
 
 
@@ -168,7 +170,7 @@ def test_prepared_pipelines_give_the_text_pipelines_eval_batches_and_resume_dire
 def test_bad_prepared_data_is_one_line(prepared, tmp_path, capsys):
     folder = prepared[0]
     other_vocabulary = tmp_path / "other_vocab.txt"
-    other_vocabulary.write_text("\n".join(runs.read_vocabulary(folder / "vocab.txt")[:-1]) + "\n")
+    other_vocabulary.write_text("\n".join(read_vocabulary(folder / "vocab.txt")[:-1]) + "\n")
     prepared_run = ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", "task.dataset=prepared",
                     "--set", f"task.data_dir={folder}", "--set", f"tokenizer.vocabulary={folder}/vocab.txt"]
     _errors(capsys, train_cli.main, prepared_run + ["--set", "training.sequence_length=32"],
@@ -190,7 +192,7 @@ def test_bad_prepared_data_is_one_line(prepared, tmp_path, capsys):
 JAX_RUNS = """
 import json, os, sys
 import numpy as np
-from concise_attention.training import shard_trainer
+from concise_attention.training.backends import shard_trainer
 data, root, init = sys.argv[1:4]
 common = ["--config", "tiny_lm", "--data", data, "--quiet", "--set", "training.steps_per_epoch=10"]
 def run(name, *overrides):
@@ -237,8 +239,8 @@ def test_jax_shard_trainer_matches_the_tf_trainer_and_resumes_bit_identically(pr
     init = runs.RunDirectory(tmp_path / "init")  # the one set of initial weights both trainers start from
     init.start(config.to_dict() | {"name": "init", "tokenizer": {"lowercase": True, "strip_accents": None}})
     keras.utils.set_random_seed(11)
-    runs.save_weights(config.build_model(), init.file(runs.BACKBONE_WEIGHTS))
-    init.write_vocabulary(runs.read_vocabulary(folder / "vocab.txt"))
+    files.save_weights(config.build_model(), init.file(files.BACKBONE_WEIGHTS))
+    init.write_vocabulary(read_vocabulary(folder / "vocab.txt"))
     environment = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
     jax = subprocess.run([sys.executable, "-c", JAX_RUNS, str(folder), str(tmp_path / "jax"), init.path], cwd=ROOT,
                          env=environment, capture_output=True, text=True, timeout=900)
@@ -262,8 +264,8 @@ def test_the_shuffle_folder_of_a_killed_run_is_removed_by_the_next(tmp_path):
     owner has ended, keeps those of running processes, and its own goes when its block ends."""
     import signal
 
-    from concise_attention.training.prepare_data import WORK_PREFIX
-    from concise_attention.training.prepare_data import work_directory
+    from concise_attention.training.backends.prepare_data import work_directory
+    from concise_attention.training.backends.prepare_data import WORK_PREFIX
 
     script = f"import os, sys, time; os.mkdir(os.path.join(sys.argv[1], '{WORK_PREFIX}%d-abc' % os.getpid())); print('ready', flush=True); time.sleep(60)"
     killed = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)

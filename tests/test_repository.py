@@ -118,9 +118,38 @@ def test_code_imports_ours_only_through_the_one_name_and_never_a_higher_tier():
     assert not wrong, "\n".join(wrong)
 
 
+# The rooms of `training`, lowest first: a module in one may import from its own room and the ones before it.
+# Above them, training's own modules are the earlier import paths of a class and of five programs, kept working.
+ROOMS = ("files", "preprocessing", "data", "inference", "tasks", "run", "backends")
+
+
+def _room(module):
+    """The room of a `concise_attention.training...` module, or None for training's own modules."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 or parts[2] in ROOMS else None
+
+
+def test_training_imports_only_from_its_own_room_and_the_rooms_below():
+    """preprocessing < data < inference < tasks < run < backends (training/files.py under them all): the tokenizer
+    reads no run, a task loads no trainer; only the earlier import paths (training/*.py) reach into any room."""
+    wrong, seen = [], set()
+    for path in sorted((ROOT / "training").rglob("*.py")):
+        module = "concise_attention." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        room = _room(module)
+        seen.add(room)
+        for line, imported in _imports(path):
+            if room is None or not imported.startswith("concise_attention.training."):
+                continue
+            other = _room(imported)
+            if other is None or ROOMS.index(other) > ROOMS.index(room):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {imported} (room {other} above {room})")
+    assert not wrong, "\n".join(wrong)
+    assert seen == {*ROOMS, None}, seen
+
+
 # The one module that imports ours inside functions, and why (its docstring says so): the JAX shard trainer reads a
-# causal_lm config on a machine without TensorFlow, and training.pipeline is TensorFlow.
-LAZY_IMPORTS = {"training/tasks/language_model.py": "concise_attention.training.pipeline"}
+# causal_lm config on a machine without TensorFlow, and training.data.pipeline is TensorFlow.
+LAZY_IMPORTS = {"training/tasks/language_model.py": "concise_attention.training.data.pipeline"}
 
 
 def test_our_modules_are_imported_at_the_top_of_a_module():
@@ -186,7 +215,7 @@ def test_no_module_imports_itself_through_others():
 
     for module in sorted(graph):
         visit(module)
-    assert len(graph) > 40 and "concise_attention.training.configs" in graph["concise_attention.export.savedmodels"]
+    assert len(graph) > 40 and "concise_attention.training.run.configs" in graph["concise_attention.export.savedmodels"]
 
 
 def test_a_wheel_of_the_checkout_holds_one_import_name(tmp_path):
@@ -212,4 +241,4 @@ def test_a_wheel_of_the_checkout_holds_one_import_name(tmp_path):
         assert expected in names, expected
     entry_points = zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("entry_points.txt"))).decode()
     targets = re.findall(r"= (\S+):main", entry_points)
-    assert len(targets) == 7 and all(target.startswith("concise_attention.cli.") or target == "concise_attention.training.prepare_data" for target in targets), targets
+    assert len(targets) == 7 and all(target.startswith("concise_attention.cli.") or target == "concise_attention.training.backends.prepare_data" for target in targets), targets

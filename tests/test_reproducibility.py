@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training import configs
 from concise_attention.cli import train as cli
-from concise_attention.training.data import SAMPLE_CORPUS
-from concise_attention.training.data import read_lines
-from concise_attention.training.tokenizer import train_wordpiece
-from concise_attention.training.trainer import train
+from concise_attention.training.backends.trainer import train
+from concise_attention.training.data.packing import read_lines
+from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.preprocessing.tokenizer import train_wordpiece
+from concise_attention.training.run import configs
 
 DROPOUT = ["model.dropout=0.1", "model.attention_dropout=0.1", "training.jit_compile=false"]
 # 28 = 2 epochs of 10 steps + a last epoch of 8, in executions of 2 steps: a SIGTERM lands inside
@@ -198,7 +198,7 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path
     shutil.copytree(reference_dir, run_dir)
     newest = run_dir / "checkpoint" / "ckpt-28.data-00000-of-00001"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    with caplog.at_level("WARNING", logger="training.checkpoints"):
+    with caplog.at_level("WARNING", logger="concise_attention.training.run.checkpoints"):
         assert train(configs.load_config("tiny_lm", _overrides(vocabulary)), run_dir, verbose=0) == metrics
     fallbacks = [record.getMessage() for record in caplog.records if "cannot be read" in record.getMessage()]
     assert len(fallbacks) == 1 and str(run_dir / "checkpoint" / "ckpt-28") in fallbacks[0]

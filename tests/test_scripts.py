@@ -148,7 +148,7 @@ def test_train_command_and_data_dir(capsys):
                     "--data-dir", "gs://my-bucket/data/txt")[0]
     assert "--set task.data_dir=gs://my-bucket/data/txt >>" in line
     # The command the VM runs, resolved as concise-train itself resolves it: its own parser, then the config.
-    from concise_attention.training import configs
+    from concise_attention.training.run import configs
 
     remote = shlex.split(shlex.split(line)[-1].removeprefix("--command="))
     loop = shlex.split(remote[remote.index("-c") + 1])  # the detached bash loop
@@ -485,7 +485,7 @@ def test_gpu_heads_study_presets_train_from_the_shards_it_prepares():
     """scripts/gpu_heads_study.sh (not run here: no GPU): every preset it trains reads the shards
     its `prepare` step writes (causal_lm, same sequence length, a vocabulary that fits), and a
     bad command line is refused with exit 2."""
-    from concise_attention.training import configs
+    from concise_attention.training.run import configs
 
     script = ROOT / "scripts" / "gpu_heads_study.sh"
     text = script.read_text()
@@ -503,7 +503,7 @@ def test_gpu_heads_study_presets_train_from_the_shards_it_prepares():
 
 
 def _prepared_folder(path, train_shards, rows=5, length=8, seed=0):
-    """A prepared causal_lm folder in the format training/shards.py documents, written by hand."""
+    """A prepared causal_lm folder in the format training/data/shards.py documents, written by hand."""
     import json
 
     import numpy as np

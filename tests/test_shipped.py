@@ -71,7 +71,7 @@ def test_the_model_cards_probe_figure_holds_for_the_shipped_weights(name):
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from concise_attention.training.embeddings import SentenceEncoder
+    from concise_attention.training.inference.embeddings import SentenceEncoder
 
     root = pathlib.Path(__file__).resolve().parents[1]
     card = (pathlib.Path(presets.SHIPPED_DIR) / name / "README.md").read_text()

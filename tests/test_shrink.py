@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from concise_attention.training import configs
 from concise_attention.models.hf_import import load_hf_bert
-from concise_attention.models.shrink import stream_directions
 from concise_attention.models.shrink import shrink_into
+from concise_attention.models.shrink import stream_directions
+from concise_attention.training.run import configs
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import scipy.special
 
-from concise_attention.training import configs
 from concise_attention.cli import train as cli
-from concise_attention.training import runs
-from concise_attention.training import squad
+from concise_attention.training.data import squad
+from concise_attention.training.run import configs
+from concise_attention.training.run import runs
 
 TINY_BERT = [
     "model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
@@ -66,7 +66,7 @@ def evaluated(monkeypatch):
     return recorded
 
 
-# The official SQuAD v1.1 evaluation (evaluate-v1.1.py), written out independently of training.metrics.
+# The official SQuAD v1.1 evaluation (evaluate-v1.1.py), written out independently of training.tasks.metrics.
 def _normalize(text):
     text = "".join(character for character in text.lower() if character not in set(string.punctuation))
     return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())

@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from concise_attention.training import squad
-from concise_attention.training.squad import SquadExample
+from concise_attention.training.data import squad
+from concise_attention.training.data.squad import SquadExample
 
 SPECIAL_IDS = {"pad": 0, "cls": 1, "sep": 2}
 

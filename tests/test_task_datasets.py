@@ -10,14 +10,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from concise_attention.training import configs
+from concise_attention.training.run import configs
 from test_finetuning import SHORT
 from test_finetuning import TINY_BERT
 from test_finetuning import _write_mrpc
 from test_span_qa import _write_squad
-from concise_attention.training import trainer
+from concise_attention.training.backends import trainer
+from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 from concise_attention.training.tasks import make_task
-from concise_attention.training.tokenizer import wordpiece_tokenizer
 
 SKIP, COMPARED = 3, 4  # batches consumed before the resume, batches compared after it
 
@@ -44,7 +45,7 @@ def _flatten(structure):
 
 
 def _assert_resumes_where_it_stopped(config, task, minilm_dir):
-    tokenizer = wordpiece_tokenizer(minilm_dir / "vocab.txt", **trainer.tokenizer_settings(config))
+    tokenizer = wordpiece_tokenizer(minilm_dir / "vocab.txt", **tokenizer_settings(config))
     uninterrupted = _batches(task.datasets(tokenizer, skip_batches=0)[0], SKIP + COMPARED)
     resumed = _batches(task.datasets(tokenizer, skip_batches=SKIP)[0], COMPARED)
     assert len(resumed) == COMPARED
@@ -106,7 +107,7 @@ def test_every_task_feeds_static_shapes_and_int32_ids(preset, overrides, tmp_pat
     data_dirs = {"glue_mrpc": tmp_path / "MRPC", "glue_stsb": tmp_path / "STS-B", "squad_v1": tmp_path / "squad"}
     data_dir = [f"task.data_dir={data_dirs[preset]}"] if preset in data_dirs else []
     config, task = _task(preset, minilm_dir, *overrides, *data_dir, model=[] if preset.startswith("tiny") else TINY_BERT)
-    tokenizer = wordpiece_tokenizer(minilm_dir / "vocab.txt", **trainer.tokenizer_settings(config))
+    tokenizer = wordpiece_tokenizer(minilm_dir / "vocab.txt", **tokenizer_settings(config))
     train, evaluation = task.datasets(tokenizer, skip_batches=0)
     _assert_static_int32(train, f"{preset} train")
     _assert_static_int32(evaluation, f"{preset} eval")

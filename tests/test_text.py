@@ -1,4 +1,4 @@
-"""BERT's tokenisation (training/text.py) against Hugging Face's `tokenizers` (Rust
+"""BERT's tokenisation (training/preprocessing/text.py) against Hugging Face's `tokenizers` (Rust
 `BertWordPieceTokenizer`, an independent implementation of google-research/bert's
 tokenizer) on >= 3,000 lines of real, multilingual and adversarial text, for the uncased
 all-MiniLM-L6-v2 vocabulary and a cased one; and its bounded cost, measured in a fresh
@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training.data import SAMPLE_CORPUS
-from concise_attention.training.data import read_lines
-from concise_attention.training.text import MAX_CHARS_PER_WORD
-from concise_attention.training.text import SPECIAL_TOKENS
-from concise_attention.training.text import WordPieceModule
-from concise_attention.training.tokenizer import train_wordpiece
-from concise_attention.training.tokenizer import wordpiece_tokenizer
+from concise_attention.training.data.packing import read_lines
+from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.preprocessing.text import MAX_CHARS_PER_WORD
+from concise_attention.training.preprocessing.text import SPECIAL_TOKENS
+from concise_attention.training.preprocessing.text import WordPieceModule
+from concise_attention.training.preprocessing.tokenizer import train_wordpiece
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
 # The characters keras-hub's normalisation (NFKC case folding) changed and BERT's does not.
 COMPATIBILITY = "… ﬁ ﬂ ﬀ ² ³ ™ ½ ¼ ß ẞ Ｆｕｌｌ－ｗｉｄｔｈ ＡＢＣ１２３ ① ② ⑩ Ⅻ ℃ № µ Å K ſ ǅ ﹏ ︵"
@@ -78,7 +78,7 @@ BLOCKS = [
 def _stable_character(code):
     """A character every Unicode version since 3.2 puts in the same category (Hugging
     Face's Rust tables are older than Python's: characters added or re-categorised since
-    differ, as training/text.py documents)."""
+    differ, as training/preprocessing/text.py documents)."""
     character = chr(code)
     category = unicodedata.category(character)
     return category != "Cn" and unicodedata.ucd_3_2_0.category(character) == category and not 0xD800 <= code <= 0xDFFF
@@ -206,7 +206,7 @@ def test_invalid_utf8_is_replaced_as_python_decodes_it(minilm_dir, minilm_tokeni
 
 
 def test_training_interface_and_keras_hub_packer(minilm_dir, minilm_tokenizer):
-    """What training/pipeline.py uses: ids of a batch or of one line, token_to_id,
+    """What training/data/pipeline.py uses: ids of a batch or of one line, token_to_id,
     vocabulary_size, and keras-hub's MultiSegmentPacker inside tf.data."""
     import keras_hub
 
@@ -247,7 +247,7 @@ import json, sys, time
 sys.modules["tensorflow_text"] = None  # stock TF Serving has no tensorflow-text: it must not be needed
 import numpy as np
 import tensorflow as tf
-from concise_attention.training.text import WordPieceModule
+from concise_attention.training.preprocessing.text import WordPieceModule
 
 vocabulary, saved, inputs_path, out_path = sys.argv[1:5]
 module = WordPieceModule(vocabulary)

@@ -13,10 +13,10 @@ import keras
 import numpy as np
 import pytest
 
-from concise_attention.training import configs
-from concise_attention.training.strategy import choose_strategy
-from concise_attention.training.objectives import WarmupDecaySchedule
-from concise_attention.training.trainer import train
+from concise_attention.training.backends.trainer import train
+from concise_attention.training.run import configs
+from concise_attention.training.run.strategy import choose_strategy
+from concise_attention.training.tasks.objectives import WarmupDecaySchedule
 
 TINY = ["model.dropout=0", "model.attention_dropout=0"]
 
@@ -86,9 +86,9 @@ def test_two_steps_under_mirrored_strategy_on_two_cpus(tmp_path):
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from concise_attention.training import configs
-        from concise_attention.training.strategy import choose_strategy
-        from concise_attention.training.trainer import train
+        from concise_attention.training.backends.trainer import train
+        from concise_attention.training.run import configs
+        from concise_attention.training.run.strategy import choose_strategy
         assert choose_strategy("mirrored").num_replicas_in_sync == 2
         config = configs.load_config("tiny_lm", {TINY!r} + ["training.strategy=mirrored", "training.train_steps=2",
             "training.steps_per_epoch=2", "training.steps_per_execution=1", "training.eval_batches=1"])

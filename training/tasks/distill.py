@@ -26,7 +26,7 @@ Only the encoder ships (exported like any run: the served `embedding` is the mea
 P serves training and the cosine-to-teacher measure.
 
 Data: the training split of `task.dataset` (`sample`, the shipped text, or `text_files`, a folder such as
-`training.make_corpus` writes: its `train/` and `heldout/` splits; a list of such folders gives each an
+`training.data.make_corpus` writes: its `train/` and `heldout/` splits; a list of such folders gives each an
 equal share, e.g. the documentation corpus and `--packages general`); `task.train_texts` paragraphs are
 drawn with a fixed seed, and each is kept whole or cut to one of its sentences (`task.sentence_share` of
 them), so the student sees both lengths. The held-out split gives `task.eval_texts` texts the same way.
@@ -53,21 +53,22 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from concise_attention.models.heads import SentenceEmbedder
 from concise_attention.models.heads import check_relation_heads
 from concise_attention.models.heads import mean_pooled
+from concise_attention.models.heads import SentenceEmbedder
 from concise_attention.models.shrink import shrink_into
 from concise_attention.models.shrink import stream_directions
-from concise_attention.training import embeddings
-from concise_attention.training import metrics as metric_functions
-from concise_attention.training import runs
-from concise_attention.training.pipeline import corpus_splits
+from concise_attention.training import files
+from concise_attention.training.data.pipeline import corpus_splits
+from concise_attention.training.inference import embeddings
+from concise_attention.training.inference import sources
+from concise_attention.training.preprocessing.text import read_vocabulary
+from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+from concise_attention.training.tasks import metrics as metric_functions
 from concise_attention.training.tasks.base import Task
 from concise_attention.training.tasks.base import TaskSettings
 from concise_attention.training.tasks.sentence import _packer as sentence_packer
-from concise_attention.training.text import read_vocabulary
-from concise_attention.training.tokenizer import wordpiece_tokenizer
-from concise_attention.training.trainer import tokenizer_settings
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 TEACHER_BATCH = 64
@@ -208,12 +209,12 @@ class DistillTask(Task):
 
     @functools.cached_property
     def source(self):
-        return runs.read_source(self.teacher)
+        return sources.read_source(self.teacher)
 
     @functools.cached_property
     def teacher_backbone(self):
         """The teacher's encoder, weights loaded (once: the initialisation and the outputs share it)."""
-        return runs.load_source(self.source.path)[1]
+        return sources.load_backbone(self.source)
 
     @functools.cached_property
     def teacher_digest(self):
@@ -310,7 +311,7 @@ class DistillTask(Task):
         """The student's SentenceEmbedder; with the relation term, a frozen copy of the teacher inside it (built
         here, in the strategy's scope; not saved with the model, whose variables are those of one without)."""
         width = self.settings.teacher_width or int(self.source.model["hidden_size"])
-        teacher = runs.load_source(self.source.path)[1] if self.settings.relation_weight else None
+        teacher = sources.load_backbone(self.source) if self.settings.relation_weight else None
         return SentenceEmbedder(backbone, teacher_width=width, teacher=teacher, relation_heads=self.settings.relation_heads)
 
     def compile_arguments(self):
@@ -370,7 +371,7 @@ def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
     (a run, a Hugging Face folder or a preset), must hold the same tokens, else a one-line error names it."""
     if not (vocabulary or init):
         return
-    path = vocabulary or runs.read_source(init).vocabulary
+    path = vocabulary or sources.read_source(init).vocabulary
     if read_vocabulary(teacher_vocabulary) != read_vocabulary(path):
         raise ValueError(f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
                          "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset).")
@@ -434,9 +435,9 @@ def teacher_outputs(task, tokenizer, texts):
     """The teacher's unit embeddings of `texts`, float32 (N, D): read from the cache (its sha256
     checked) or computed once and written there atomically."""
     directory = cache_directory(task.settings)
-    base = runs.join(directory, cache_fingerprint(task, tokenizer, texts))
+    base = files.join(directory, cache_fingerprint(task, tokenizer, texts))
     if tf.io.gfile.exists(base + ".json"):
-        record = runs.read_json(base + ".json")
+        record = files.read_json(base + ".json")
         data = b""
         if tf.io.gfile.exists(base + ".npy"):
             with tf.io.gfile.GFile(base + ".npy", "rb") as file:
@@ -449,14 +450,14 @@ def teacher_outputs(task, tokenizer, texts):
     buffer = io.BytesIO()
     np.save(buffer, vectors)
     tf.io.gfile.makedirs(directory)
-    runs.write_bytes_atomically(base + ".npy", buffer.getvalue())
-    runs.write_json_atomically(base + ".json", {"sha256": hashlib.sha256(buffer.getvalue()).hexdigest(), "texts": len(texts),
+    files.write_bytes_atomically(base + ".npy", buffer.getvalue())
+    files.write_json_atomically(base + ".json", {"sha256": hashlib.sha256(buffer.getvalue()).hexdigest(), "texts": len(texts),
                                                 "width": int(vectors.shape[1]), "teacher": task.source.name,
                                                 "sequence_length": task.training.sequence_length})
     return vectors
 
 
 def compute_teacher_embeddings(teacher, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH):
-    """The unit mean embeddings of `texts` by `teacher`, an encoder (`training.embeddings.SentenceEncoder`)."""
+    """The unit mean embeddings of `texts` by `teacher`, an encoder (`training.inference.embeddings.SentenceEncoder`)."""
     encoder = embeddings.SentenceEncoder(teacher, tokenizer, sequence_length)
     return encoder.encode(texts, batch_size, progress="teacher outputs")

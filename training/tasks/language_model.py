@@ -11,10 +11,10 @@ import typing
 import keras
 
 from concise_attention.models.bert import BertPretrainer
-from concise_attention.training import shards
-from concise_attention.training.objectives import TokenCrossEntropy
+from concise_attention.training.data import shards
 from concise_attention.training.tasks.base import Task
 from concise_attention.training.tasks.base import TaskSettings
+from concise_attention.training.tasks.objectives import TokenCrossEntropy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +22,7 @@ class LanguageModelSettings(TaskSettings):
     """dataset: "sample" (the shipped corpus), "lm1b" (tensorflow-datasets; data_dir may be
     gs://...), "text_files" (every *.txt under data_dir; every 20th line held out, or the
     folders train/ and heldout/ as the splits when data_dir has both, the layout of
-    `training.make_corpus`) or "prepared" (the shards
+    `training.data.make_corpus`) or "prepared" (the shards
     `concise-prepare-data` wrote to data_dir: tokenised and packed once, O(1) resume)."""
 
     dataset: str = "sample"
@@ -41,7 +41,7 @@ class _TextCorpusTask(Task):
     def load_data(self):
         import tensorflow as tf  # on first use: this module stays TensorFlow-free (the JAX route)
 
-        from concise_attention.training.pipeline import corpus_splits
+        from concise_attention.training.data.pipeline import corpus_splits
 
         settings = self.settings
         if settings.dataset == "prepared":
@@ -65,7 +65,7 @@ class _TextCorpusTask(Task):
         """(train, eval) datasets of the prepared shards, checked against the run's vocabulary."""
         import tensorflow as tf  # on first use: this module stays TensorFlow-free (the JAX route)
 
-        from concise_attention.training.pipeline import prepared_dataset
+        from concise_attention.training.data.pipeline import prepared_dataset
 
         settings, training = self.settings, self.training
         shards.check_manifest(self.manifest, settings.data_dir, self.name, training.sequence_length, tokenizer.get_vocabulary(),
@@ -90,14 +90,14 @@ class CausalLMTask(_TextCorpusTask):
 
     def row_chunks(self, lines, tokenizer):
         """Packed rows of `lines` for `concise-prepare-data` (the rows `datasets` trains on)."""
-        from concise_attention.training.pipeline import packed_chunks  # TensorFlow: on first use
+        from concise_attention.training.data.pipeline import packed_chunks  # TensorFlow: on first use
 
         return packed_chunks(lines, tokenizer, self.training.sequence_length)
 
     def datasets(self, tokenizer, skip_batches):
-        from concise_attention.training.pipeline import EVAL_WORD_LINES  # TensorFlow: on first use
-        from concise_attention.training.pipeline import language_model_dataset
-        from concise_attention.training.pipeline import tokens_per_word
+        from concise_attention.training.data.pipeline import EVAL_WORD_LINES  # TensorFlow: on first use
+        from concise_attention.training.data.pipeline import language_model_dataset
+        from concise_attention.training.data.pipeline import tokens_per_word
 
         training = self.training
         if self.settings.dataset == "prepared":
@@ -154,13 +154,13 @@ class MaskedLMTask(_TextCorpusTask):
 
     def row_chunks(self, lines, tokenizer):
         """Unmasked segment-pair rows of `lines` for `concise-prepare-data`."""
-        from concise_attention.training.pipeline import segment_pair_chunks  # TensorFlow: on first use
+        from concise_attention.training.data.pipeline import segment_pair_chunks  # TensorFlow: on first use
 
         return segment_pair_chunks(lines, tokenizer, self.training.sequence_length)
 
     def datasets(self, tokenizer, skip_batches):
-        from concise_attention.training.pipeline import masked_examples  # TensorFlow: on first use
-        from concise_attention.training.pipeline import masked_lm_dataset
+        from concise_attention.training.data.pipeline import masked_examples  # TensorFlow: on first use
+        from concise_attention.training.data.pipeline import masked_lm_dataset
 
         training, settings = self.training, self.settings
         if settings.dataset == "prepared":

@@ -20,8 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from concise_attention.models.heads import BertClassifier
-from concise_attention.training import glue
-from concise_attention.training import metrics as metric_functions
+from concise_attention.training.data import glue
+from concise_attention.training.tasks import metrics as metric_functions
 from concise_attention.training.tasks.base import ServingSignature
 from concise_attention.training.tasks.base import Task
 from concise_attention.training.tasks.base import TaskSettings

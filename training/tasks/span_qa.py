@@ -4,7 +4,7 @@
     squad/v1.1    tensorflow-datasets `squad/v1.1` (task.data_dir: its data_dir, gs:// too)
     squad_json    the original files <data_dir>/train-v1.1.json and dev-v1.1.json
 Every example becomes `[CLS] question [SEP] window [SEP]` rows of training.sequence_length
-tokens sliding over its context by `doc_stride` (`training.squad.make_features`). Training
+tokens sliding over its context by `doc_stride` (`training.data.squad.make_features`). Training
 examples whose answer text is not found at its offset are dropped, as BERT drops them; a
 training window that does not hold the whole answer points at [CLS]. The loss is the mean of
 the start and end cross-entropies. The final evaluation predicts every dev window (padded to
@@ -20,8 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from concise_attention.models.heads import BertSpanLabeler
-from concise_attention.training import metrics as metric_functions
-from concise_attention.training import squad
+from concise_attention.training.data import squad
+from concise_attention.training.tasks import metrics as metric_functions
 from concise_attention.training.tasks.base import Task
 from concise_attention.training.tasks.base import TaskSettings
 

@@ -1,14 +1,15 @@
 """WordPiece vocabularies trained on a corpus with keras-hub, cached beside the run, and
-the training side of the one WordPiece tokenizer (`training.text`)."""
+the training side of the one WordPiece tokenizer (`training.preprocessing.text`)."""
 
+import dataclasses
 import hashlib
 
 import keras_hub
 import tensorflow as tf
 
-from concise_attention.training import runs
-from concise_attention.training.text import WordPieceModule
-from concise_attention.training.text import read_vocabulary
+from concise_attention.training import files
+from concise_attention.training.preprocessing.text import read_vocabulary
+from concise_attention.training.preprocessing.text import WordPieceModule
 
 RESERVED_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 
@@ -43,13 +44,13 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
     vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
         tf.data.Dataset.from_tensor_slices(list(lines)).batch(1024), vocabulary_size, lowercase=lowercase, strip_accents=strip_accents, reserved_tokens=RESERVED_TOKENS
     )
-    runs.write_bytes_atomically(path, "\n".join(vocabulary) + "\n")
-    runs.write_bytes_atomically(stamp, fingerprint)
+    files.write_bytes_atomically(path, "\n".join(vocabulary) + "\n")
+    files.write_bytes_atomically(stamp, fingerprint)
     return path
 
 
 class WordPieceTokenizer:
-    """The training side of `training.text.WordPieceModule`: the same graph, called on a
+    """The training side of `training.preprocessing.text.WordPieceModule`: the same graph, called on a
     batch of lines, with keras-hub's tokenizer interface (what the pipelines use).
 
     Example:
@@ -86,7 +87,7 @@ class WordPieceTokenizer:
 
 def wordpiece_tokenizer(path, lowercase=True, strip_accents=None):
     """BERT's WordPiece tokenisation of `path` (vocab.txt) for training: the implementation
-    the exported preprocessor and serving model run (`training.text.WordPieceModule`),
+    the exported preprocessor and serving model run (`training.preprocessing.text.WordPieceModule`),
     without a length bound.
 
     Args:
@@ -95,3 +96,15 @@ def wordpiece_tokenizer(path, lowercase=True, strip_accents=None):
         strip_accents: remove accent marks; None follows `lowercase`.
     """
     return WordPieceTokenizer(WordPieceModule(str(path), lowercase=lowercase, strip_accents=strip_accents, max_length=None))
+
+
+def bert_settings(settings):
+    """BERT's reading of the settings: strip_accents None follows lowercase."""
+    lowercase = True if settings.get("lowercase") is None else settings["lowercase"]
+    strip = lowercase if settings.get("strip_accents") is None else settings["strip_accents"]
+    return {"lowercase": lowercase, "strip_accents": strip}
+
+
+def tokenizer_settings(config):
+    """lowercase and strip_accents as they will be saved with the run (BERT-uncased by default)."""
+    return bert_settings(dataclasses.asdict(config.tokenizer))

@@ -2,11 +2,11 @@
 
 The trainer knows no task by name: `training.tasks.make_task(config)` gives the head, the
 data, the loss, the metrics and the final evaluation. It owns what every run shares: the
-run directory (`training.runs`), the vocabulary, initialisation from a trained model
+run directory (`training.run.runs`), the vocabulary, initialisation from a trained model
 (`task.init`: a run directory, a `concise-collaborative` output or a Hugging Face BERT
 folder), the optimizer and schedule, checkpoints, TensorBoard and the strategy.
 
-Checkpoints (`training.checkpoints`: `tf.train.Checkpoint`s, committed by their pointer
+Checkpoints (`training.run.checkpoints`: `tf.train.Checkpoint`s, committed by their pointer
 file) are written at epoch ends (every `steps_per_epoch` steps; the last epoch is shorter
 when that does not divide `train_steps`) and, on SIGTERM, at the step reached. They hold the
 weights, the optimizer state (its step), the dropout seed states and the data position. A
@@ -27,16 +27,21 @@ import keras
 import tensorflow as tf
 
 from concise_attention.models.hf_import import load_hf_weights
-from concise_attention.training import configs
-from concise_attention.training import runs
-from concise_attention.training.checkpoints import CheckpointCallback
-from concise_attention.training.checkpoints import TrainingCheckpoints
-from concise_attention.training.checkpoints import handle_preemption
-from concise_attention.training.objectives import make_optimizer
-from concise_attention.training.strategy import choose_strategy
+from concise_attention.training import files
+from concise_attention.training.inference import sources
+from concise_attention.training.preprocessing.text import read_vocabulary
+from concise_attention.training.preprocessing.tokenizer import bert_settings
+from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
+from concise_attention.training.preprocessing.tokenizer import train_wordpiece
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+from concise_attention.training.run import configs
+from concise_attention.training.run import runs
+from concise_attention.training.run.checkpoints import CheckpointCallback
+from concise_attention.training.run.checkpoints import handle_preemption
+from concise_attention.training.run.checkpoints import TrainingCheckpoints
+from concise_attention.training.run.strategy import choose_strategy
 from concise_attention.training.tasks import make_task
-from concise_attention.training.tokenizer import train_wordpiece
-from concise_attention.training.tokenizer import wordpiece_tokenizer
+from concise_attention.training.tasks.objectives import make_optimizer
 
 # Lines of a streaming corpus (LM1B) read to learn the vocabulary.
 VOCABULARY_TRAINING_LINES = 200_000
@@ -63,7 +68,7 @@ def resolve_config(config):
     section is left out (checked against it otherwise) and the tokenizer settings.
 
     Returns:
-        (config, source): `source` is the `runs.Source` of task.init, or None.
+        (config, source): `source` is the `sources.Source` of task.init, or None.
     """
     if config.training is None:
         raise ValueError(f"Config {config.name!r} has no `training` section.")
@@ -72,7 +77,7 @@ def resolve_config(config):
             raise ValueError(f"Config {config.name!r} has no model section and no task.init.")
         return config, None
     try:
-        source = runs.read_source(config.task.init)
+        source = sources.read_source(config.task.init)
     except ValueError as error:
         raise ValueError(f"task.init={config.task.init!r}: {error}") from None
     if config.model is None:
@@ -81,8 +86,8 @@ def resolve_config(config):
     _check_same_architecture(config, source)
     inherited = {"lowercase": source.tokenizer.get("lowercase", True), "strip_accents": source.tokenizer.get("strip_accents")}
     chosen = {"lowercase": config.tokenizer.lowercase, "strip_accents": config.tokenizer.strip_accents}
-    mine = _effective({field: inherited[field] if value is None else value for field, value in chosen.items()})
-    theirs = _effective(inherited)
+    mine = bert_settings({field: inherited[field] if value is None else value for field, value in chosen.items()})
+    theirs = bert_settings(inherited)
     for field, value in chosen.items():
         if value is not None and mine[field] != theirs[field]:
             raise ValueError(f"tokenizer.{field}={value!r} disagrees with the model of task.init={config.task.init!r}, "
@@ -101,27 +106,15 @@ def _check_same_architecture(config, source):
                          f"(model_type {config.model_type!r} vs {source.model_type!r}; {details}). Leave the model section out to take the init's.")
 
 
-def _effective(settings):
-    """BERT's reading of the settings: strip_accents None follows lowercase."""
-    lowercase = True if settings.get("lowercase") is None else settings["lowercase"]
-    strip = lowercase if settings.get("strip_accents") is None else settings["strip_accents"]
-    return {"lowercase": lowercase, "strip_accents": strip}
-
-
-def tokenizer_settings(config):
-    """lowercase and strip_accents as they will be saved with the run (BERT-uncased by default)."""
-    return _effective(dataclasses.asdict(config.tokenizer))
-
-
 def prepare_vocabulary(config, run, task, source):
     """The run's vocab.txt: tokenizer.vocabulary, else task.init's, else the task's own (a teacher's),
     else WordPiece trained on the task's text (cached in the run directory)."""
-    path = run.file(runs.VOCABULARY)
+    path = run.file(files.VOCABULARY)
     chosen = config.tokenizer.vocabulary or (source.vocabulary if source else None) or task.vocabulary_file()
     if chosen:
         if not tf.io.gfile.exists(chosen):
             raise ValueError(f"Vocabulary file not found. Received: tokenizer.vocabulary={str(chosen)!r}")
-        tokens = runs.read_vocabulary(chosen)
+        tokens = read_vocabulary(chosen)
         text = "\n".join(tokens) + "\n"  # as write_vocabulary writes it: checked before the run's copy is replaced
         run.check_inputs({"vocabulary": hashlib.sha256(text.encode("utf-8")).hexdigest()}, {"vocabulary": chosen})
         run.write_vocabulary(tokens)
@@ -129,7 +122,7 @@ def prepare_vocabulary(config, run, task, source):
         lines = [line for _, line in zip(range(VOCABULARY_TRAINING_LINES), task.vocabulary_text())]
         settings = tokenizer_settings(config)
         train_wordpiece(lines, config.model.vocab_size, path, **settings)
-    size = len(runs.read_vocabulary(path))
+    size = len(read_vocabulary(path))
     if size > config.model.vocab_size:
         raise ValueError(
             f"The vocabulary {path} has {size} tokens but model.vocab_size={config.model.vocab_size}: "
@@ -143,7 +136,7 @@ def initialize_backbone(backbone, source):
     if source.kind == "hf":
         load_hf_weights(backbone, source.path)
     else:
-        runs.load_weights(backbone, source.weights)
+        files.load_weights(backbone, source.weights)
 
 
 def initialize_model(model, backbone, source, task_settings):
@@ -156,7 +149,7 @@ def initialize_model(model, backbone, source, task_settings):
         with warnings.catch_warnings():
             # The file also holds the source's optimizer state: this run starts a fresh optimizer.
             warnings.filterwarnings("ignore", message=r"Skipping variable loading for optimizer")
-            runs.load_weights(model, source.model_weights)
+            files.load_weights(model, source.model_weights)
         return "model"
     initialize_backbone(backbone, source)
     return "backbone"
@@ -227,7 +220,7 @@ def train(config, run_dir, verbose="auto"):
         dict of final metrics: the step and the task's evaluation.
 
     Raises:
-        training.checkpoints.Preempted: on SIGTERM, once a checkpoint at the step reached is saved.
+        training.run.checkpoints.Preempted: on SIGTERM, once a checkpoint at the step reached is saved.
     """
     run = runs.RunDirectory(run_dir)
     before = run.entries()
@@ -286,7 +279,7 @@ def _train(config, run_dir, verbose, preemption):
     evaluation = {"eval_loss": loop.evaluate()} if loop else task.evaluate(model, eval_data, eval_steps)
     metrics = {"task": config.task.name, "step": checkpoints.step, **evaluation}
     # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
-    output = run if is_chief else runs.RunDirectory(runs.join(run.path, f"worker_{strategy.cluster_resolver.task_id}"))
+    output = run if is_chief else runs.RunDirectory(files.join(run.path, f"worker_{strategy.cluster_resolver.task_id}"))
     output.save_models(backbone, model)
     output.write_metrics(metrics)
     return metrics

@@ -39,7 +39,7 @@ import keras
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from concise_attention.training import runs
+from concise_attention.training import files
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: a checkpoint was saved on SIGTERM; run the same command again
 
@@ -84,7 +84,7 @@ class TrainingCheckpoints:
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
                                               dropout_seed_states=dropout_seed_states(model), data_position=self.position)
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=keep,
-                                                  checkpoint_name=runs.CHECKPOINT_PREFIX)
+                                                  checkpoint_name=files.CHECKPOINT_PREFIX)
         self.saved_step = None  # the step of the checkpoint this process restored or saved last
 
     @property
@@ -136,8 +136,8 @@ class TrainingCheckpoints:
         kept = {path.rsplit("/", 1)[-1] for path in self.manager.checkpoints}
         for name in tf.io.gfile.listdir(self.directory):
             name = name.rstrip("/")
-            if name.startswith(f"{runs.CHECKPOINT_PREFIX}-") and name.split(".")[0].split("_temp")[0] not in kept:
-                path = runs.join(self.directory, name)
+            if name.startswith(f"{files.CHECKPOINT_PREFIX}-") and name.split(".")[0].split("_temp")[0] not in kept:
+                path = files.join(self.directory, name)
                 (tf.io.gfile.rmtree if tf.io.gfile.isdir(path) else tf.io.gfile.remove)(path)
 
 

@@ -57,7 +57,7 @@ class GlueTask:
         tfds_dev_split: the tensorflow-datasets split of "dev".
         dev_file: the TSV file of "dev".
         is_regression: labels are float scores.
-        metrics: names of the functions of `training.metrics` GLUE reports for the task.
+        metrics: names of the functions of `training.tasks.metrics` GLUE reports for the task.
         positive_labels: spellings of the positive class of F1 (TSV and tfds).
     """
 

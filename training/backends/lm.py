@@ -1,14 +1,14 @@
 """A short in-memory language-model run with `model.fit` (the Admin study and its test).
 
-No checkpoints, no strategy: `training.trainer` is the resumable, distributed trainer.
+No checkpoints, no strategy: `training.backends.trainer` is the resumable, distributed trainer.
 """
 
 import keras
 import numpy as np
 
-from concise_attention.training.data import next_token_targets
-from concise_attention.training.objectives import TokenCrossEntropy
-from concise_attention.training.objectives import WarmupDecaySchedule
+from concise_attention.training.data.packing import next_token_targets
+from concise_attention.training.tasks.objectives import TokenCrossEntropy
+from concise_attention.training.tasks.objectives import WarmupDecaySchedule
 
 
 class _BatchLosses(keras.callbacks.Callback):
@@ -27,7 +27,7 @@ def fit_language_model(
 
     Args:
         model: a `CausalLM`.
-        packed: output of `training.data.pack_sentences`.
+        packed: output of `training.data.packing.pack_sentences`.
         steps: optimiser steps.
         batch_size: rows per step.
         learning_rate, warmup_steps: Adam with linear warm-up.

@@ -3,7 +3,7 @@
 Sources: the shipped sample corpus, any folder of .txt files, LM1B through
 tensorflow-datasets (`lm1b`, any data_dir including gs://), or the shards that
 `concise-prepare-data` made of one of them once (`prepared_dataset`: batch N read directly). Rows are packed
-tensor2tensor-style (`training.data.pack_sentences`): fixed length, int32, segment ids and
+tensor2tensor-style (`training.data.packing.pack_sentences`): fixed length, int32, segment ids and
 positions per sentence, batched with drop_remainder so that a TPU sees static shapes.
 """
 
@@ -13,15 +13,15 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from concise_attention.training.data import SAMPLE_CORPUS
-from concise_attention.training.data import next_token_targets
-from concise_attention.training.data import pack_sentences
-from concise_attention.training.data import read_lines
-from concise_attention.training.shards import causal_lm_batches
+from concise_attention.training.data.packing import next_token_targets
+from concise_attention.training.data.packing import pack_sentences
+from concise_attention.training.data.packing import read_lines
+from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.data.shards import causal_lm_batches
 
 # Every EVAL_EVERY-th line of a text corpus is held out for evaluation...
 EVAL_EVERY = 20
-# ...unless the corpus folder has these sub-folders (training.make_corpus's layout): its two splits.
+# ...unless the corpus folder has these sub-folders (training.data.make_corpus's layout): its two splits.
 SPLIT_FOLDERS = ("train", "heldout")
 # Sentences tokenised and packed together; rows never mix sentences across chunks.
 CHUNK_LINES = 4096
@@ -100,7 +100,7 @@ def _checked_text_files(data_dir, split_name=None):
 
 
 def split_folders(data_dir):
-    """(train, heldout) sub-folders of `data_dir` when it has the layout `training.make_corpus`
+    """(train, heldout) sub-folders of `data_dir` when it has the layout `training.data.make_corpus`
     writes (`train/` and `heldout/`, held out by document), else None."""
     folders = tuple(tf.io.gfile.join(str(data_dir), name) for name in SPLIT_FOLDERS)
     return folders if data_dir and all(tf.io.gfile.isdir(folder) for folder in folders) else None
@@ -112,7 +112,7 @@ def corpus_splits(dataset, data_dir=None):
     Checks the source at once (missing folder, no files, text that is not UTF-8, an empty
     corpus or training split) so that bad data fails before any training starts. A text
     corpus holds out every EVAL_EVERY-th non-empty line for evaluation, unless its folder has
-    `train/` and `heldout/` sub-folders (`training.make_corpus`'s layout: held out by
+    `train/` and `heldout/` sub-folders (`training.data.make_corpus`'s layout: held out by
     document), which are then the two splits; LM1B has its own.
     """
     if dataset == "lm1b":
@@ -352,7 +352,7 @@ def masked_lm_dataset(
 
 
 def prepared_dataset(reader, batch_size, skip_batches=0, mask=None):
-    """The batched tf.data pipeline of a prepared split (`training.shards.ShardReader`).
+    """The batched tf.data pipeline of a prepared split (`training.data.shards.ShardReader`).
 
     Batch i is read directly (`ShardReader.batch`): resuming at batch N reads one shard,
     whatever N is. The train split repeats over epochs in its seeded order; the eval split is

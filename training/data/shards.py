@@ -1,7 +1,7 @@
 """Prepared data: tokenised, packed rows in `.npy` shards, and the order training reads them in.
 
 This module owns the format; it imports numpy only, so that a machine without TensorFlow
-(the JAX shard trainer, `training.shard_trainer`) reads what `training.prepare_data` wrote.
+(the JAX shard trainer, `training.backends.shard_trainer`) reads what `training.backends.prepare_data` wrote.
 
     DIR/manifest.json        written last: format, task, fields, sequence_length, the
                              vocabulary's SHA-256 and size, tokenizer settings, source, and
@@ -13,7 +13,7 @@ This module owns the format; it imports numpy only, so that a machine without Te
                              in a seeded random order, held-out rows in the corpus order
 
 Fields: causal_lm rows are tensor2tensor-packed `token_ids`, `segment_ids`, `positions`
-(next-token targets are derived when read, `training.data.next_token_targets`); masked_lm
+(next-token targets are derived when read, `training.data.packing.next_token_targets`); masked_lm
 rows are the unmasked `[CLS] A [SEP] B [SEP]` `token_ids` and their `segment_ids` (the masks
 are drawn at training time from (seed, batch index)).
 
@@ -29,7 +29,7 @@ import json
 
 import numpy as np
 
-from concise_attention.training.data import next_token_targets
+from concise_attention.training.data.packing import next_token_targets
 
 FORMAT = "concise-prepared-data/1"
 MANIFEST = "manifest.json"

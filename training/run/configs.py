@@ -35,11 +35,12 @@ from concise_attention.models.attention import make_attention
 from concise_attention.models.bert import BertEncoder
 from concise_attention.models.lm import CausalLM
 from concise_attention.models.transformer import head_size_of
+from concise_attention.training.inference.sources import BUILDERS
+from concise_attention.training.inference.sources import nest_legacy_attention
 from concise_attention.training.tasks import default_task_name
 from concise_attention.training.tasks import task_class
 
-PRESET_DIRECTORY = pathlib.Path(__file__).resolve().parents[1] / "configs"  # the YAML presets (package data)
-BUILDERS = {"bert": BertEncoder, "causal_lm": CausalLM}
+PRESET_DIRECTORY = pathlib.Path(__file__).resolve().parents[2] / "configs"  # the YAML presets (package data)
 
 
 def _field_type(parameter):
@@ -86,26 +87,6 @@ def _check_attention(model):
 
 
 # The flat fields of the attention before it was one nested config (run directories written then).
-LEGACY_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shared_key_dim": "shared_key_dim",
-                         "mixing_initializer": "mixing_initializer"}
-
-
-def nest_legacy_attention(model):
-    """A model section with the old flat attention fields (`attention_type`, `head_size`,
-    `shared_key_dim`, `mixing_initializer`) moved into the nested `attention` config; other
-    sections are returned unchanged. Both forms at once is an error naming the flat key."""
-    legacy = [key for key in LEGACY_ATTENTION_KEYS if key in model]
-    if not legacy:
-        return model
-    if "attention" in model:
-        nested = f"model.attention.{LEGACY_ATTENTION_KEYS[legacy[0]]}"
-        raise ValueError(f"`model.{legacy[0]}` is the old flat form of `{nested}`, and this config already has "
-                         f"`model.attention`: set `{nested}`.")
-    model = dict(model)
-    attention = {LEGACY_ATTENTION_KEYS[key]: model.pop(key) for key in legacy}
-    model["attention"] = {key: value for key, value in attention.items() if value is not None}
-    return model
-
 
 MODEL_CONFIGS = {
     "bert": _model_dataclass("BertConfig", BertEncoder),
@@ -208,7 +189,7 @@ class ExperimentConfig:
     """A resolved preset: which builder, its arguments, the task and how to train it.
 
     `model` is None only while `task.init` is to supply the architecture (see
-    `training.trainer.resolve_config`).
+    `training.backends.trainer.resolve_config`).
     """
 
     name: str

@@ -151,7 +151,7 @@ def squad_scores(predictions, examples):
         predictions: dict question id -> predicted answer text. A question without a
             prediction scores 0; predictions for unknown ids are ignored.
         examples: iterable of objects with `id` and `answers` (a list of
-            (text, char_start) pairs), e.g. `training.squad.SquadExample`.
+            (text, char_start) pairs), e.g. `training.data.squad.SquadExample`.
 
     Returns:
         {"exact_match": percent, "f1": percent} over all examples.

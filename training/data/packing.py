@@ -4,7 +4,7 @@ import pathlib
 
 import numpy as np
 
-SAMPLE_CORPUS = pathlib.Path(__file__).parent / "data" / "python_reference.txt"
+SAMPLE_CORPUS = pathlib.Path(__file__).parent / "python_reference.txt"
 
 
 def read_lines(path=SAMPLE_CORPUS):

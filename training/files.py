@@ -1,0 +1,92 @@
+"""Files as every part of a run writes and reads them, local or any `tf.io.gfile` path (gs://...).
+
+Every file is written whole under a temporary name and renamed, so a reader never sees half of one; Keras' HDF5
+weights go through a local temporary file and are copied. The names of a run directory's files are here too:
+`training.run.runs` writes that directory and `training.inference.sources` reads a finished one back.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+import uuid
+
+import tensorflow as tf
+
+CONFIG = "config.json"
+VOCABULARY = "vocab.txt"
+BACKBONE_WEIGHTS = "backbone.weights.h5"
+MODEL_WEIGHTS = "model.weights.h5"
+METRICS = "metrics.json"
+INPUTS = "inputs.json"  # sha256 of every file the run depends on, recorded when first used
+CHECKPOINT_PREFIX = "ckpt"  # RUN/checkpoint/ckpt-STEP.*
+
+
+def join(directory, name):
+    return tf.io.gfile.join(str(directory), name)
+
+
+def write_bytes_atomically(path, data):
+    """Writes `data` (bytes or str) to `path` under a temporary name, then renames it."""
+    path = str(path)
+    tf.io.gfile.makedirs(os.path.dirname(path) or ".")
+    temporary = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with tf.io.gfile.GFile(temporary, "wb") as file:
+            file.write(data.encode("utf-8") if isinstance(data, str) else data)
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    except BaseException:  # disk full, a read-only folder, a kill signal's exception: no temporary file left
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+        raise
+
+
+def file_sha256(path):
+    """The sha256 of a file (local or gs://), read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with tf.io.gfile.GFile(str(path), "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomically(path, value):
+    write_bytes_atomically(path, json.dumps(value, indent=1, sort_keys=True))
+
+
+def read_json(path):
+    """A JSON file as a dict; a missing, truncated or non-JSON file is an error naming it."""
+    path = str(path)
+    if not tf.io.gfile.exists(path):
+        raise ValueError(f"File not found: {path}")
+    try:
+        with tf.io.gfile.GFile(path, "r") as file:
+            value = json.loads(file.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}).") from error
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object. Received: {type(value).__name__}")
+    return value
+
+
+def save_weights(model, path):
+    """`model.save_weights` to any gfile path, through a local temporary file and a rename."""
+    with tempfile.TemporaryDirectory() as local:
+        local_path = os.path.join(local, "w.weights.h5")
+        model.save_weights(local_path)
+        with open(local_path, "rb") as file:
+            write_bytes_atomically(path, file.read())
+
+
+def load_weights(model, path):
+    """`model.load_weights` from any gfile path; an unreadable or mismatched file names itself."""
+    path = str(path)
+    if not tf.io.gfile.exists(path):
+        raise ValueError(f"Weights file not found: {path}")
+    with tempfile.TemporaryDirectory() as local:
+        local_path = os.path.join(local, "w.weights.h5")
+        tf.io.gfile.copy(path, local_path, overwrite=True)
+        try:
+            model.load_weights(local_path)
+        except (ValueError, OSError, KeyError) as error:
+            raise ValueError(f"The weights in {path} cannot be loaded into this model: {str(error).splitlines()[0]}") from error

@@ -1,0 +1,107 @@
+"""Sentence embeddings of a list of strings: `SentenceEncoder` (a preset or run by name, `encode`).
+
+    >>> from concise_attention.training.inference.embeddings import SentenceEncoder
+    >>> encoder = SentenceEncoder.from_preset("path/to/preset")   # or a run directory
+    >>> vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell."])   # (2, width) float32, unit rows
+
+Texts are tokenised as the encoder's vocabulary says (`training.preprocessing.tokenizer`, BERT's WordPiece), cut to
+`sequence_length` tokens, sorted by length and run in batches, each padded to its own longest text, so
+that short texts cost little; the embedding is the mean of the token vectors over the real tokens
+(sentence-transformers' mean pooling), scaled to unit length unless `normalize=False`.
+"""
+
+import numpy as np
+import tensorflow as tf
+from tqdm import tqdm
+
+from concise_attention.models.heads import mean_pooled
+from concise_attention.training.inference import sources
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+
+
+class SentenceEncoder:
+    """A backbone (`BertEncoder`), its tokenizer and the pooling: `encode(texts)` -> numpy (N, width)."""
+
+    def __init__(self, backbone, tokenizer, sequence_length=128):
+        limit = getattr(backbone, "max_sequence_length", sequence_length)
+        if isinstance(sequence_length, bool) or not isinstance(sequence_length, int) or not 3 <= sequence_length <= limit:
+            raise ValueError(f"`sequence_length` must be an integer in [3, the encoder's max_sequence_length={limit}]. "
+                             f"Received: sequence_length={sequence_length!r}")
+        self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, sequence_length
+
+        def forward(word_ids, mask):  # pooled in the graph: (B, D) comes back, not (B, T, D)
+            inputs = {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": tf.zeros_like(word_ids)}
+            return mean_pooled(backbone(inputs, training=False)["sequence_output"], mask)
+
+        self._forward = tf.function(forward, reduce_retracing=True)
+
+    @classmethod
+    def from_preset(cls, preset, sequence_length=None):
+        """A shipped preset's name (`models.presets.shipped_presets()`), a Keras preset folder
+        (`concise-export`'s `keras/`), a run directory (local or gs://) or a Hugging Face BERT folder;
+        `sequence_length` defaults to the length it was trained at where it records one (a run, a shipped
+        preset), else 128."""
+        source = sources.read_source(preset)
+        backbone = sources.load_backbone(source)
+        tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
+                                        strip_accents=source.tokenizer.get("strip_accents"))
+        return cls(backbone, tokenizer, source.serving_length if sequence_length is None else sequence_length)
+
+    @property
+    def width(self):
+        return self.backbone.hidden_size
+
+    def encode(self, texts, batch_size=32, normalize=True, progress=None):
+        """float32 (len(texts), width): one embedding per string, in the order given (`progress`: a
+        progress bar's caption, None for none)."""
+        if isinstance(texts, (str, bytes)):
+            raise ValueError("`texts` must be a list of strings, not one string.")
+        texts = [text.item() if isinstance(text, np.str_) else text for text in texts]  # a generator or numpy array too
+        if not all(isinstance(text, str) for text in texts):
+            raise ValueError("`texts` must be a list of strings.")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}")
+        if not texts:
+            return np.zeros((0, self.width), np.float32)
+        pooled = self.pooled(texts, batch_size, progress)
+        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12) if normalize else pooled
+
+    def pooled(self, texts, batch_size=32, progress=None):
+        """The mean of the token vectors over each text's real tokens, float32 (N, width), computed in
+        length-sorted batches, each padded to its longest text ([CLS] text [SEP], cut to sequence_length)."""
+        ids = token_ids(self.tokenizer, texts, self.sequence_length)
+        pad = self.tokenizer.token_to_id("[PAD]")
+        order = np.argsort([len(row) for row in ids], kind="stable")
+        pooled = np.zeros((len(texts), self.width), np.float32)
+        for first in tqdm(range(0, len(texts), batch_size), desc=progress, unit="batch", mininterval=2.0, disable=progress is None):
+            rows = order[first:first + batch_size]
+            word_ids, mask = padded([ids[row] for row in rows], pad)
+            pooled[rows] = self._forward(tf.constant(word_ids), tf.constant(mask)).numpy()
+        return pooled
+
+
+def padded(rows, pad):
+    """Id rows -> (word ids, mask), int32 (N, longest row), padded with `pad`."""
+    width = max(len(row) for row in rows)
+    word_ids = np.full((len(rows), width), pad, np.int32)
+    mask = np.zeros((len(rows), width), np.int32)
+    for line, row in enumerate(rows):
+        word_ids[line, :len(row)], mask[line, :len(row)] = row, 1
+    return word_ids, mask
+
+
+def bucket_lengths(seq_length, bucket, shortest=2):
+    """The lengths a batch is padded to when padded to a multiple of `bucket`: the multiples below
+    `seq_length` that hold `shortest` tokens ([CLS] [SEP] of an empty text), then `seq_length` (served
+    chunks, `export.chunking`; distillation batches, `task.length_bucket`)."""
+    return [*range(-(-shortest // bucket) * bucket, seq_length, bucket), seq_length]
+
+
+def token_ids(tokenizer, texts, sequence_length, chunk=1024):
+    """[CLS] text [SEP] ids of each text, as the student's packer makes them: pieces cut to sequence_length - 2."""
+    first, last = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    rows = []
+    for start in range(0, len(texts), chunk):
+        pieces = tokenizer(tf.constant(texts[start:start + chunk]))
+        rows += [[first, *row[: sequence_length - 2], last] for row in pieces.to_list()]
+    return rows

@@ -1,0 +1,172 @@
+"""A trained model to start from, read back: a run directory (local or gs://), a `concise-collaborative`
+output, a Keras preset folder or shipped preset, a Hugging Face BERT folder (`read_source`), and its backbone
+with weights loaded (`load_backbone`). Anything that starts from a trained model (fine-tuning, distillation,
+export, conversion, `SentenceEncoder`) accepts all of them; a task model around the backbone is
+`training.run.runs.load_source`'s.
+"""
+
+import dataclasses
+import os
+
+import tensorflow as tf
+
+from concise_attention.models import presets
+from concise_attention.models.bert import BertEncoder
+from concise_attention.models.hf_import import check_tokenizer_agrees
+from concise_attention.models.hf_import import hf_bert_config
+from concise_attention.models.hf_import import hf_tokenizer_settings
+from concise_attention.models.hf_import import load_hf_model
+from concise_attention.models.lm import CausalLM
+from concise_attention.training.files import BACKBONE_WEIGHTS
+from concise_attention.training.files import CONFIG
+from concise_attention.training.files import join
+from concise_attention.training.files import load_weights
+from concise_attention.training.files import MODEL_WEIGHTS
+from concise_attention.training.files import read_json
+from concise_attention.training.files import VOCABULARY
+from concise_attention.training.preprocessing.text import read_vocabulary
+
+BUILDERS = {"bert": BertEncoder, "causal_lm": CausalLM}  # the backbone of each `model_type`
+LEGACY_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shared_key_dim": "shared_key_dim",
+                         "mixing_initializer": "mixing_initializer"}
+
+
+def nest_legacy_attention(model):
+    """A model section with the old flat attention fields (`attention_type`, `head_size`,
+    `shared_key_dim`, `mixing_initializer`) moved into the nested `attention` config; other
+    sections are returned unchanged. Both forms at once is an error naming the flat key."""
+    legacy = [key for key in LEGACY_ATTENTION_KEYS if key in model]
+    if not legacy:
+        return model
+    if "attention" in model:
+        nested = f"model.attention.{LEGACY_ATTENTION_KEYS[legacy[0]]}"
+        raise ValueError(f"`model.{legacy[0]}` is the old flat form of `{nested}`, and this config already has "
+                         f"`model.attention`: set `{nested}`.")
+    model = dict(model)
+    attention = {LEGACY_ATTENTION_KEYS[key]: model.pop(key) for key in legacy}
+    model["attention"] = {key: value for key, value in attention.items() if value is not None}
+    return model
+
+
+DEFAULT_SERVING_LENGTH = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A trained model to start from: its architecture, weights and tokenizer.
+
+    kind: "run" (a run directory or a `concise-collaborative` output) or "hf" (a Hugging
+        Face BERT folder); model_type and model: the builder and its arguments;
+    weights: the backbone weights file; vocabulary: vocab.txt; tokenizer: dict(lowercase,
+        strip_accents); task: the task section of the run that wrote it (None for HF);
+    model_weights: the whole task model's weights (backbone + head) where the run has them
+        (a finished run, or a conversion of one), else None.
+    name: the run's config name, or the Hugging Face folder's name.
+    sequence_length: the length a run (or a preset that records it) was trained at, else None.
+    """
+
+    path: str
+    kind: str
+    model_type: str
+    model: dict
+    weights: str
+    vocabulary: str
+    tokenizer: dict
+    task: dict = None
+    model_weights: str = None
+    name: str = None
+    sequence_length: int = None
+
+    @property
+    def serving_length(self):
+        """The length to serve and embed at by default: the one it was trained at where it records one (a
+        run, a shipped preset), else DEFAULT_SERVING_LENGTH, never beyond its position embeddings."""
+        limit = self.model.get("max_sequence_length", DEFAULT_SERVING_LENGTH)
+        return min(self.sequence_length or DEFAULT_SERVING_LENGTH, limit)
+
+
+def is_hf_folder(path):
+    return tf.io.gfile.exists(join(path, "model.safetensors"))
+
+
+def read_source(path, kind=None):
+    """Reads what a run directory, a converter output or a Hugging Face folder holds.
+
+    Args:
+        path: the folder.
+        kind: "hf" or "run" to insist on one (the error then says what is missing), or None.
+    """
+    path = str(path)
+    if not tf.io.gfile.isdir(path):
+        if kind is None and path in presets.shipped_presets():
+            return _read_preset(presets.resolve(path))
+        raise ValueError(f"Not a directory: {path!r} (expected a run directory, a Hugging Face BERT folder, a preset "
+                         f"folder or a shipped preset: {', '.join(presets.shipped_presets()) or 'none is shipped'}).")
+    if kind == "hf" and not is_hf_folder(path):
+        raise ValueError(f"{path} has no model.safetensors: not a Hugging Face BERT folder.")
+    if kind != "run" and is_hf_folder(path):
+        return _read_hf_folder(path)
+    if kind is None and is_preset_folder(path):
+        return _read_preset(presets.resolve(path))
+    config = read_json(join(path, CONFIG))
+    for key in ("model_type", "model"):
+        if key not in config:
+            raise ValueError(f"{join(path, CONFIG)} has no `{key}`: not a run directory.")
+    weights = join(path, BACKBONE_WEIGHTS)
+    if not tf.io.gfile.exists(weights):
+        raise ValueError(f"{path} has no {BACKBONE_WEIGHTS}: the run has not finished (or is not a run directory).")
+    model = nest_legacy_attention(config["model"])  # runs written before the nested attention config
+    model_weights = join(path, MODEL_WEIGHTS)
+    return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
+                  tokenizer_settings(config, join(path, CONFIG)), config.get("task"),
+                  model_weights=model_weights if tf.io.gfile.exists(model_weights) else None,
+                  name=config.get("name") or _basename(path), sequence_length=(config.get("training") or {}).get("sequence_length"))
+
+
+def is_preset_folder(path):
+    return tf.io.gfile.exists(join(path, presets.METADATA_FILE)) and tf.io.gfile.exists(join(path, presets.TOKENIZER_FILE))
+
+
+def _read_preset(path):
+    """A Keras preset folder (`models.presets`; a shipped preset's) as a source: its BERT encoder."""
+    model = presets.backbone_arguments(path, BertEncoder)
+    settings = presets.tokenizer_settings(path)
+    return Source(path, "preset", "bert", model, join(path, presets.WEIGHTS_FILE), settings["path"],
+                  {"lowercase": settings["lowercase"], "strip_accents": settings["strip_accents"]}, name=_basename(path),
+                  sequence_length=presets.trained_sequence_length(path))
+
+
+def _read_hf_folder(path):
+    model, tokenizer = hf_bert_config(path), hf_tokenizer_settings(path)
+    check_tokenizer_agrees(path, read_vocabulary(join(path, VOCABULARY)))
+    return Source(path, "hf", "bert", model, join(path, "model.safetensors"), join(path, VOCABULARY), tokenizer,
+                  name=_basename(path))
+
+
+def _basename(path):
+    return os.path.basename(path.rstrip("/")) or "model"
+
+
+def tokenizer_settings(config, config_path):
+    """dict(lowercase, strip_accents) of a run's config: its `tokenizer` section, else what
+    runs written before it had (`training.strip_accents`; uncased); a bad value names the field."""
+    tokenizer, training = config.get("tokenizer") or {}, config.get("training") or {}
+    lowercase = True if tokenizer.get("lowercase") is None else tokenizer["lowercase"]  # None: BERT-uncased
+    strip_accents = tokenizer.get("strip_accents", training.get("strip_accents"))
+    if not isinstance(lowercase, bool):
+        raise ValueError(f"{config_path}: `tokenizer.lowercase` must be true or false. Received: {lowercase!r}")
+    if strip_accents is not None and not isinstance(strip_accents, bool):
+        raise ValueError(f"{config_path}: `tokenizer.strip_accents` must be true, false or null. Received: {strip_accents!r}")
+    return {"lowercase": lowercase, "strip_accents": strip_accents}
+
+
+
+def load_backbone(source):
+    """The backbone a `Source` holds, weights loaded, float32 (a run's or conversion's backbone.weights.h5)."""
+    if source.kind == "preset":
+        return BertEncoder.from_preset(source.path)
+    if source.kind == "hf":
+        return load_hf_model(source.path)[0]
+    backbone = BUILDERS[source.model_type](**source.model)
+    load_weights(backbone, source.weights)
+    return backbone
