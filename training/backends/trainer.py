@@ -351,10 +351,12 @@ class _MultiWorkerLoop:
     Keras 3.15's `model.fit` and `model.evaluate` fail under MultiWorkerMirroredStrategy
     (keras-team/keras#20329: the symbolic build reduces the nested first batch in one
     collective; the step logs are then reduced along axis 0 although they are scalars).
-    This loop does what fit does for this trainer, with the same model, optimizer, loss,
-    data and callbacks: each replica's weighted token loss is divided by the global
-    weight total, so the gradients the Keras optimizer all-reduces (sums) across replicas
-    are those of the global mean, as on one device.
+    This loop does what fit does for this trainer, with the same model, optimizer, data and
+    callbacks, and the task's own compiled loss (`model.compute_loss`: any task, its outputs
+    and losses one tensor or a dict): each replica's loss is divided by the replica count (as
+    Keras' losses do under every tf.distribute strategy), so the gradients the optimizer
+    all-reduces (sums) across replicas are those of the mean of the replicas' losses, as under
+    MirroredStrategy's fit.
     """
 
     def __init__(self, model, strategy, train_data, eval_data):
@@ -364,19 +366,15 @@ class _MultiWorkerLoop:
         with strategy.scope():
             model.optimizer.build(model.trainable_variables)
 
-    def _weighted_loss_sums(self, inputs, labels, weights, training):
+    def _loss(self, inputs, labels, weights, training):
         outputs = self.model(inputs, training=training)
-        logits = outputs["mlm_logits"] if isinstance(outputs, dict) else outputs
-        per_token = self.model.loss.call(labels, logits)
-        return tf.reduce_sum(per_token * weights), tf.reduce_sum(weights)
+        return self.model.compute_loss(inputs, labels, outputs, weights, training=training)
 
     @tf.function
     def _train_step(self):
         def replica_step(inputs, labels, weights):
-            total = tf.distribute.get_replica_context().all_reduce("SUM", tf.reduce_sum(weights))
             with tf.GradientTape() as tape:
-                loss_sum, _ = self._weighted_loss_sums(inputs, labels, weights, training=True)
-                loss = loss_sum / tf.maximum(total, 1.0)
+                loss = self._loss(inputs, labels, weights, training=True)
                 # Multiplied by the loss scale under mixed_float16 (the optimizer divides it out).
                 scaled_loss = self.model.optimizer.scale_loss(loss)
             gradients = tape.gradient(scaled_loss, self.model.trainable_variables)
@@ -387,15 +385,13 @@ class _MultiWorkerLoop:
 
     @tf.function
     def _eval_step(self, batch):
-        sums = self.strategy.run(lambda i, l, w: self._weighted_loss_sums(i, l, w, training=False), args=batch)
-        return [self.strategy.reduce("SUM", value, axis=None) for value in sums]
+        loss = self.strategy.run(lambda i, l, w: self._loss(i, l, w, training=False), args=batch)
+        return self.strategy.reduce("SUM", loss, axis=None)
 
     def evaluate(self):
-        loss_sum, weight_sum = 0.0, 0.0
-        for batch in self.eval_data:
-            batch_loss, batch_weight = self._eval_step(batch)
-            loss_sum, weight_sum = loss_sum + float(batch_loss), weight_sum + float(batch_weight)
-        return loss_sum / max(weight_sum, 1.0)
+        """The mean loss of the evaluation batches (Keras' val_loss)."""
+        losses = [float(self._eval_step(batch)) for batch in self.eval_data]
+        return sum(losses) / max(len(losses), 1)
 
     def fit(self, segments, callbacks, verbose):
         """Runs the `fit_segments` with one iterator (from the run's first step on)."""
