@@ -22,10 +22,10 @@ import numpy as np  # noqa: E402
 from concise_attention.training.backends.lm import fit_language_model  # noqa: E402
 from concise_attention.training.data.packing import pack_sentences  # noqa: E402
 from concise_attention.training.data.packing import read_lines  # noqa: E402
+from concise_attention.training.files import write_json_atomically  # noqa: E402
 from concise_attention.training.preprocessing.tokenizer import train_wordpiece  # noqa: E402
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer  # noqa: E402
 from concise_attention.training.run import configs  # noqa: E402
-from concise_attention.training.run.runs import write_json_atomically  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from concise_attention.models.collaborative import convert_model  # noqa: E402
 from concise_attention.models.hf_import import load_hf_bert  # noqa: E402
 from concise_attention.training.data.packing import read_lines  # noqa: E402
-from concise_attention.training.run.runs import write_json_atomically  # noqa: E402
+from concise_attention.training.files import write_json_atomically  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

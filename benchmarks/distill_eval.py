@@ -59,8 +59,8 @@ def read_tsv(path):
 def heldout_data(data_dir, texts, pairs, fit_texts):
     """(held-out texts, (queries, documents), training texts for the PCA fit), drawn with seed 1."""
     from concise_attention.training.data.pipeline import corpus_splits
-    from concise_attention.training.tasks.distill import draw_texts
     from concise_attention.training.tasks.distill import SENTENCE_END
+    from concise_attention.training.tasks.distill import draw_texts
 
     train_lines, eval_lines = corpus_splits("text_files", data_dir)
     paragraphs = sorted({line.strip() for line in eval_lines() if line.strip()})
@@ -123,18 +123,18 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
     projections to the teacher's space are not shipped: no cosine to the teacher)."""
     import keras
 
+    from concise_attention.models import BUILDERS
     from concise_attention.models import presets as shipped
     from concise_attention.models.shrink import shrink_into
     from concise_attention.training.inference import sources
     from concise_attention.training.inference.embeddings import SentenceEncoder
-    from concise_attention.training.run import configs
     from concise_attention.training.run import runs
 
     loaded, source = SentenceEncoder.from_preset(teacher_dir), sources.read_source(teacher_dir)
     teacher_backbone, tokenizer = loaded.backbone, loaded.tokenizer
     name = os.path.basename(os.path.dirname(source.path.rstrip("/"))) if source.name == "model" else source.name  # a package's model/
     teacher = Encoder(f"teacher {name}", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
-    half = configs.BUILDERS[source.model_type](**(source.model | {"num_layers": source.model["num_layers"] // 2}))
+    half = BUILDERS[source.model_type](**(source.model | {"num_layers": source.model["num_layers"] // 2}))
     shrink_into(teacher_backbone, half)
     encoders = [Encoder(f"teacher, {half.num_layers} of {teacher_backbone.num_layers} layers", half, tokenizer,
                         to_teacher=lambda pooled: pooled)]

@@ -31,8 +31,8 @@ from concise_attention.training.data.packing import SAMPLE_CORPUS  # noqa: E402
 from concise_attention.training.data.pipeline import corpus_lines  # noqa: E402
 from concise_attention.training.data.pipeline import language_model_dataset  # noqa: E402
 from concise_attention.training.data.pipeline import prepared_dataset  # noqa: E402
+from concise_attention.training.files import write_json_atomically  # noqa: E402
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer  # noqa: E402
-from concise_attention.training.run.runs import write_json_atomically  # noqa: E402
 
 from concise_attention.training.run import configs  # noqa: E402
 

@@ -282,7 +282,7 @@ def main(argv=None):
     result = {**provenance.record(), "tensorflow": tf.__version__, "onednn": bool(_pywrap_util_port.IsMklEnabled()), "sequence_length": SEQ_LENGTH,
               "matmul_gflops": rate / 1e9, "rounds": args.rounds,
               "command": provenance.command_line("benchmarks/serving_benchmark.py", argv if argv is not None else sys.argv[1:]), "rows": rows}
-    from concise_attention.training.run.runs import write_json_atomically
+    from concise_attention.training.files import write_json_atomically
 
     write_json_atomically(args.out, result)
     print(f"\n{result['machine']}, {result['date']}, oneDNN {'on' if result['onednn'] else 'off'}, "

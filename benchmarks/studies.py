@@ -490,7 +490,7 @@ def check_tables(corpus, studies, jobs):
     (main() gives it a scratch cache), and compares its held-out perplexity with the committed one; records
     each in RESULTS/check.json as it is known, then the CANARIES' losses. Returns whether every table
     reproduced within CHECK_TOLERANCE (relative)."""
-    from concise_attention.training.run.runs import write_bytes_atomically
+    from concise_attention.training.files import write_bytes_atomically
 
     committed = {study: read_rows(study, corpus.results)[0] for study in studies}
     arguments = {study: (corpus, *STUDIES[study][row["label"]], int(row["seed"])) for study, row in committed.items()}

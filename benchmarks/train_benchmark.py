@@ -31,10 +31,10 @@ import tensorflow as tf  # noqa: E402
 
 from concise_attention.training.data.pipeline import corpus_lines  # noqa: E402
 from concise_attention.training.data.pipeline import language_model_dataset  # noqa: E402
+from concise_attention.training.files import write_json_atomically  # noqa: E402
 from concise_attention.training.preprocessing.tokenizer import train_wordpiece  # noqa: E402
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer  # noqa: E402
 from concise_attention.training.run import configs  # noqa: E402
-from concise_attention.training.run.runs import write_json_atomically  # noqa: E402
 from concise_attention.training.tasks.objectives import TokenCrossEntropy  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")

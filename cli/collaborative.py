@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 
+from concise_attention.models import BUILDERS
 from concise_attention.models.collaborative import convert_model
 from concise_attention.models.transformer import head_size_of
 from concise_attention.training import files
@@ -42,7 +43,7 @@ def _load_source(path):
     if source.model_weights is not None:
         config, task_model, backbone, _ = runs.load_model(path)
         return source, backbone, (config, task_model)
-    backbone = configs.BUILDERS[source.model_type](**source.model)
+    backbone = BUILDERS[source.model_type](**source.model)
     initialize_backbone(backbone, source)
     return source, backbone, None
 

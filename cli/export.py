@@ -18,8 +18,8 @@ import json
 import sys
 
 from concise_attention.export import commit
-from concise_attention.export.savedmodels import export_run
 from concise_attention.export.savedmodels import GFileStore
+from concise_attention.export.savedmodels import export_run
 from concise_attention.training.run import configs
 
 

@@ -7,8 +7,8 @@ import sys
 
 from concise_attention.training.backends.trainer import train
 from concise_attention.training.run import configs
-from concise_attention.training.run.checkpoints import Preempted
 from concise_attention.training.run.checkpoints import PREEMPTED_EXIT_CODE
+from concise_attention.training.run.checkpoints import Preempted
 
 
 def main(argv=None):

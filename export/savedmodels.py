@@ -50,8 +50,8 @@ from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
 from concise_attention.export.chunking import chunked
 from concise_attention.models import presets
-from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.preprocessing.text import WordPieceModule
+from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 from concise_attention.training.tasks import make_task

@@ -603,6 +603,27 @@ def _variant_arguments(layer_class):
     }
 
 
+LEGACY_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shared_key_dim": "shared_key_dim",
+                         "mixing_initializer": "mixing_initializer"}
+
+
+def nest_legacy_attention(model):
+    """A model section with the old flat attention fields (`attention_type`, `head_size`,
+    `shared_key_dim`, `mixing_initializer`) moved into the nested `attention` config; other
+    sections are returned unchanged. Both forms at once is an error naming the flat key."""
+    legacy = [key for key in LEGACY_ATTENTION_KEYS if key in model]
+    if not legacy:
+        return model
+    if "attention" in model:
+        nested = f"model.attention.{LEGACY_ATTENTION_KEYS[legacy[0]]}"
+        raise ValueError(f"`model.{legacy[0]}` is the old flat form of `{nested}`, and this config already has "
+                         f"`model.attention`: set `{nested}`.")
+    model = dict(model)
+    attention = {LEGACY_ATTENTION_KEYS[key]: model.pop(key) for key in legacy}
+    model["attention"] = {key: value for key, value in attention.items() if value is not None}
+    return model
+
+
 def attention_config(attention=None, prefix="attention"):
     """Checks a nested attention config and returns its canonical form `{"type": ..., **arguments}`.
 

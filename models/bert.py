@@ -12,8 +12,8 @@ from concise_attention.models.builder import ArgumentsAreConfig
 from concise_attention.models.embedding import PositionEmbedding
 from concise_attention.models.presets import PresetMixin
 from concise_attention.models.presets import TaskPresetMixin
-from concise_attention.models.transformer import admin_initialize
 from concise_attention.models.transformer import build_blocks
+from concise_attention.models.transformer import admin_initialize
 from concise_attention.models.transformer import get_activation
 
 

@@ -5,12 +5,12 @@ import typing
 import keras
 from keras import ops
 
-from concise_attention.models.attention import attention_config
 from concise_attention.models.bert import _check_sizes
+from concise_attention.models.attention import attention_config
 from concise_attention.models.builder import ArgumentsAreConfig
 from concise_attention.models.embedding import PositionEmbedding
-from concise_attention.models.transformer import admin_initialize
 from concise_attention.models.transformer import build_blocks
+from concise_attention.models.transformer import admin_initialize
 
 
 def packed_segment_mask(segment_ids):

@@ -14,8 +14,8 @@ import math
 import keras
 from keras import ops
 
-from concise_attention.models.attention import attention_config
 from concise_attention.models.attention import ATTENTION_TYPES
+from concise_attention.models.attention import attention_config
 from concise_attention.models.attention import clone_initializer
 from concise_attention.models.attention import make_attention
 

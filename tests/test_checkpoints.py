@@ -13,9 +13,9 @@ import pytest
 from concise_attention.training.backends.trainer import fit_segments
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
+from concise_attention.training.run.checkpoints import TrainingCheckpoints
 from concise_attention.training.run.checkpoints import dropout_seed_states
 from concise_attention.training.run.checkpoints import handle_preemption
-from concise_attention.training.run.checkpoints import TrainingCheckpoints
 
 
 @pytest.mark.parametrize(

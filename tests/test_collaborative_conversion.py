@@ -175,7 +175,7 @@ def _cli(*arguments):
 def test_command_converts_a_run_and_the_result_reloads(tmp_path):
     import json
 
-    from concise_attention.training.run.configs import BUILDERS
+    from concise_attention.models import BUILDERS
 
     run, model = _run_dir(tmp_path)
     result = _cli("--run", run, "--ratio", 1.0, "--out", tmp_path / "out")

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
+from concise_attention.training.data.packing import SAMPLE_CORPUS
 from concise_attention.training.data.packing import next_token_targets
 from concise_attention.training.data.packing import pack_sentences
 from concise_attention.training.data.packing import read_lines
-from concise_attention.training.data.packing import SAMPLE_CORPUS
 from concise_attention.training.data.pipeline import check_utf8
 
 

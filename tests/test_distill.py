@@ -113,8 +113,8 @@ def test_the_relation_term_trains_the_student_only_against_a_frozen_teacher_in_i
     import keras
 
     from concise_attention.models.bert import BertEncoder
-    from concise_attention.models.heads import check_relation_heads
     from concise_attention.models.heads import SentenceEmbedder
+    from concise_attention.models.heads import check_relation_heads
 
     sizes = dict(vocab_size=40, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=16, max_sequence_length=8)
     teacher = BertEncoder(**sizes, dropout=0.5, attention_dropout=0.5)

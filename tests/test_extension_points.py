@@ -18,13 +18,13 @@ from concise_attention.cli import train as cli
 from concise_attention.models.attention import ATTENTION_TYPES
 from concise_attention.models.attention import FixedHeadSizeAttention
 from concise_attention.models.attention import register_attention
-from concise_attention.training.data.packing import read_lines
 from concise_attention.training.data.packing import SAMPLE_CORPUS
-from concise_attention.training.tasks import register_task
+from concise_attention.training.data.packing import read_lines
 from concise_attention.training.tasks import ServingSignature
-from concise_attention.training.tasks import Task
 from concise_attention.training.tasks import TASKS
+from concise_attention.training.tasks import Task
 from concise_attention.training.tasks import TaskSettings
+from concise_attention.training.tasks import register_task
 
 
 class TemperedAttention(FixedHeadSizeAttention):

@@ -67,10 +67,10 @@ def _assert_similarities_as_printed(out):
     from test_hf_export import hugging_face_ids
     from test_hf_export import reference_embeddings
 
-    from concise_attention.cli.quickstart import PARAPHRASES
-    from concise_attention.cli.quickstart import SIMILARITY_PAIRS
     from concise_attention.models import presets
     from concise_attention.models.bert import BertEncoder
+    from concise_attention.cli.quickstart import PARAPHRASES
+    from concise_attention.cli.quickstart import SIMILARITY_PAIRS
     from concise_attention.training.tasks.distill import default_teacher
 
     [name] = presets.shipped_presets()[:1]

@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from concise_attention.cli import train as cli
 from concise_attention.training.backends.trainer import train
-from concise_attention.training.data.packing import read_lines
 from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.data.packing import read_lines
 from concise_attention.training.preprocessing.tokenizer import train_wordpiece
 from concise_attention.training.run import configs
 

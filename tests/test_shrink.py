@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
+from concise_attention.models import BUILDERS
 from concise_attention.models.hf_import import load_hf_bert
 from concise_attention.models.shrink import shrink_into
 from concise_attention.models.shrink import stream_directions
-from concise_attention.training.run import configs
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def _inputs(shape=(2, 12)):
 def _student(**model):
     base = {"vocab_size": 30522, "hidden_size": 384, "num_layers": 6, "num_heads": 12, "intermediate_size": 1536,
             "attention": {"type": "standard"}, "activation": "gelu"}
-    return configs.BUILDERS["bert"](**(base | model))
+    return BUILDERS["bert"](**(base | model))
 
 
 def _assert_leading_subspace(projection, rows):

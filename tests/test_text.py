@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from concise_attention.training.data.packing import read_lines
 from concise_attention.training.data.packing import SAMPLE_CORPUS
+from concise_attention.training.data.packing import read_lines
 from concise_attention.training.preprocessing.text import MAX_CHARS_PER_WORD
 from concise_attention.training.preprocessing.text import SPECIAL_TOKENS
 from concise_attention.training.preprocessing.text import WordPieceModule

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import harness
-from concise_attention.models.attention import FixedHeadSizeAttention
-from concise_attention.models.attention import make_attention
-from concise_attention.models.attention import StandardAttention
-from concise_attention.models.transformer import admin_initialize
 from concise_attention.models.transformer import TransformerBlock
+from concise_attention.models.transformer import admin_initialize
+from concise_attention.models.attention import FixedHeadSizeAttention
+from concise_attention.models.attention import StandardAttention
+from concise_attention.models.attention import make_attention
 
 WIDTH, HEADS, LENGTH, BATCH = 16, 4, 6, 2
 

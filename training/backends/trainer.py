@@ -37,8 +37,8 @@ from concise_attention.training.preprocessing.tokenizer import wordpiece_tokeniz
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 from concise_attention.training.run.checkpoints import CheckpointCallback
-from concise_attention.training.run.checkpoints import handle_preemption
 from concise_attention.training.run.checkpoints import TrainingCheckpoints
+from concise_attention.training.run.checkpoints import handle_preemption
 from concise_attention.training.run.strategy import choose_strategy
 from concise_attention.training.tasks import make_task
 from concise_attention.training.tasks.objectives import make_optimizer

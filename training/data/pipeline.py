@@ -13,10 +13,10 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.training.data.packing import SAMPLE_CORPUS
 from concise_attention.training.data.packing import next_token_targets
 from concise_attention.training.data.packing import pack_sentences
 from concise_attention.training.data.packing import read_lines
-from concise_attention.training.data.packing import SAMPLE_CORPUS
 from concise_attention.training.data.shards import causal_lm_batches
 
 # Every EVAL_EVERY-th line of a text corpus is held out for evaluation...

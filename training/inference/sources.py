@@ -10,43 +10,22 @@ import os
 
 import tensorflow as tf
 
+from concise_attention.models import BUILDERS
 from concise_attention.models import presets
+from concise_attention.models.attention import nest_legacy_attention
 from concise_attention.models.bert import BertEncoder
 from concise_attention.models.hf_import import check_tokenizer_agrees
 from concise_attention.models.hf_import import hf_bert_config
 from concise_attention.models.hf_import import hf_tokenizer_settings
 from concise_attention.models.hf_import import load_hf_model
-from concise_attention.models.lm import CausalLM
 from concise_attention.training.files import BACKBONE_WEIGHTS
 from concise_attention.training.files import CONFIG
+from concise_attention.training.files import MODEL_WEIGHTS
+from concise_attention.training.files import VOCABULARY
 from concise_attention.training.files import join
 from concise_attention.training.files import load_weights
-from concise_attention.training.files import MODEL_WEIGHTS
 from concise_attention.training.files import read_json
-from concise_attention.training.files import VOCABULARY
 from concise_attention.training.preprocessing.text import read_vocabulary
-
-BUILDERS = {"bert": BertEncoder, "causal_lm": CausalLM}  # the backbone of each `model_type`
-LEGACY_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shared_key_dim": "shared_key_dim",
-                         "mixing_initializer": "mixing_initializer"}
-
-
-def nest_legacy_attention(model):
-    """A model section with the old flat attention fields (`attention_type`, `head_size`,
-    `shared_key_dim`, `mixing_initializer`) moved into the nested `attention` config; other
-    sections are returned unchanged. Both forms at once is an error naming the flat key."""
-    legacy = [key for key in LEGACY_ATTENTION_KEYS if key in model]
-    if not legacy:
-        return model
-    if "attention" in model:
-        nested = f"model.attention.{LEGACY_ATTENTION_KEYS[legacy[0]]}"
-        raise ValueError(f"`model.{legacy[0]}` is the old flat form of `{nested}`, and this config already has "
-                         f"`model.attention`: set `{nested}`.")
-    model = dict(model)
-    attention = {LEGACY_ATTENTION_KEYS[key]: model.pop(key) for key in legacy}
-    model["attention"] = {key: value for key, value in attention.items() if value is not None}
-    return model
-
 
 DEFAULT_SERVING_LENGTH = 128
 

@@ -8,8 +8,8 @@ import keras_hub
 import tensorflow as tf
 
 from concise_attention.training import files
-from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.preprocessing.text import WordPieceModule
+from concise_attention.training.preprocessing.text import read_vocabulary
 
 RESERVED_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 

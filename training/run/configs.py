@@ -30,13 +30,13 @@ import typing
 
 import yaml
 
+from concise_attention.models import BUILDERS
 from concise_attention.models.attention import attention_config
 from concise_attention.models.attention import make_attention
+from concise_attention.models.attention import nest_legacy_attention
 from concise_attention.models.bert import BertEncoder
 from concise_attention.models.lm import CausalLM
 from concise_attention.models.transformer import head_size_of
-from concise_attention.training.inference.sources import BUILDERS
-from concise_attention.training.inference.sources import nest_legacy_attention
 from concise_attention.training.tasks import default_task_name
 from concise_attention.training.tasks import task_class
 

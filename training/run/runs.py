@@ -25,22 +25,22 @@ import os
 
 import tensorflow as tf
 
+from concise_attention.models.attention import nest_legacy_attention
 from concise_attention.models.hf_import import load_hf_model
 from concise_attention.training.files import BACKBONE_WEIGHTS
 from concise_attention.training.files import CONFIG
-from concise_attention.training.files import file_sha256
 from concise_attention.training.files import INPUTS
-from concise_attention.training.files import join
-from concise_attention.training.files import load_weights
 from concise_attention.training.files import METRICS
 from concise_attention.training.files import MODEL_WEIGHTS
+from concise_attention.training.files import VOCABULARY
+from concise_attention.training.files import file_sha256
+from concise_attention.training.files import join
+from concise_attention.training.files import load_weights
 from concise_attention.training.files import read_json
 from concise_attention.training.files import save_weights
-from concise_attention.training.files import VOCABULARY
 from concise_attention.training.files import write_bytes_atomically
 from concise_attention.training.files import write_json_atomically
 from concise_attention.training.inference.sources import load_backbone
-from concise_attention.training.inference.sources import nest_legacy_attention
 from concise_attention.training.inference.sources import read_source
 from concise_attention.training.run import configs
 from concise_attention.training.tasks import make_task

@@ -53,9 +53,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models.heads import SentenceEmbedder
 from concise_attention.models.heads import check_relation_heads
 from concise_attention.models.heads import mean_pooled
-from concise_attention.models.heads import SentenceEmbedder
 from concise_attention.models.shrink import shrink_into
 from concise_attention.models.shrink import stream_directions
 from concise_attention.training import files
