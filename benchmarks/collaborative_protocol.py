@@ -150,7 +150,7 @@ def main():
                   cpu_count=os.cpu_count())
     out = pathlib.Path(args.out)
     files.write_json_atomically(out, record)
-    runs.write_bytes_atomically(out.with_suffix(".md"), markdown(record) + "\n")
+    files.write_bytes_atomically(out.with_suffix(".md"), markdown(record) + "\n")
     print(markdown(record))
     print(f"{record['seconds'] / 60:.1f} min; wrote {out} and {out.with_suffix('.md')}")
 

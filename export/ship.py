@@ -21,6 +21,7 @@ import tempfile
 from concise_attention.models import presets
 from concise_attention.training import files
 from concise_attention.training.run import runs
+
 MAX_MEGABYTES = 25
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 

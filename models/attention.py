@@ -603,6 +603,7 @@ def _variant_arguments(layer_class):
     }
 
 
+# The flat fields of the attention before it was one nested config (run directories written then).
 LEGACY_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shared_key_dim": "shared_key_dim",
                          "mixing_initializer": "mixing_initializer"}
 

@@ -197,7 +197,7 @@ def backbone_arguments(preset, cls):
 
 
 def tokenizer_settings(preset):
-    """The tokenizer of `preset` as `training.tokenizer.wordpiece_tokenizer`'s arguments:
+    """The tokenizer of `preset` as `training.preprocessing.tokenizer.wordpiece_tokenizer`'s arguments:
     dict(path=the vocabulary, lowercase, strip_accents)."""
     preset = resolve(preset)
     settings = _read(preset, TOKENIZER_FILE)

@@ -147,6 +147,27 @@ def test_training_imports_only_from_its_own_room_and_the_rooms_below():
     assert seen == {*ROOMS, None}, seen
 
 
+# training's own modules: the earlier paths of what moved into a room, kept working (the shipped model card quotes two).
+KEPT_PATHS = {"embeddings": "inference.embeddings", "make_corpus": "data.make_corpus", "make_labelled_data": "data.make_labelled_data",
+              "make_sample_corpus": "data.make_sample_corpus", "prepare_data": "backends.prepare_data",
+              "shard_trainer": "backends.shard_trainer"}
+
+
+def test_the_earlier_paths_reach_what_moved_and_nothing_else_sits_above_the_rooms():
+    """`from concise_attention.training.embeddings import SentenceEncoder` and `python -m
+    concise_attention.training.make_corpus` (and the other programs) still work: each earlier path gives the
+    moved object itself, and a program's path runs its `main` as `python -m`."""
+    import importlib
+
+    assert {path.stem for path in (ROOT / "training").glob("*.py")} == {"__init__", "files", *KEPT_PATHS}
+    for old, new in KEPT_PATHS.items():
+        kept, moved = (importlib.import_module(f"concise_attention.training.{name}") for name in (old, new))
+        if old == "embeddings":
+            assert kept.SentenceEncoder is moved.SentenceEncoder
+        else:
+            assert kept.main is moved.main and 'if __name__ == "__main__":' in (ROOT / "training" / f"{old}.py").read_text()
+
+
 # The one module that imports ours inside functions, and why (its docstring says so): the JAX shard trainer reads a
 # causal_lm config on a machine without TensorFlow, and training.data.pipeline is TensorFlow.
 LAZY_IMPORTS = {"training/tasks/language_model.py": "concise_attention.training.data.pipeline"}

@@ -1,1 +1,1 @@
-"""Training code. TensorFlow: tf.data pipelines, tf.distribute strategies, the trainer. TensorFlow-free: the prepared-data format (shards.py), objectives.py and the JAX shard trainer."""
+"""Training code. TensorFlow: tf.data pipelines, tf.distribute strategies, the trainer. TensorFlow-free: the prepared-data format (data/shards.py), the objectives (tasks/objectives.py) and the JAX shard trainer (backends/shard_trainer.py). Its rooms and what each may import: docs/layout.md."""

@@ -11,7 +11,7 @@ schedule (`training.tasks.objectives.make_optimizer`) and the same batches in th
 RUN (a local folder) receives config.json, vocab.txt, checkpoint/state.npz (every model
 variable, dropout seed states included, every optimizer variable, its step among them, and
 the epoch logs; written at each epoch end under a temporary name, then renamed), then
-backbone.weights.h5, model.weights.h5 and metrics.json: the names of `training.run.runs`, so a
+backbone.weights.h5, model.weights.h5 and metrics.json: the names of `training.files`, so a
 TensorFlow run starts from it with `task.init` and `runs.load_model` reads it. The same command again resumes from the checkpoint and
 ends bit-identical to an uninterrupted run. `task.init` names a run directory whose
 backbone.weights.h5 starts the model.

@@ -139,13 +139,12 @@ def tokenizer_settings(config, config_path):
     return {"lowercase": lowercase, "strip_accents": strip_accents}
 
 
-
 def load_backbone(source):
     """The backbone a `Source` holds, weights loaded, float32 (a run's or conversion's backbone.weights.h5)."""
     if source.kind == "preset":
         return BertEncoder.from_preset(source.path)
     if source.kind == "hf":
         return load_hf_model(source.path)[0]
-    backbone = BUILDERS[source.model_type](**source.model)
+    backbone = BUILDERS[source.model_type](**source.model, dtype="float32")  # whatever precision it trained under
     load_weights(backbone, source.weights)
     return backbone

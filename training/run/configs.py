@@ -86,8 +86,6 @@ def _check_attention(model):
         raise ValueError(f"model.attention={model.attention!r}: {error}") from error
 
 
-# The flat fields of the attention before it was one nested config (run directories written then).
-
 MODEL_CONFIGS = {
     "bert": _model_dataclass("BertConfig", BertEncoder),
     "causal_lm": _model_dataclass("CausalLMConfig", CausalLM),
