@@ -24,11 +24,9 @@ import shutil
 import sys
 import tempfile
 
-from concise_attention.models import BUILDERS
 from concise_attention.models.collaborative import convert_model
 from concise_attention.models.transformer import head_size_of
 from concise_attention.training import files
-from concise_attention.training.backends.trainer import initialize_backbone
 from concise_attention.training.inference import sources
 from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.run import configs
@@ -43,9 +41,7 @@ def _load_source(path):
     if source.model_weights is not None:
         config, task_model, backbone, _ = runs.load_model(path)
         return source, backbone, (config, task_model)
-    backbone = BUILDERS[source.model_type](**source.model)
-    initialize_backbone(backbone, source)
-    return source, backbone, None
+    return source, sources.load_backbone(source), None
 
 
 def _converted_task_model(task_source, backbone, converted):
