@@ -240,7 +240,8 @@ def table(rows, teacher_name):
         cells += ["" if row.get(key) is None else f"{row[key]:.3f}" for key in ("cosine_to_teacher", "similarity_spearman", *PROBES, "recall_at_10")]
         for batch_size in (1, 32):
             key = f"sentences_per_s_batch_{batch_size}"
-            ratio = "" if name == teacher_name or key not in row else f" ({row[key] / teacher[key]:.2f}x)"
+            speedup = row.get(f"speedup_batch_{batch_size}", row[key] / teacher[key] if key in row else None)
+            ratio = "" if name == teacher_name or key not in row else f" ({speedup:.2f}x)"
             cells.append(f"{row[key]:.0f}{ratio}" if key in row else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -248,6 +249,22 @@ def table(rows, teacher_name):
 
 QUALITY = {"cosine_to_teacher": "cos to teacher", "similarity_spearman": "similarity Spearman", "probe_accuracy": "WordNet probe",
            "debian_probe_accuracy": "Debian probe", "recall_at_10": "recall@10"}
+
+
+def merge(results):
+    """The rows of several results files as one table: each encoder from the first file that measured it (the
+    teacher and the baselines are measured again beside every run), each throughput also as its ratio to the
+    teacher of its own file (`speedup_batch_N`: files measured on different days or machines)."""
+    rows = {}
+    for result in results:
+        teacher = next(iter(result["rows"].values()))
+        for name, row in result["rows"].items():
+            for batch_size in (1, 32):
+                key = f"sentences_per_s_batch_{batch_size}"
+                if key in row and key in teacher:
+                    row = {**row, f"speedup_batch_{batch_size}": row[key] / teacher[key]}
+            rows.setdefault(name, row)
+    return rows
 
 
 def paired(rows, first, second):
@@ -278,15 +295,20 @@ def main(argv=None):
     parser.add_argument("--fit-texts", type=int, default=4096)
     parser.add_argument("--presets", nargs="*", default=[], help="shipped presets to measure beside the runs (e.g. the one a run replaces)")
     parser.add_argument("--out", default=str(RESULTS / "distill_eval.json"))
-    parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
+    parser.add_argument("--markdown", nargs="+", metavar="JSON",
+                        help="only print the table of results files (several: one table, see merge)")
     parser.add_argument("--paired", nargs=2, action="append", metavar=("A", "B"), default=[],
                         help="with --markdown: also the differences A - B seed by seed (runs named A_s0, B_s0, ...)")
     args = parser.parse_args(argv)
     if args.paired and not args.markdown:
         parser.error("--paired reads a results file: give it with --markdown JSON")
     if args.markdown:
-        rows = json.loads(pathlib.Path(args.markdown).read_text())["rows"]
+        results = [json.loads(pathlib.Path(path).read_text()) for path in args.markdown]
+        rows = merge(results)
         print(table(rows, next(iter(rows))))
+        for path, result in zip(args.markdown, results):
+            print(f"\n{pathlib.Path(path).name}: {result['machine']}, {result['date']}, commit {result.get('commit', '?')[:12]}", end="")
+        print()
         for first, second in args.paired:
             try:
                 print("\n" + paired(rows, first, second))
@@ -318,8 +340,10 @@ def main(argv=None):
         rows[name][f"sentences_per_s_batch_{batch_size}"] = value
     result = {**provenance.record(), "command": provenance.command_line("benchmarks/distill_eval.py", argv or sys.argv[1:]),
               "texts": len(texts), "pairs": len(pairs[0]), "sequence_length": Encoder.sequence_length, "rows": rows}
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_name(out.name + ".partial").write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(out.with_name(out.name + ".partial"), out)  # whole or absent: distill_table.sh skips a measured run
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))
     print(f"\n(`python benchmarks/distill_eval.py --markdown {args.out}` prints this table again)")
 

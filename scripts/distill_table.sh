@@ -9,10 +9,14 @@
 #                                                              # that holds `corpus` and `general`
 # trains every student at every seed (seed by seed, so that a partial table is a whole one for the first
 # seeds) as RUNS_DIR/{a,b,c,d}_s{SEED}, each resumable (the same command again continues where it stopped),
-# then measures every finished run with benchmarks/distill_eval.py into RUNS_DIR/table.json and prints the
-# table and the paired differences a - b, a - c, d - a. Environment: STUDENTS replaces the list
-# ("label:config ..."), PYTHON the interpreter (default: python), and any --set KEY=VALUE after the
-# seeds goes to every run. A finished run (RUN/metrics.json) is not trained again: another STEPS wants
+# measures each run as soon as it is trained (benchmarks/distill_eval.py, beside the teacher and the
+# baselines: the throughput ratio is to the teacher of the same measurement) into RESULTS/{label}_s{seed}.json,
+# then prints the table of every file in RESULTS and the paired differences a - b, a - c, d - a.
+# RESULTS (default benchmarks/results/distill_table_STEPS) is committed: a run measured there is not trained
+# or measured again, so that the table grows across machines and sessions (the same command, the same seed,
+# gives the same weights bit for bit). Environment: RESULTS, STUDENTS replaces the list ("label:config ..."),
+# PYTHON the interpreter (default: python), and any --set KEY=VALUE after the seeds goes to every run (give
+# such runs their own RESULTS). A trained run (RUN/metrics.json) is not trained again: another STEPS wants
 # another RUNS_DIR.
 set -euo pipefail
 
@@ -31,16 +35,16 @@ STUDENTS=(${STUDENTS:-a:distill_minilm_d192_fixed b:distill_minilm_d192_standard
 PYTHON=${PYTHON:-python}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 
-finished=()
+RESULTS=${RESULTS:-$HERE/benchmarks/results/distill_table_$STEPS}
+mkdir -p "$RESULTS"
 for seed in "${SEEDS[@]}"; do
     for student in "${STUDENTS[@]}"; do
         label=${student%%:*} config=${student#*:}
-        run="$RUNS/${label}_s${seed}"
-        finished+=("$run")
-        [ -f "$run/metrics.json" ] && continue  # trained already (a run is resumed, or left as it is once done)
-        "$PYTHON" -m concise_attention.cli.train --config "$config" --run-dir "$run" \
+        run="$RUNS/${label}_s${seed}" measured="$RESULTS/${label}_s${seed}.json"
+        [ -f "$measured" ] && continue  # trained and measured already, here or in an earlier session
+        [ -f "$run/metrics.json" ] || "$PYTHON" -m concise_attention.cli.train --config "$config" --run-dir "$run" \
             --set training.seed="$seed" --set training.train_steps="$STEPS" ${SETS[@]+"${SETS[@]}"}
+        "$PYTHON" "$HERE/benchmarks/distill_eval.py" --runs "$run" --data-dir corpus --out "$measured"
     done
 done
-"$PYTHON" "$HERE/benchmarks/distill_eval.py" --runs "${finished[@]}" --data-dir corpus --out "$RUNS/table.json"
-"$PYTHON" "$HERE/benchmarks/distill_eval.py" --markdown "$RUNS/table.json" --paired a b --paired a c --paired d a
+"$PYTHON" "$HERE/benchmarks/distill_eval.py" --markdown "$RESULTS"/*.json --paired a b --paired a c --paired d a

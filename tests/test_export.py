@@ -628,28 +628,23 @@ def test_export_refuses_language_models_and_bad_lengths(small_run, tmp_path):
     assert config["model_type"] == "bert"
 
 
-def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path):
-    """A run trained at 64 serves at 64 unless told otherwise (at 128 its answers to long texts would
-    differ from the trainer's); a length outside [3, max] is refused before anything is written."""
+def test_the_export_defaults_to_the_runs_own_sequence_length_and_is_the_same_twice(small_run, tmp_path):
+    """A run trained at 24 serves at 24 unless told otherwise (at 128 its answers to long texts would
+    differ from the trainer's); a length outside [3, max] is refused before anything is written. Exported
+    twice, every variable of the encoder and of the serving model is the same, bit for bit (dropout's
+    seed-generator states were once drawn at random per export)."""
     from concise_attention.export.savedmodels import export_run
 
     config = json.loads((small_run / "config.json").read_text())
     config["training"]["sequence_length"] = 24
     (small_run / "config.json").write_text(json.dumps(config))
-    written = export_run(small_run, tmp_path / "out")
-    assert json.loads((pathlib.Path(written["serving"]) / "assets.extra" / "export.json").read_text())["seq_length"] == 24
+    written = [export_run(small_run, tmp_path / name) for name in ("first", "second")]
+    for export in written:
+        assert json.loads((pathlib.Path(export["serving"]) / "assets.extra" / "export.json").read_text())["seq_length"] == 24
     for bad in (0, 2, 10_000, True):
         with pytest.raises(ValueError, match="seq_length"):
             export_run(small_run, tmp_path / f"bad{bad}", seq_length=bad)
         assert not (tmp_path / f"bad{bad}").exists()
-
-
-def test_the_same_run_exported_twice_has_identical_variables(small_run, tmp_path):
-    """Dropout's seed-generator states were drawn at random per export; now every variable of the
-    encoder and of the serving model is the same, bit for bit."""
-    from concise_attention.export.savedmodels import export_run
-
-    written = [export_run(small_run, tmp_path / name) for name in ("first", "second")]
     for artifact in ("encoder", "serving"):
         readers = [tf.train.load_checkpoint(os.path.join(w[artifact], "variables", "variables")) for w in written]
         names = sorted(set(readers[0].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"})  # it holds

@@ -173,6 +173,27 @@ def test_the_probe_chooses_its_regularisation_on_the_training_split_and_refits()
     assert accuracy == pytest.approx(np.mean(refit.predict(scaler.transform(dev_x)) == dev_y), abs=1 / 60)
 
 
+def test_results_measured_in_separate_sessions_merge_into_one_table():
+    """`distill_eval.merge`: scripts/distill_table.sh measures each run in its own file, beside the teacher;
+    one table keeps each encoder once (from the first file) and each throughput's ratio to its own file's
+    teacher (hand computed), since files come from different days or machines."""
+    distill_eval = _benchmark_module("distill_eval")
+    teacher = {"sentences_per_s_batch_1": 50.0, "sentences_per_s_batch_32": 100.0, "cosine_to_teacher": 1.0}
+    first = {"rows": {"teacher t": teacher, "student a_s0": {"sentences_per_s_batch_1": 100.0, "sentences_per_s_batch_32": 250.0},
+                      "bag of words (TF-IDF)": {"recall_at_10": 0.5}}}
+    second = {"rows": {"teacher t": {**teacher, "sentences_per_s_batch_1": 25.0, "sentences_per_s_batch_32": 40.0},
+                       "student b_s0": {"sentences_per_s_batch_1": 30.0, "sentences_per_s_batch_32": 80.0},
+                       "bag of words (TF-IDF)": {"recall_at_10": 0.25}}}
+    rows = distill_eval.merge([first, second])
+    assert list(rows) == ["teacher t", "student a_s0", "bag of words (TF-IDF)", "student b_s0"]
+    assert rows["teacher t"]["sentences_per_s_batch_32"] == 100.0 and rows["bag of words (TF-IDF)"]["recall_at_10"] == 0.5
+    assert rows["student a_s0"]["speedup_batch_32"] == 2.5 and rows["student b_s0"]["speedup_batch_32"] == 2.0
+    assert rows["student b_s0"]["speedup_batch_1"] == 1.2
+    lines = distill_eval.table(rows, "teacher t").splitlines()
+    assert lines[-1].endswith("| 30 (1.20x) | 80 (2.00x) |")  # not 80 / 100: its own teacher's ratio
+    assert "student b_s0" not in first["rows"] and "speedup_batch_1" not in first["rows"]["student a_s0"]  # inputs untouched
+
+
 def test_the_paired_table_differences_students_seed_by_seed():
     """`distill_eval.paired`: A - B per seed present for both (a hand computation), their mean, and a
     one-line refusal when no seed pairs up."""
