@@ -81,23 +81,59 @@ def test_training_lowers_the_loss_and_logs(tmp_path):
 
 
 def test_two_steps_under_mirrored_strategy_on_two_cpus(tmp_path):
+    """Two replicas: the LM trains with steps_per_execution=2 in its config (Keras 3 fails with several steps
+    per execution under MirroredStrategy, keras-team/keras#19246: the trainer runs them one by one, saying
+    so); the distill task's similarity-matrix loss compares each replica's rows with the global batch:
+    its mean over the replicas and its gradients equal the single-device loss of the whole batch (numpy)."""
     script = textwrap.dedent(
         f"""
+        import sys
+        import warnings
+        import numpy as np
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         from concise_attention.training.backends.trainer import train
         from concise_attention.training.run import configs
         from concise_attention.training.run.strategy import choose_strategy
-        assert choose_strategy("mirrored").num_replicas_in_sync == 2
-        config = configs.load_config("tiny_lm", {TINY!r} + ["training.strategy=mirrored", "training.train_steps=2",
-            "training.steps_per_epoch=2", "training.steps_per_execution=1", "training.eval_batches=1"])
-        print(train(config, {str(tmp_path / "run")!r}, verbose=0))
+        from concise_attention.training.tasks.distill import SimilarityMatrixLoss
+        strategy = choose_strategy("mirrored")
+        assert strategy.num_replicas_in_sync == 2
+        config = configs.load_config("tiny_lm", {TINY!r} + ["training.strategy=mirrored", "training.train_steps=4",
+            "training.steps_per_epoch=2", "training.steps_per_execution=2", "training.jit_compile=true", "training.eval_batches=1"])
+        if sys.argv[1] == "train":  # (a process of its own: two MirroredStrategy objects' collectives collide)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                print(train(config, {str(tmp_path / "run")!r}, verbose=0))
+            assert any("1 and false under MirroredStrategy" in str(w.message) for w in caught)
+            sys.exit(0)
+
+        rng = np.random.default_rng(0)
+        unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+        teacher, student = unit(rng.normal(size=(8, 6))).astype("float32"), unit(rng.normal(size=(8, 3))).astype("float32")
+        expected = np.mean((student @ student.T - teacher @ teacher.T) ** 2)
+        gradient = 4 * (student @ student.T - teacher @ teacher.T) @ student / 64  # d mean / d student (symmetric)
+        halves = strategy.experimental_distribute_values_from_function(
+            lambda context: (teacher[4 * context.replica_id_in_sync_group:][:4], student[4 * context.replica_id_in_sync_group:][:4]))
+        def replica(pair):
+            rows = tf.identity(pair[1])
+            with tf.GradientTape() as tape:
+                tape.watch(rows)
+                loss = SimilarityMatrixLoss()(pair[0], rows)  # Keras divides it by the replica count
+            return loss, tape.gradient(loss, rows)
+        with strategy.scope():
+            losses, gradients = strategy.run(tf.function(replica), args=(halves,))
+        total = float(strategy.reduce("SUM", losses, axis=None))
+        np.testing.assert_allclose(total, expected, rtol=1e-5)
+        got = np.concatenate([g.numpy() for g in strategy.experimental_local_results(gradients)])
+        np.testing.assert_allclose(got, gradient, rtol=1e-4, atol=1e-7)
+        print("global batch ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "'step': 2" in result.stdout
+    results = [subprocess.run([sys.executable, "-c", script, part], capture_output=True, text=True, timeout=600) for part in ("train", "loss")]
+    for result in results:
+        assert result.returncode == 0, result.stderr[-4000:]
+    assert "'step': 4" in results[0].stdout and "global batch ok" in results[1].stdout
 
 
 def _free_ports(count):

@@ -168,12 +168,22 @@ def resolve_steps(training, num_examples):
     return dataclasses.replace(training, train_steps=steps, warmup_steps=warmup)
 
 
-def steps_per_execution(training):
+def steps_per_execution(training, strategy=None):
     """training.steps_per_execution, reduced to divide training.steps_per_epoch.
 
     Keras runs whole executions: with 5 steps per execution, an epoch of 2 steps would train
     5. The greatest common divisor keeps every epoch (and so each checkpoint) at its step.
+    Under MirroredStrategy (several GPUs) 1: Keras 3's loop of several steps per execution fails
+    there at its first step ("You must feed a value for placeholder tensor", keras-team/keras#19246);
+    the steps and their results are the same, only their grouping into calls changes.
     """
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        if training.steps_per_execution > 1 or training.jit_compile:
+            warnings.warn(f"training.steps_per_execution={training.steps_per_execution} and training.jit_compile="
+                          f"{training.jit_compile}: 1 and false under MirroredStrategy (Keras 3 fails there with several "
+                          "steps per execution, keras-team/keras#19246, and with XLA across replicas, which its "
+                          "jit_compile='auto' turns off under tf.distribute).")
+        return 1
     steps = math.gcd(training.steps_per_execution, training.steps_per_epoch)
     if steps != training.steps_per_execution:
         warnings.warn(f"training.steps_per_execution={training.steps_per_execution} does not divide "
@@ -198,8 +208,9 @@ def _build(config, task, strategy, run, source, is_chief):
         # The precision is the model's dtype policy (no process-wide policy is set).
         backbone = config.build_model(dtype=keras.DTypePolicy(training.precision))
         model = task.build_model(backbone)
-        model.compile(optimizer=make_optimizer(training), steps_per_execution=steps_per_execution(training),
-                      jit_compile=training.jit_compile, **task.compile_arguments())
+        model.compile(optimizer=make_optimizer(training), steps_per_execution=steps_per_execution(training, strategy),
+                      jit_compile=training.jit_compile and not isinstance(strategy, tf.distribute.MirroredStrategy),
+                      **task.compile_arguments())
         checkpoints = TrainingCheckpoints(run, model, training.keep_checkpoints, is_chief)
         position = checkpoints.restore()
         if position is None:
@@ -341,7 +352,10 @@ def _fit(model, loop, train_data, eval_data, eval_steps, callbacks, training, st
         if first + (epochs - initial_epoch) * steps == training.train_steps:
             # Finite: an execution of steps_per_execution steps stops where the data ends.
             data = data.take(training.train_steps - first)
-        model.fit(data, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps, validation_data=eval_data,
+        # Repeated, read eval_steps batches at a time: every evaluation reads the same cached batches, and under
+        # MirroredStrategy Keras keeps one iterator of the distributed validation data across epochs
+        # (StopIteration at the second epoch's evaluation if it ends).
+        model.fit(data, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps, validation_data=eval_data.repeat(),
                   validation_steps=eval_steps, callbacks=callbacks, shuffle=False, verbose=verbose)
 
 

@@ -160,13 +160,25 @@ class UnitCosineDistance(keras.losses.Loss):
 @keras.saving.register_keras_serializable(package="concise_attention")
 class SimilarityMatrixLoss(keras.losses.Loss):
     """Mean squared difference of the in-batch cosine-similarity matrices of unit rows (per row).
-    Widths may differ: y_true (B, D_teacher), y_pred (B, D_student)."""
+    Widths may differ: y_true (B, D_teacher), y_pred (B, D_student). Under a tf.distribute strategy of
+    several replicas each replica's rows are compared with the whole global batch (`global_batch`), so
+    the objective is the same on 1 device, 8 GPUs or a TPU slice, not a block diagonal of it."""
 
     def call(self, y_true, y_pred):
         y_true = keras.ops.cast(y_true, "float32")
-        teacher = keras.ops.matmul(y_true, keras.ops.transpose(y_true))
-        student = keras.ops.matmul(y_pred, keras.ops.transpose(y_pred))
+        teacher = keras.ops.matmul(y_true, keras.ops.transpose(global_batch(y_true)))
+        student = keras.ops.matmul(y_pred, keras.ops.transpose(global_batch(y_pred)))
         return keras.ops.mean(keras.ops.square(student - teacher), axis=-1)
+
+
+def global_batch(rows):
+    """`rows` of this replica joined with every other replica's, in replica order, inside a tf.distribute
+    replica context of several replicas (`all_gather`, differentiable: each replica's rows get back the
+    sum of the gradients that reach them); `rows` as they are otherwise."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return rows
+    return context.all_gather(rows, axis=0)
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
