@@ -12,6 +12,12 @@ checkpoint (bit-identically). A model that two studies share is trained once.
                  shared key width D~k = D_k/4 and D_k/8 against the concatenated baseline.
   depth          Liu et al. (2021): deep single-head (h*L layers of 1 head) vs shallow
                  multi-head (L layers of h heads), post-LN, with and without Admin.
+  tokens         issue 26: the heads study's pair (fixed p=16 w=64 h=32 vs standard w=128) and a fixed
+                 model whose head size is the sequence length (p=64, 8 heads: the same parameters) at
+                 400, 1500, 6000 and 12000 steps (about 0.3M to 9.5M tokens, one pass at most, the
+                 schedule scaled to each); the seed-paired gap against log tokens, fitted (`trend`).
+  width          the pair at w = 32, 64, 128 against standard attention at 2w, parameters matched.
+  head_size      Bhojanapalli et al. (2020), Table 2B / Figure 3b: width 64, 4 heads, head size 16 to 128.
 
 Two corpora:
   (default)      the shipped 31k-word sample: each run sees it ~22 times (memorisation counts): a quick
@@ -76,6 +82,9 @@ CANARIES = {
     "heads": ["standard w=64 h=4", "fixed p=16 w=64 h=8"],
     "collaborative": ["concatenate w=64 h=4", "collaborative w=64 D~k=16 (D_k/4)"],
     "depth": ["deep 16 layers x 1 head, Admin"],
+    "tokens": ["fixed p=64 w=64 h=8 @400"],
+    "width": ["fixed p=16 w=32 h=24"],
+    "head_size": ["fixed p=128 w=64 h=4"],
 }
 
 WIDTH = 64  # w: the scaled-down counterpart of the paper's 256
@@ -112,6 +121,23 @@ def _depth(layers, heads, admin):
                     "model.norm_position=post", f"model.residual_scaling={'admin' if admin else 'none'}"]
 
 
+# Issue 26: the fixed-head-size gap against the tokens a run sees (steps of 16 x 64, the schedule scaled to each
+# budget: warm-up a tenth, one evaluation), against width, and the head-size ablation.
+TREND_STEPS = (400, 1500, 6000, 12000)  # about 0.3M, 1.2M, 4.8M and 9.5M tokens of the 36M-token corpus
+# The pair of the heads study and a fixed model whose head size is the sequence length (64), its heads (8) chosen
+# so that its parameters are those of "fixed p=16 w=64 h=32" (the same query/key/value widths, 512), within
+# 0.5% of the standard w=128 model's.
+TREND_MODELS = {"standard w=128 h=8": _standard(128, 8), "fixed p=16 w=64 h=32": _fixed(64, 32),
+                "fixed p=64 w=64 h=8": _fixed(64, 8, 64)}
+
+
+WIDTH_PAIRS = {32: 24, 64: 32, 128: 48}  # width w of the fixed model: its heads (its partner is standard at 2w)
+
+
+def _budget(steps):
+    return [f"training.train_steps={steps}", f"training.steps_per_epoch={steps}", f"training.warmup_steps={steps // 10}"]
+
+
 STUDIES = {
     "heads": {
         **{f"standard w={WIDTH} h={h}": _standard(WIDTH, h) for h in (1, 2, 4, 8, 16)},
@@ -129,6 +155,15 @@ STUDIES = {
         "deep 16 layers x 1 head, no Admin": _depth(16, 1, admin=False),
         "deep 16 layers x 1 head, Admin": _depth(16, 1, admin=True),
     },
+    "tokens": {f"{label} @{steps}": (preset, [*overrides, *_budget(steps)])
+               for steps in TREND_STEPS for label, (preset, overrides) in TREND_MODELS.items()},
+    # Fixed head size 16 at width w against standard attention at 2w (head size 16), the heads chosen so that the
+    # parameters match within 2% (WIDTH_PAIRS; at w=64 the heads study's pair); the feed-forward stays COMMON's 256.
+    "width": {label: model for w, h in WIDTH_PAIRS.items() for label, model in (
+        (f"standard w={2 * w} h={2 * w // HEAD_SIZE}", _standard(2 * w, 2 * w // HEAD_SIZE)),
+        (f"fixed p={HEAD_SIZE} w={w} h={h}", _fixed(w, h)))},
+    # Bhojanapalli et al. (2020), Table 2B and Figure 3b: width 64, 4 heads, the head size alone varied.
+    "head_size": {f"fixed p={p} w={WIDTH} h=4": _fixed(WIDTH, 4, p) for p in (16, 32, 64, 128)},
 }
 
 
@@ -324,8 +359,61 @@ def caption(study, rows):
     passes = max(float(row["passes"]) for row in rows)
     data = ("shipped 31k-word corpus" if rows[0]["corpus"] == "sample" else
             f"{int(rows[0]['train_split_tokens']) / 1e6:.0f}M-token corpus held out by document")
-    return (f"{study}: {data}, {rows[0]['steps']} steps of 16 x 64 ({passes:.2g} passes); "
+    return (f"{study}: {data}, {_span(int(row['steps']) for row in rows)} steps of 16 x 64 (at most {passes:.2g} passes); "
             f"{' / '.join(sorted({row['machine'] for row in rows}))}; {_span(row['date'] for row in rows)}")
+
+
+TREND_BASELINE = "standard w=128 h=8"
+
+
+def trend(rows, label):
+    """The gap of TREND_MODELS' `label` to TREND_BASELINE against tokens: {"points": [(tokens, seed, gap %)], "slope",
+    "intercept" (gap % = intercept + slope * log10 tokens, least squares over the seed-paired points), their standard
+    errors and covariance, "closes_at" (the tokens where the fitted line reaches 0, when it falls from above; else
+    None)}. The gap is 100 * (perplexity / the baseline's perplexity of the same seed and budget - 1)."""
+    import numpy as np
+
+    runs = {(row["label"], int(row["seed"])): row for row in rows}
+    points = []
+    for steps in TREND_STEPS:
+        for (name, seed), row in sorted(runs.items()):
+            partner = runs.get((f"{TREND_BASELINE} @{steps}", seed))
+            if name == f"{label} @{steps}" and partner is not None:
+                gap = 100 * (float(row["eval_subword_perplexity"]) / float(partner["eval_subword_perplexity"]) - 1)
+                points.append((int(row["tokens_seen"]), seed, gap))
+    result = {"points": points, "slope": None, "intercept": None, "closes_at": None}
+    if len({tokens for tokens, _, _ in points}) < 2 or len(points) < 4:
+        return result  # a line through fewer points has no uncertainty
+    x, y = np.log10([p[0] for p in points]), np.array([p[2] for p in points])
+    (slope, intercept), covariance = np.polyfit(x, y, 1, cov=True)
+    result.update(slope=float(slope), intercept=float(intercept), slope_se=float(np.sqrt(covariance[0, 0])),
+                  intercept_se=float(np.sqrt(covariance[1, 1])), covariance=float(covariance[0, 1]))
+    if slope < 0 < intercept + slope * x.min():
+        result["closes_at"] = float(10 ** (-intercept / slope))
+    return result
+
+
+def _plot_trend(axes, rows):
+    import numpy as np
+
+    for (label, _), marker in zip([m for m in TREND_MODELS.items() if m[0] != TREND_BASELINE], "so"):
+        fit = trend(rows, label)
+        if not fit["points"]:
+            continue
+        tokens, _, gaps = zip(*fit["points"])
+        color = axes.scatter(tokens, gaps, marker=marker, label=f"{label} vs {TREND_BASELINE} (paired by seed)").get_facecolor()[0]
+        if fit["slope"] is not None:
+            x = np.linspace(np.log10(min(tokens)) - 0.3, np.log10(max(tokens)) + 1.0, 50)
+            line = fit["intercept"] + fit["slope"] * x
+            spread = np.sqrt(fit["intercept_se"] ** 2 + (x * fit["slope_se"]) ** 2 + 2 * x * fit["covariance"])
+            axes.plot(10 ** x, line, color=color, label=f"fit: {fit['slope']:+.2f} ± {fit['slope_se']:.2f} % per decade of tokens")
+            axes.fill_between(10 ** x, line - spread, line + spread, color=color, alpha=0.2)
+    axes.axhline(0, color="black", linewidth=0.8)
+    axes.set_xscale("log")
+    axes.set_xlabel("tokens seen per run (one pass at most)")
+    axes.set_ylabel("perplexity gap to the standard model (%)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
 
 
 def plot(study, rows, results=STUDIES_DIR):
@@ -337,7 +425,10 @@ def plot(study, rows, results=STUDIES_DIR):
     if not rows:
         return
     points = _mean_by_label(rows)
-    if study == "heads":
+    if study == "tokens":
+        figure, axes = plt.subplots(figsize=(8, 4.5))
+        _plot_trend(axes, rows)
+    elif study == "heads":
         standard_w = sorted((p for p in points.values() if p["attention"] == "standard" and int(p["width"]) == WIDTH), key=lambda p: int(p["heads"]))
         fixed_w = [p for p in points.values() if p["attention"] == "fixed"] + [p for p in standard_w if int(p["head_size"]) == HEAD_SIZE]
         fixed_w.sort(key=lambda p: int(p["heads"]))
@@ -408,7 +499,19 @@ def markdown(study, rows):
                      f"{int(p['parameters']):,} ({int(p['non_embedding_parameters']):,}) | {p['seeds']} | {p['perplexity']:.2f}{spread} | "
                      f"{word:,.0f} | {_span(r['steps'] for r in group)} | {tokens} | {twice} | "
                      f"{minutes:.1f} | {_span(r['date'] for r in group)} | {' / '.join(sorted({r['machine'] for r in group}))} |")
+    if study == "tokens":
+        lines += ["", *(_trend_verdict(rows, label) for label in TREND_MODELS if label != TREND_BASELINE)]
     return "\n".join(lines)
+
+
+def _trend_verdict(rows, label):
+    fit = trend(rows, label)
+    if fit["slope"] is None:
+        return f"- {label}: {len(fit['points'])} paired points, too few for a trend."
+    where = (f"the line reaches 0 at about {fit['closes_at']:.2g} tokens (extrapolated)" if fit["closes_at"] else
+             "the line does not fall to 0 from above")
+    return (f"- {label} against {TREND_BASELINE}: gap {fit['intercept']:+.1f} % {fit['slope']:+.2f} ± {fit['slope_se']:.2f} % "
+            f"per decade of tokens ({len(fit['points'])} paired points); {where}.")
 
 
 def _pending(corpus, seeds, studies):
@@ -458,9 +561,9 @@ def canary(study, label, prepared):
     manifest = _prepared(["task.dataset=sample"], pathlib.Path(prepared))
     preset, overrides = STUDIES[study][label]
     config = configs.load_config(preset, [
-        *COMMON, "task.dataset=prepared", f"task.data_dir={prepared}", f"tokenizer.vocabulary={pathlib.Path(prepared) / 'vocab.txt'}",
+        *COMMON, *overrides, "task.dataset=prepared", f"task.data_dir={prepared}", f"tokenizer.vocabulary={pathlib.Path(prepared) / 'vocab.txt'}",
         f"training.eval_batches={min(4, manifest['splits']['eval']['rows'] // 16)}", f"training.train_steps={CANARY_STEPS}",
-        f"training.steps_per_epoch={CANARY_STEPS}", "training.warmup_steps=5", "training.steps_per_execution=5", *overrides,
+        f"training.steps_per_epoch={CANARY_STEPS}", "training.warmup_steps=5", "training.steps_per_execution=5",
         *CANARY_OVERRIDES, "training.seed=0"])
     with tempfile.TemporaryDirectory() as run_dir:
         return round(train(config, run_dir, verbose=0)["eval_loss"], 6)
@@ -538,6 +641,8 @@ def main():
                 plot(study, rows, results)
         return
     if args.check:
+        if args.study == "all":  # the tables there are (a study not run yet has none to check)
+            studies = [study for study in studies if read_rows(study, results)]
         missing = [study for study in studies if not read_rows(study, results)]
         if missing:  # before anything is prepared or trained
             print(f"studies.py: error: --check: no {', '.join(missing)} table in {results}", file=sys.stderr)

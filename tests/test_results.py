@@ -78,6 +78,42 @@ def test_study_table_still_reproduces_with_todays_code(study, canary_losses):
             "the code has changed the numbers; run `python benchmarks/studies.py --corpus corpus --check --jobs 2`")
 
 
+def test_the_gap_trend_is_a_least_squares_line_over_seed_paired_points():
+    """studies.trend on rows made from a hand-built gap (-2 % per decade of tokens, seed 1 0.2 % above seed 0):
+    the slope, the intercept, the tokens where the line reaches 0; a seed or budget without its baseline is left
+    out; a gap that grows has no closing point; the study's parameter matching holds."""
+    from concise_attention.training.run import configs
+
+    studies = _benchmark_module("studies")
+    rows = []
+    for steps, tokens in zip(studies.TREND_STEPS[:3], (10**5, 10**6, 10**7)):
+        for seed in (0, 1, 2):
+            gap = 16 + 0.2 * seed - 2 * np.log10(tokens)
+            rows.append({"label": f"fixed p=16 w=64 h=32 @{steps}", "seed": str(seed), "tokens_seen": str(tokens),
+                         "eval_subword_perplexity": str(100 * (1 + gap / 100))})
+            if seed < 2:  # seed 2 has no baseline: no pair
+                rows.append({"label": f"standard w=128 h=8 @{steps}", "seed": str(seed), "tokens_seen": str(tokens),
+                             "eval_subword_perplexity": "100"})
+    fit = studies.trend(rows, "fixed p=16 w=64 h=32")
+    assert len(fit["points"]) == 6 and {seed for _, seed, _ in fit["points"]} == {0, 1}
+    assert fit["slope"] == pytest.approx(-2.0) and fit["intercept"] == pytest.approx(16.1)
+    assert fit["closes_at"] == pytest.approx(10 ** 8.05, rel=1e-6)
+    growing = [{**row, "eval_subword_perplexity": str(200 - float(row["eval_subword_perplexity"]))} if row["label"].startswith("fixed")
+               else row for row in rows]
+    assert studies.trend(growing, "fixed p=16 w=64 h=32")["closes_at"] is None
+    assert studies.trend(rows, "fixed p=64 w=64 h=8")["slope"] is None  # no points
+
+    def parameters(study, label):
+        preset, overrides = studies.STUDIES[study][label]
+        return configs.count_parameters(configs.load_config(preset, [*studies.COMMON, *overrides]))
+
+    baseline = parameters("tokens", "standard w=128 h=8 @400")
+    for label in ("fixed p=16 w=64 h=32 @400", "fixed p=64 w=64 h=8 @12000"):
+        assert abs(parameters("tokens", label) / baseline - 1) < 0.01
+    for w, h in studies.WIDTH_PAIRS.items():
+        assert abs(parameters("width", f"fixed p=16 w={w} h={h}") / parameters("width", f"standard w={2 * w} h={w // 8}") - 1) < 0.02
+
+
 def test_check_reproduces_a_table_from_scratch_and_flags_a_stale_one(tmp_path, monkeypatch):
     """`studies.py --check` on a one-row table of a tiny model on the shipped sample whose committed perplexity
     was raised by 1%: re-run from scratch (its data prepared again), the row gives its original perplexity to
