@@ -505,17 +505,17 @@ def test_a_failed_export_leaves_nothing_behind(exported_copy, small_run, tmp_pat
     ],
 )
 def test_tokenizer_settings_come_from_the_run_config(section, expected):
-    from concise_attention.training.inference.sources import tokenizer_settings
+    from concise_attention.training.inference.sources import saved_tokenizer_settings
 
-    assert tuple(tokenizer_settings(section, "run/config.json").values()) == expected
+    assert tuple(saved_tokenizer_settings(section, "run/config.json").values()) == expected
 
 
 @pytest.mark.parametrize("section, field", [({"tokenizer": {"lowercase": "yes"}}, "tokenizer.lowercase"), ({"tokenizer": {"strip_accents": 1}}, "tokenizer.strip_accents")])
 def test_bad_tokenizer_settings_are_named(section, field):
-    from concise_attention.training.inference.sources import tokenizer_settings
+    from concise_attention.training.inference.sources import saved_tokenizer_settings
 
     with pytest.raises(ValueError, match=f"run/config.json: `{field}` must be .* Received: "):
-        tokenizer_settings(section, "run/config.json")
+        saved_tokenizer_settings(section, "run/config.json")
 
 
 def test_the_exporter_tokenizes_with_the_run_configs_settings(small_run, tmp_path, monkeypatch):

@@ -97,7 +97,7 @@ def read_source(path, kind=None):
     model = nest_legacy_attention(config["model"])  # runs written before the nested attention config
     model_weights = join(path, MODEL_WEIGHTS)
     return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
-                  tokenizer_settings(config, join(path, CONFIG)), config.get("task"),
+                  saved_tokenizer_settings(config, join(path, CONFIG)), config.get("task"),
                   model_weights=model_weights if tf.io.gfile.exists(model_weights) else None,
                   name=config.get("name") or _basename(path), sequence_length=(config.get("training") or {}).get("sequence_length"))
 
@@ -126,7 +126,7 @@ def _basename(path):
     return os.path.basename(path.rstrip("/")) or "model"
 
 
-def tokenizer_settings(config, config_path):
+def saved_tokenizer_settings(config, config_path):
     """dict(lowercase, strip_accents) of a run's config: its `tokenizer` section, else what
     runs written before it had (`training.strip_accents`; uncased); a bad value names the field."""
     tokenizer, training = config.get("tokenizer") or {}, config.get("training") or {}
