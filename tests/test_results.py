@@ -190,6 +190,21 @@ def test_readme_distillation_table_is_the_committed_data():
     assert distill_eval.recall_at_10(queries, np.vstack([own, tied[:9]])) == 1.0
 
 
+def test_the_distillation_table_in_the_docs_is_every_committed_run():
+    """docs/distillation.md shows `distill_eval.py --markdown` of every run scripts/distill_table.sh measured
+    (benchmarks/results/distill_table_3000/, one file per run) and their differences paired by seed."""
+    distill_eval = _benchmark_module("distill_eval")
+    files = sorted((RESULTS / "distill_table_3000").glob("*.json"))
+    results = [json.loads(path.read_text()) for path in files]
+    assert files and all(result["commit"] and result["command"].startswith("python benchmarks/distill_eval.py") for result in results)
+    rows = distill_eval.merge(results)
+    docs = (ROOT / "docs" / "distillation.md").read_text()
+    assert distill_eval.table(rows, next(iter(rows))) in docs
+    for first, second in (("a", "b"), ("a", "c"), ("d", "a")):
+        if {f"student {first}_s0", f"student {second}_s0"} <= set(rows):
+            assert distill_eval.paired(rows, first, second) in docs
+
+
 def test_the_probe_chooses_its_regularisation_on_the_training_split_and_refits():
     """probe_accuracy's C is one of its grid, picked without the dev split, and its dev accuracy is that of
     a plain logistic regression with that C refitted on the standardised training split (an independent fit)."""
