@@ -413,7 +413,8 @@ def _plot_trend(axes, rows):
     axes.set_xlabel("tokens seen per run (one pass at most)")
     axes.set_ylabel("perplexity gap to the standard model (%)")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+    if axes.get_legend_handles_labels()[0]:  # no pair measured yet: no legend
+        axes.legend(fontsize=8)
 
 
 def plot(study, rows, results=STUDIES_DIR):
@@ -515,12 +516,13 @@ def _trend_verdict(rows, label):
 
 
 def _pending(corpus, seeds, studies):
-    """{run directory: [(study, label, seed), ...]} of the runs with no CSV row yet."""
+    """{run directory: [(study, label, seed), ...]} of the runs with no CSV row yet, every seed of a model before
+    the next model (the tokens study's smaller budgets first: a trend with its seed pairs before the larger runs)."""
     pending = {}
-    for seed in seeds:
-        for study in studies:
-            done = {(row["label"], int(row["seed"])) for row in read_rows(study, corpus.results)}
-            for label, (preset, overrides) in STUDIES[study].items():
+    for study in studies:
+        done = {(row["label"], int(row["seed"])) for row in read_rows(study, corpus.results)}
+        for label, (preset, overrides) in STUDIES[study].items():
+            for seed in seeds:
                 if (label, seed) not in done:
                     pending.setdefault(run_directory(corpus, preset, overrides, seed), []).append((study, label, seed))
     return pending
