@@ -168,14 +168,15 @@ def resolve_steps(training, num_examples):
     return dataclasses.replace(training, train_steps=steps, warmup_steps=warmup)
 
 
-def steps_per_execution(training, strategy=None):
-    """training.steps_per_execution, reduced to divide training.steps_per_epoch.
+def execution_settings(training, strategy=None):
+    """model.compile's steps_per_execution and jit_compile for `training` under `strategy`.
 
-    Keras runs whole executions: with 5 steps per execution, an epoch of 2 steps would train
-    5. The greatest common divisor keeps every epoch (and so each checkpoint) at its step.
-    Under MirroredStrategy (several GPUs) 1: Keras 3's loop of several steps per execution fails
-    there at its first step ("You must feed a value for placeholder tensor", keras-team/keras#19246);
-    the steps and their results are the same, only their grouping into calls changes.
+    steps_per_execution is reduced to divide training.steps_per_epoch: Keras runs whole executions
+    (with 5 steps per execution, an epoch of 2 steps would train 5); the greatest common divisor
+    keeps every epoch (and so each checkpoint) at its step. Under MirroredStrategy (several GPUs):
+    1 and no XLA. Keras 3's loop of several steps per execution fails there at its first step
+    ("You must feed a value for placeholder tensor", keras-team/keras#19246), and so does XLA across
+    replicas; the steps and their results are the same, only their grouping into calls changes.
     """
     if isinstance(strategy, tf.distribute.MirroredStrategy):
         if training.steps_per_execution > 1 or training.jit_compile:
@@ -183,12 +184,12 @@ def steps_per_execution(training, strategy=None):
                           f"{training.jit_compile}: 1 and false under MirroredStrategy (Keras 3 fails there with several "
                           "steps per execution, keras-team/keras#19246, and with XLA across replicas, which its "
                           "jit_compile='auto' turns off under tf.distribute).")
-        return 1
+        return {"steps_per_execution": 1, "jit_compile": False}
     steps = math.gcd(training.steps_per_execution, training.steps_per_epoch)
     if steps != training.steps_per_execution:
         warnings.warn(f"training.steps_per_execution={training.steps_per_execution} does not divide "
                       f"training.steps_per_epoch={training.steps_per_epoch}: running {steps} steps per execution.")
-    return steps
+    return {"steps_per_execution": steps, "jit_compile": training.jit_compile}
 
 
 def _check_sequence_length(config):
@@ -208,9 +209,7 @@ def _build(config, task, strategy, run, source, is_chief):
         # The precision is the model's dtype policy (no process-wide policy is set).
         backbone = config.build_model(dtype=keras.DTypePolicy(training.precision))
         model = task.build_model(backbone)
-        model.compile(optimizer=make_optimizer(training), steps_per_execution=steps_per_execution(training, strategy),
-                      jit_compile=training.jit_compile and not isinstance(strategy, tf.distribute.MirroredStrategy),
-                      **task.compile_arguments())
+        model.compile(optimizer=make_optimizer(training), **execution_settings(training, strategy), **task.compile_arguments())
         checkpoints = TrainingCheckpoints(run, model, training.keep_checkpoints, is_chief)
         position = checkpoints.restore()
         if position is None:
