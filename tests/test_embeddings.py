@@ -79,17 +79,3 @@ def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(mini
     vocabulary.write_text(vocabulary.read_text(encoding="utf-8").replace("[UNK]", "[UNKNOWN]"), encoding="utf-8")
     with pytest.raises(ValueError, match="vocabulary.txt is missing or does not match the sha256"):
         SentenceEncoder.from_preset("minilm_f16")
-
-
-def test_a_shipped_preset_exports_and_serves_like_any_model(minilm_dir, tmp_path, monkeypatch):
-    """concise-export --preset NAME: the served embedding equals the preset's encode()."""
-    import tensorflow as tf
-
-    from concise_attention.cli import export as cli
-
-    _ship(minilm_dir, tmp_path / "shipped", monkeypatch)
-    assert cli.main(["--preset", "minilm_f16", "--out", str(tmp_path / "export"), "--seq-length", "64"]) == 0
-    served = tf.saved_model.load(str(tmp_path / "export" / "serving" / "1")).signatures["serving_default"](text=tf.constant(TEXTS))
-    embedding = served["embedding"].numpy()
-    np.testing.assert_allclose(embedding / np.linalg.norm(embedding, axis=1, keepdims=True),
-                               SentenceEncoder.from_preset("minilm_f16", sequence_length=64).encode(TEXTS), atol=2e-5)

@@ -42,9 +42,10 @@ def test_shipped_preset_is_small_float16_hashed_and_documented(name):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
     """`concise-export --preset NAME`: the served embedding equals the Keras encoder's mean pooling (numpy)
-    on the same ids, for texts of mixed lengths; the WordNet-topics probe of the card is recomputed."""
+    on the same ids, for texts of mixed lengths, and, normalised, the preset's own `encode()`."""
     from concise_attention.cli import export as export_cli
     from concise_attention.models.bert import BertEncoder
+    from concise_attention.training.inference.embeddings import SentenceEncoder
 
     assert export_cli.main(["--preset", name, "--out", str(tmp_path / "export")]) == 0
     texts = ["A man is playing a guitar.", "", "Stocks fell sharply on Monday, the third fall in a row. " * 6, "ok"]
@@ -56,6 +57,8 @@ def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
     mask = inputs["input_mask"].numpy()[:, :, None]
     np.testing.assert_allclose(served, (sequence * mask).sum(1) / mask.sum(1), atol=2e-5)
     assert served.shape[1] == encoder.hidden_size and os.path.isdir(tmp_path / "export" / "hub" / "1" / "encoder")
+    np.testing.assert_allclose(served / np.linalg.norm(served, axis=1, keepdims=True),
+                               SentenceEncoder.from_preset(name, sequence_length=mask.shape[1]).encode(texts), atol=2e-5)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
