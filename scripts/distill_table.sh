@@ -4,6 +4,8 @@
 #   (b) distill_minilm_d192_standard  width 192, standard attention (6 heads of 32), feed-forward 768: (a)'s parameters
 #   (c) distill_minilm_d384_standard  width 384, the teacher's shape, from a random start: the papers' "2w"
 #   (d) distill_minilm_d128_fixed     width 128, 4 layers, fixed head size 64 with 6 heads, feed-forward 256
+#   (e) distill_minilm_d192_fixed_random  (a) from a random start, as (c) starts: (e) - (c) is the papers' claim
+#                                     with the same kind of start ((a) - (c) mixes in the teacher's initialisation)
 #
 #   bash scripts/distill_table.sh RUNS_DIR STEPS [SEED ...]    # seeds 0 1 by default; run from the folder
 #                                                              # that holds `corpus` and `general`
@@ -11,7 +13,7 @@
 # seeds) as RUNS_DIR/{a,b,c,d}_s{SEED}, each resumable (the same command again continues where it stopped),
 # measures each run as soon as it is trained (benchmarks/distill_eval.py, beside the teacher and the
 # baselines: the throughput ratio is to the teacher of the same measurement) into RESULTS/{label}_s{seed}.json,
-# then prints the table of every file in RESULTS and the paired differences a - b, a - c, d - a.
+# then prints the table of every file in RESULTS and the paired differences a - b, a - c, e - c, d - a.
 # RESULTS (default benchmarks/results/distill_table_STEPS) is committed: a run measured there is not trained
 # or measured again, so that the table grows across machines and sessions (the same command, the same seed,
 # gives the same weights bit for bit). Environment: RESULTS, STUDENTS replaces the list ("label:config ..."),
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ ${#SEEDS[@]} -gt 0 ] || SEEDS=(0 1)
-STUDENTS=(${STUDENTS:-a:distill_minilm_d192_fixed b:distill_minilm_d192_standard d:distill_minilm_d128_fixed c:distill_minilm_d384_standard})
+STUDENTS=(${STUDENTS:-a:distill_minilm_d192_fixed b:distill_minilm_d192_standard d:distill_minilm_d128_fixed e:distill_minilm_d192_fixed_random c:distill_minilm_d384_standard})
 PYTHON=${PYTHON:-python}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -47,4 +49,4 @@ for seed in "${SEEDS[@]}"; do
         "$PYTHON" "$HERE/benchmarks/distill_eval.py" --runs "$run" --data-dir corpus --out "$measured"
     done
 done
-"$PYTHON" "$HERE/benchmarks/distill_eval.py" --markdown "$RESULTS"/*.json --paired a b --paired a c --paired d a
+"$PYTHON" "$HERE/benchmarks/distill_eval.py" --markdown "$RESULTS"/*.json --paired a b --paired a c --paired e c --paired d a

@@ -147,6 +147,10 @@ def test_nested_attention_overrides():
     # A preset naming another attention type than its base's replaces the base's attention whole.
     assert configs.load_config("distill_minilm_d192_standard").model.attention == {"type": "standard"}
     assert configs.load_config("distill_minilm_d384_standard").model.attention == {"type": "standard"}
+    # Student (e) of the distillation table is student (a), started at random as (c) must be.
+    fixed, random_start = configs.load_config("distill_minilm_d192_fixed"), configs.load_config("distill_minilm_d192_fixed_random")
+    assert random_start.model == fixed.model and random_start.training == fixed.training
+    assert (fixed.task.student_init, random_start.task.student_init) == ("teacher", "random")
 
 
 def test_a_run_directory_written_before_the_nested_form_still_loads(tmp_path):

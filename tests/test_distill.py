@@ -417,7 +417,7 @@ def test_prepare_data_computes_the_teacher_outputs_once_for_the_run_to_read(tmp_
 
 
 @pytest.mark.parametrize("name", ["distill_minilm_d192_fixed", "distill_minilm_d192_standard", "distill_minilm_d128_fixed"])
-def test_every_student_of_the_table_starts_from_the_teacher(tmp_path, name):
+def test_the_tables_students_from_the_teacher_start_from_it(tmp_path, name):
     """scripts/distill_table.sh's students started from the teacher (`models.shrink`): each initialises and its
     projection maps its mean embeddings of held-out texts toward the teacher's (measured 2026-11-26: cos 0.23,
     0.27 and 0.12 before any step; a random student through a random projection lands near 0, and a head
