@@ -23,7 +23,8 @@ Measures, on data never trained on:
   and 32, texts spread over the middle half of the held-out lengths) and its ratio to the teacher
   measured in the same run, interleaved;
 Every encoder reads texts cut to the length the students were distilled at (`training.sequence_length`).
-- parameters, float16 size, embedding width.
+- parameters, float16 size (2 bytes a parameter), embedding width, and each student's wall-clock minutes of
+  training (`training_minutes`: its fit calls, read from the run's TensorBoard logs).
 Results: `--out` (JSON) and a Markdown table on stdout, with the machine and the date.
 """
 
@@ -230,19 +231,35 @@ def throughput(encoders, texts, rounds=3):
     return {key: float(np.median(values)) for key, values in timings.items()}
 
 
+def training_minutes(run_dir):
+    """Wall-clock minutes of a run's training: the span of each TensorBoard log in RUN/logs/train (one per fit
+    call, so the time between a stop and its resume is not counted, nor the teacher outputs computed before
+    the first); None without logs."""
+    import tensorflow as tf
+
+    spans = []
+    for path in tf.io.gfile.glob(f"{run_dir}/logs/train/events.out.tfevents.*"):
+        times = [event.wall_time for event in tf.compat.v1.train.summary_iterator(path)]
+        spans.append(max(times) - min(times))
+    return round(sum(spans) / 60, 1) if spans else None
+
+
 def table(rows, teacher_name):
-    """The Markdown table of the README: each encoder's figures, throughput also as a ratio to the teacher's."""
-    teacher = rows[teacher_name]
-    lines = ["| encoder | width | parameters | cos to teacher | similarity Spearman | WordNet probe | Debian probe "
-             "| recall@10 | sentences/s, batch 1 | batch 32 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """The Markdown table of the README: each encoder's figures, throughput also as a ratio to the teacher's,
+    its size in float16 and, where a student was measured with them, its minutes of training."""
+    teacher, timed = rows[teacher_name], any(row.get("train_minutes") is not None for row in rows.values())
+    lines = ["| encoder | width | parameters | float16 MB | cos to teacher | similarity Spearman | WordNet probe | Debian probe "
+             "| recall@10 | sentences/s, batch 1 | batch 32 |" + (" training minutes |" if timed else ""), "|---|" + "---:|" * (10 + timed)]
     for name, row in rows.items():
-        cells = [f"{row['width']}" if "width" in row else "", f"{row['parameters'] / 1e6:.1f}M" if "parameters" in row else ""]
+        cells = [f"{row['width']}" if "width" in row else ""]
+        cells += [f"{row['parameters'] / 1e6:.1f}M", f"{row['parameters'] * 2 / 1e6:.1f}"] if "parameters" in row else ["", ""]
         cells += ["" if row.get(key) is None else f"{row[key]:.3f}" for key in ("cosine_to_teacher", "similarity_spearman", *PROBES, "recall_at_10")]
         for batch_size in (1, 32):
             key = f"sentences_per_s_batch_{batch_size}"
             speedup = row.get(f"speedup_batch_{batch_size}", row[key] / teacher[key] if key in row else None)
             ratio = "" if name == teacher_name or key not in row else f" ({speedup:.2f}x)"
             cells.append(f"{row[key]:.0f}{ratio}" if key in row else "")
+        cells += ["" if row.get("train_minutes") is None else f"{row['train_minutes']:.0f}"] if timed else []
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -333,6 +350,8 @@ def main(argv=None):
         rows[encoder.name] = {"width": encoder.width, "parameters": int(encoder.parameters),
                               **quality(encoder, teacher_embeddings, texts, probes, pairs)}
         print(encoder.name, rows[encoder.name], flush=True)
+    for run in args.runs:
+        rows[f"student {os.path.basename(str(run).rstrip('/'))}"]["train_minutes"] = training_minutes(run)
     rows["bag of words (TF-IDF)"] = bag_of_words(probes, pairs)
     timed = [encoder for encoder in [teacher, *encoders] if type(encoder) is Encoder and not encoder.name.startswith("random")]
     by_length = sorted(texts, key=len)

@@ -224,6 +224,25 @@ def test_the_probe_chooses_its_regularisation_on_the_training_split_and_refits()
     assert accuracy == pytest.approx(np.mean(refit.predict(scaler.transform(dev_x)) == dev_y), abs=1 / 60)
 
 
+def test_a_runs_training_minutes_are_the_spans_of_its_fit_calls_logs(tmp_path):
+    """Two TensorBoard logs of logs/train (a run stopped and resumed), events at hand-set times: 60 s and
+    120 s of training, the 10 minutes between the stop and the resume not counted; the table shows it."""
+    import tensorflow as tf
+    from tensorboard.compat.proto import event_pb2
+
+    distill_eval = _benchmark_module("distill_eval")
+    (tmp_path / "run" / "logs" / "train").mkdir(parents=True)
+    for name, times in (("first", (1000.0, 1030.0, 1060.0)), ("resumed", (1660.0, 1780.0))):  # the file's first event opens it
+        with tf.io.TFRecordWriter(str(tmp_path / "run" / "logs" / "train" / f"events.out.tfevents.{name}")) as writer:
+            for wall_time in times:
+                writer.write(event_pb2.Event(wall_time=wall_time, step=1).SerializeToString())
+    assert distill_eval.training_minutes(tmp_path / "run") == 3.0
+    assert distill_eval.training_minutes(tmp_path / "no run") is None
+    rows = {"teacher t": {"width": 4, "parameters": 10**6, "sentences_per_s_batch_1": 10.0, "sentences_per_s_batch_32": 20.0},
+            "student run": {"width": 2, "parameters": 250_000, "train_minutes": 3.0, "sentences_per_s_batch_1": 30.0, "sentences_per_s_batch_32": 50.0}}
+    assert distill_eval.table(rows, "teacher t").splitlines()[-1] == "| student run | 2 | 0.2M | 0.5 |  |  |  |  |  | 30 (3.00x) | 50 (2.50x) | 3 |"
+
+
 def test_results_measured_in_separate_sessions_merge_into_one_table():
     """`distill_eval.merge`: scripts/distill_table.sh measures each run in its own file, beside the teacher;
     one table keeps each encoder once (from the first file) and each throughput's ratio to its own file's
