@@ -284,14 +284,46 @@ def merge(results):
     return rows
 
 
+# scripts/distill_table.sh's students, by label.
+STUDENTS = {"a": "(a) fixed head size 6 x 64, width 192", "b": "(b) standard 6 x 32, width 192",
+            "c": "(c) standard 12 x 32, width 384, random start", "d": "(d) fixed head size 6 x 64, width 128, 4 layers",
+            "e": "(e) = (a) from a random start"}
+
+
+def _seeds(rows, label):
+    prefix = f"student {label}_s"
+    return sorted(int(name[len(prefix):]) for name in rows if name.startswith(prefix) and name[len(prefix):].isdigit())
+
+
+def summary(rows, pairs):
+    """The README's table of merged rows: the teacher, each student label's mean over its seeds (throughput as
+    the mean of its ratios to the teacher measured with it), then each pair's difference, mean over common seeds."""
+    teacher_name, header = next(iter(rows)), " | ".join(QUALITY.values())
+
+    def line(name, seeds, members, speedup):
+        cells = [", ".join(map(str, seeds)), str(members[0]["width"]), f"{members[0]['parameters'] / 1e6:.1f}M"]
+        cells += [f"{np.mean([member[key] for member in members]):.3f}" for key in QUALITY] + [f"{speedup:.2f}x"]
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    lines = [f"| encoder | seeds | width | parameters | {header} | batch-32 throughput vs teacher |", "|---|---|" + "---:|" * (len(QUALITY) + 3),
+             line(teacher_name, [], [rows[teacher_name]], 1.0)]
+    for label, title in STUDENTS.items():
+        members = [rows[f"student {label}_s{seed}"] for seed in _seeds(rows, label)]
+        if members:
+            lines.append(line(title, _seeds(rows, label), members, np.mean([member["speedup_batch_32"] for member in members])))
+    lines += ["", f"| paired difference | seeds | {header} |", "|---|---|" + "---:|" * len(QUALITY)]
+    for first, second in pairs:
+        common = sorted(set(_seeds(rows, first)) & set(_seeds(rows, second)))
+        if common:
+            means = [np.mean([rows[f"student {first}_s{seed}"][key] - rows[f"student {second}_s{seed}"][key] for seed in common]) for key in QUALITY]
+            lines.append(f"| {first} - {second} | {', '.join(map(str, common))} | " + " | ".join(f"{value:+.3f}" for value in means) + " |")
+    return "\n".join(lines)
+
+
 def paired(rows, first, second):
     """The Markdown table of the differences `first` - `second`, seed by seed, of every quality measure:
     students named `student {label}_s{seed}` (the runs' folder names); seeds where both were measured."""
-    def seeds(label):
-        prefix = f"student {label}_s"
-        return {int(name[len(prefix):]) for name in rows if name.startswith(prefix) and name[len(prefix):].isdigit()}
-
-    common = sorted(seeds(first) & seeds(second))
+    common = sorted(set(_seeds(rows, first)) & set(_seeds(rows, second)))
     if not common:
         raise ValueError(f"no seed was measured for both {first!r} and {second!r} (students named 'student LABEL_sSEED')")
     lines = [f"| {first} - {second} | " + " | ".join(f"seed {seed}" for seed in common) + " | mean |",
@@ -331,6 +363,8 @@ def main(argv=None):
                 print("\n" + paired(rows, first, second))
             except ValueError as error:  # a partial table: say which pair is missing, print the others
                 print(f"\n({error})")
+        if args.paired:
+            print("\nMeans over seeds (the README's table):\n\n" + summary(rows, args.paired))
         return
     if not (args.runs and args.data_dir):
         parser.error("--runs and --data-dir are required (unless --markdown)")

@@ -205,6 +205,34 @@ def test_the_distillation_table_in_the_docs_is_every_committed_run():
             assert distill_eval.paired(rows, first, second) in docs
 
 
+def test_the_readme_carries_the_distillation_tables_means_over_seeds_and_paired_differences():
+    """README: the students' means over every committed seed and the differences paired by seed
+    (`distill_eval.summary` of all files in distill_table_3000), with the command that regenerates them."""
+    distill_eval = _benchmark_module("distill_eval")
+    rows = distill_eval.merge([json.loads(path.read_text()) for path in sorted((RESULTS / "distill_table_3000").glob("*.json"))])
+    readme = (ROOT / "README.md").read_text()
+    assert distill_eval.summary(rows, [("a", "b"), ("a", "c"), ("e", "c"), ("d", "a")]) in readme
+    assert "bash scripts/distill_table.sh runs_table 3000 0 1" in readme
+
+
+def test_the_summary_averages_each_student_over_its_seeds_and_pairs_by_seed():
+    """`distill_eval.summary` against a hand computation: (a) at seeds 0 and 1, (b) at seed 0 only, so a - b
+    uses seed 0 alone; a pair with no common seed is left out."""
+    distill_eval = _benchmark_module("distill_eval")
+    measures = list(distill_eval.QUALITY)
+
+    def row(value, speedup):
+        return {"width": 8, "parameters": 2_000_000, **{key: value for key in measures}, "speedup_batch_32": speedup}
+
+    rows = {"teacher t": {**row(1.0, 1.0), "width": 16}, "student a_s0": row(0.5, 2.0), "student a_s1": row(0.7, 3.0),
+            "student b_s0": row(0.4, 2.5)}
+    lines = distill_eval.summary(rows, [("a", "b"), ("a", "c")]).splitlines()
+    assert lines[2] == "| teacher t |  | 16 | 2.0M | " + "1.000 | " * 5 + "1.00x |"
+    assert lines[3] == f"| {distill_eval.STUDENTS['a']} | 0, 1 | 8 | 2.0M | " + "0.600 | " * 5 + "2.50x |"
+    assert lines[4] == f"| {distill_eval.STUDENTS['b']} | 0 | 8 | 2.0M | " + "0.400 | " * 5 + "2.50x |"
+    assert lines[-1] == "| a - b | 0 | " + " | ".join(["+0.100"] * 5) + " |" and len(lines) == 9
+
+
 def test_the_probe_chooses_its_regularisation_on_the_training_split_and_refits():
     """probe_accuracy's C is one of its grid, picked without the dev split, and its dev accuracy is that of
     a plain logistic regression with that C refitted on the standardised training split (an independent fit)."""
