@@ -296,14 +296,17 @@ def _seeds(rows, label):
 
 
 def summary(rows, pairs):
-    """The README's table of merged rows: the teacher, each student label's mean over its seeds (throughput as
-    the mean of its ratios to the teacher measured with it), then each pair's difference, mean over common seeds."""
+    """The README's table of merged rows: the teacher, each student label's mean over its seeds (each quality
+    figure also as a share of the teacher's; throughput as the mean of its ratios to the teacher measured with
+    it), then each pair's difference, mean over common seeds."""
     teacher_name, header = next(iter(rows)), " | ".join(QUALITY.values())
 
     def line(name, seeds, members, speedup):
         cells = [", ".join(map(str, seeds)), str(members[0]["width"]), f"{members[0]['parameters'] / 1e6:.1f}M"]
-        cells += [f"{np.mean([member[key] for member in members]):.3f}" for key in QUALITY] + [f"{speedup:.2f}x"]
-        return f"| {name} | " + " | ".join(cells) + " |"
+        for key in QUALITY:
+            mean = np.mean([member[key] for member in members])
+            cells.append(f"{mean:.3f}" if name == teacher_name else f"{mean:.3f} ({mean / rows[teacher_name][key]:.1%})")
+        return f"| {name} | " + " | ".join(cells + [f"{speedup:.2f}x"]) + " |"
 
     lines = [f"| encoder | seeds | width | parameters | {header} | batch-32 throughput vs teacher |", "|---|---|" + "---:|" * (len(QUALITY) + 3),
              line(teacher_name, [], [rows[teacher_name]], 1.0)]

@@ -217,7 +217,7 @@ def test_the_readme_carries_the_distillation_tables_means_over_seeds_and_paired_
 
 def test_the_summary_averages_each_student_over_its_seeds_and_pairs_by_seed():
     """`distill_eval.summary` against a hand computation: (a) at seeds 0 and 1, (b) at seed 0 only, so a - b
-    uses seed 0 alone; a pair with no common seed is left out."""
+    uses seed 0 alone; each mean also as a share of the teacher's; a pair with no common seed is left out."""
     distill_eval = _benchmark_module("distill_eval")
     measures = list(distill_eval.QUALITY)
 
@@ -228,8 +228,8 @@ def test_the_summary_averages_each_student_over_its_seeds_and_pairs_by_seed():
             "student b_s0": row(0.4, 2.5)}
     lines = distill_eval.summary(rows, [("a", "b"), ("a", "c")]).splitlines()
     assert lines[2] == "| teacher t |  | 16 | 2.0M | " + "1.000 | " * 5 + "1.00x |"
-    assert lines[3] == f"| {distill_eval.STUDENTS['a']} | 0, 1 | 8 | 2.0M | " + "0.600 | " * 5 + "2.50x |"
-    assert lines[4] == f"| {distill_eval.STUDENTS['b']} | 0 | 8 | 2.0M | " + "0.400 | " * 5 + "2.50x |"
+    assert lines[3] == f"| {distill_eval.STUDENTS['a']} | 0, 1 | 8 | 2.0M | " + "0.600 (60.0%) | " * 5 + "2.50x |"
+    assert lines[4] == f"| {distill_eval.STUDENTS['b']} | 0 | 8 | 2.0M | " + "0.400 (40.0%) | " * 5 + "2.50x |"
     assert lines[-1] == "| a - b | 0 | " + " | ".join(["+0.100"] * 5) + " |" and len(lines) == 9
 
 
