@@ -224,19 +224,21 @@ def test_wrong_checkpoint_and_existing_output_are_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path):
-    """Train a tiny LM, convert it at half the key dimension, fine-tune the result with the normal trainer."""
+def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path, capsys):
+    """Train a tiny LM, convert it at half the key dimension (the converter's CLI in its own process), fine-tune
+    the result with the normal trainer (its CLI in-process: its own process is tested elsewhere)."""
     import json
-    import subprocess
-    import sys
+
+    from concise_attention.cli import train as train_cli
 
     def train(run, config, *overrides):
-        command = [sys.executable, "-m", "concise_attention.cli.train", "--config", str(config), "--run-dir", str(run), "--quiet"]
+        argv = ["--config", str(config), "--run-dir", str(run), "--quiet"]
         for override in (*(("model.dropout=0", "model.attention_dropout=0") if config == "tiny_lm" else ()), *overrides):
-            command += ["--set", override]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return json.loads(result.stdout[result.stdout.index("{"):])
+            argv += ["--set", override]
+        capsys.readouterr()
+        assert train_cli.main(argv) == 0
+        out = capsys.readouterr().out
+        return json.loads(out[out.index("{"):])
 
     trained = train(tmp_path / "base", "tiny_lm", "training.train_steps=40")
     result = _cli("--run", tmp_path / "base", "--ratio", 0.5, "--out", tmp_path / "converted", "--iterations", 50)
@@ -245,7 +247,8 @@ def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path):
     recipe = tmp_path / "fine_tune.yaml"
     recipe.write_text(f"task:\n  name: causal_lm\n  init: {tmp_path / 'converted'}\ntraining:\n  sequence_length: 64\n  batch_size: 8\n"
                       "  eval_batches: 4\n  steps_per_execution: 5\n  jit_compile: false\n")
-    start = train(tmp_path / "zero", recipe, "training.train_steps=1", "training.steps_per_epoch=1", "training.learning_rate=1e-9")
+    start = train(tmp_path / "zero", recipe, "training.train_steps=1", "training.steps_per_epoch=1", "training.steps_per_execution=1",
+                  "training.learning_rate=1e-9")
     tuned = train(tmp_path / "tuned", recipe, "training.train_steps=40", "training.steps_per_epoch=20",
                   "training.learning_rate=0.002", "training.warmup_steps=5")
     saved = json.loads((tmp_path / "tuned" / "config.json").read_text())
