@@ -13,7 +13,7 @@
 # seeds) as RUNS_DIR/{a,b,c,d}_s{SEED}, each resumable (the same command again continues where it stopped),
 # measures each run as soon as it is trained (benchmarks/distill_eval.py, beside the teacher and the
 # baselines: the throughput ratio is to the teacher of the same measurement) into RESULTS/{label}_s{seed}.json,
-# then prints the table of every file in RESULTS, the paired differences a - b, a - c, e - c, d - a seed by seed,
+# then prints the table of every file in RESULTS, the paired differences a - b, a - c, e - c, a - e, d - a seed by seed,
 # and the README's table: each student's mean over its seeds and each pair's mean difference.
 # RESULTS (default benchmarks/results/distill_table_STEPS) is committed: a run measured there is not trained
 # or measured again, so that the table grows across machines and sessions (the same command, the same seed,
@@ -50,4 +50,4 @@ for seed in "${SEEDS[@]}"; do
         "$PYTHON" "$HERE/benchmarks/distill_eval.py" --runs "$run" --data-dir corpus --out "$measured"
     done
 done
-"$PYTHON" "$HERE/benchmarks/distill_eval.py" --markdown "$RESULTS"/*.json --paired a b --paired a c --paired e c --paired d a
+"$PYTHON" "$HERE/benchmarks/distill_eval.py" --markdown "$RESULTS"/*.json --paired a b --paired a c --paired e c --paired a e --paired d a
