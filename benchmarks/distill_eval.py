@@ -119,6 +119,11 @@ class PcaOfTeacher(Encoder):
         return self._width
 
 
+def run_name(run_dir):
+    """A run's name in the tables, its folder's (`student a_s0`, `random init, a_s0`: what `paired` reads)."""
+    return os.path.basename(str(run_dir).rstrip("/"))
+
+
 def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
     """(teacher, [encoders to compare]) for the runs, with the baselines, and the shipped `presets` (their
     projections to the teacher's space are not shipped: no cosine to the teacher)."""
@@ -142,13 +147,12 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
     for run_dir in run_dirs:
         config, model, backbone, _ = runs.load_model(run_dir)
         projection = model.projection
-        name = os.path.basename(str(run_dir).rstrip("/"))
-        encoders.append(Encoder(f"student {name}", backbone, tokenizer,
+        encoders.append(Encoder(f"student {run_name(run_dir)}", backbone, tokenizer,
                                 to_teacher=lambda pooled, layer=projection: np.asarray(layer(pooled))))
         if not any(isinstance(encoder, PcaOfTeacher) and encoder.width == backbone.hidden_size for encoder in encoders):
             encoders.append(PcaOfTeacher(teacher, fit_texts, backbone.hidden_size))
         keras.utils.set_random_seed(config.training.seed)
-        encoders.append(Encoder(f"random init, {name}", config.build_model(dtype="float32"), tokenizer))
+        encoders.append(Encoder(f"random init, {run_name(run_dir)}", config.build_model(dtype="float32"), tokenizer))
     for preset in presets:  # named with its weights' sha256: which weights, even after a new student takes the name
         folder = shipped.resolve(preset)
         digest = json.loads(pathlib.Path(folder, shipped.MANIFEST_FILE).read_text())["sha256"][shipped.WEIGHTS_FILE]
@@ -295,6 +299,13 @@ def _seeds(rows, label):
     return sorted(int(name[len(prefix):]) for name in rows if name.startswith(prefix) and name[len(prefix):].isdigit())
 
 
+def _differences(rows, first, second):
+    """(seeds measured for both, {quality key: [first - second at each of those seeds]})."""
+    common = sorted(set(_seeds(rows, first)) & set(_seeds(rows, second)))
+    return common, {key: [rows[f"student {first}_s{seed}"][key] - rows[f"student {second}_s{seed}"][key] for seed in common]
+                    for key in QUALITY}
+
+
 def summary(rows, pairs):
     """The README's table of merged rows: the teacher, each student label's mean over its seeds (each quality
     figure also as a share of the teacher's; throughput as the mean of its ratios to the teacher measured with
@@ -311,29 +322,29 @@ def summary(rows, pairs):
     lines = [f"| encoder | seeds | width | parameters | {header} | batch-32 throughput vs teacher |", "|---|---|" + "---:|" * (len(QUALITY) + 3),
              line(teacher_name, [], [rows[teacher_name]], 1.0)]
     for label, title in STUDENTS.items():
-        members = [rows[f"student {label}_s{seed}"] for seed in _seeds(rows, label)]
+        seeds = _seeds(rows, label)
+        members = [rows[f"student {label}_s{seed}"] for seed in seeds]
         if members:
-            lines.append(line(title, _seeds(rows, label), members, np.mean([member["speedup_batch_32"] for member in members])))
+            lines.append(line(title, seeds, members, np.mean([member["speedup_batch_32"] for member in members])))
     lines += ["", f"| paired difference | seeds | {header} |", "|---|---|" + "---:|" * len(QUALITY)]
     for first, second in pairs:
-        common = sorted(set(_seeds(rows, first)) & set(_seeds(rows, second)))
+        common, differences = _differences(rows, first, second)
         if common:
-            means = [np.mean([rows[f"student {first}_s{seed}"][key] - rows[f"student {second}_s{seed}"][key] for seed in common]) for key in QUALITY]
-            lines.append(f"| {first} - {second} | {', '.join(map(str, common))} | " + " | ".join(f"{value:+.3f}" for value in means) + " |")
+            lines.append(f"| {first} - {second} | {', '.join(map(str, common))} | "
+                         + " | ".join(f"{np.mean(differences[key]):+.3f}" for key in QUALITY) + " |")
     return "\n".join(lines)
 
 
 def paired(rows, first, second):
     """The Markdown table of the differences `first` - `second`, seed by seed, of every quality measure:
     students named `student {label}_s{seed}` (the runs' folder names); seeds where both were measured."""
-    common = sorted(set(_seeds(rows, first)) & set(_seeds(rows, second)))
+    common, differences = _differences(rows, first, second)
     if not common:
         raise ValueError(f"no seed was measured for both {first!r} and {second!r} (students named 'student LABEL_sSEED')")
     lines = [f"| {first} - {second} | " + " | ".join(f"seed {seed}" for seed in common) + " | mean |",
              "|---|" + "---:|" * (len(common) + 1)]
     for key, title in QUALITY.items():
-        differences = [rows[f"student {first}_s{seed}"][key] - rows[f"student {second}_s{seed}"][key] for seed in common]
-        lines.append(f"| {title} | " + " | ".join(f"{value:+.3f}" for value in differences) + f" | {np.mean(differences):+.3f} |")
+        lines.append(f"| {title} | " + " | ".join(f"{value:+.3f}" for value in differences[key]) + f" | {np.mean(differences[key]):+.3f} |")
     return "\n".join(lines)
 
 
@@ -388,7 +399,7 @@ def main(argv=None):
                               **quality(encoder, teacher_embeddings, texts, probes, pairs)}
         print(encoder.name, rows[encoder.name], flush=True)
     for run in args.runs:
-        rows[f"student {os.path.basename(str(run).rstrip('/'))}"]["train_minutes"] = training_minutes(run)
+        rows[f"student {run_name(run)}"]["train_minutes"] = training_minutes(run)
     rows["bag of words (TF-IDF)"] = bag_of_words(probes, pairs)
     timed = [encoder for encoder in [teacher, *encoders] if type(encoder) is Encoder and not encoder.name.startswith("random")]
     by_length = sorted(texts, key=len)
