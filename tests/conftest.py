@@ -2,20 +2,31 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# One TensorFlow thread per test process and per process it starts: the suite runs one process per core
+# (pytest.ini: `-n auto`), and idle TensorFlow threads spin while they wait, taking the other processes' cores
+# (the suite's six training-heaviest files: 277 s with 3 processes of default threads, 217 s with 2 of one thread
+# each; 2-core AMD EPYC, 2026-11-27).
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
-# pytest.ini runs the suite in 3 processes, one test file per process at a time (`-n 3 --dist loadfile`,
+# pytest.ini runs the suite in one process per core, one test file per process at a time (`-n auto --dist loadfile`,
 # module fixtures built once). Files start longest first, so that no process is left alone with a long file
-# at the end: seconds per file in one process, 2-core CPU, 2026-11-25 (`pytest --durations`); files not
-# listed take under 70 s and follow in their usual order.
+# at the end: seconds per file in one of 2 processes, 2-core CPU, 2026-11-27 (`pytest --durations=0`); files not
+# listed take under 50 s and follow in their usual order.
 LONGEST_FILES = {
-    "test_export": 436, "test_reproducibility": 421, "test_hf_export": 392, "test_gcs": 208, "test_finetuning": 148,
-    "test_collaborative_conversion": 146, "test_trainer": 123, "test_precision": 123, "test_mlm": 122,
-    "test_quickstart": 121, "test_distill": 104, "test_errors": 100, "test_lm_training": 96, "test_configs": 83,
-    "test_prepared_data": 80, "test_embeddings": 80, "test_collaborative_protocol": 79,
+    "test_reproducibility": 597, "test_export": 490, "test_hf_export": 313, "test_gcs": 234, "test_distill": 167,
+    "test_trainer": 147, "test_mlm": 100, "test_finetuning": 94, "test_quickstart": 88, "test_precision": 84,
+    "test_results": 80, "test_collaborative_conversion": 77, "test_lm_training": 72, "test_errors": 63,
+    "test_prepared_data": 60, "test_collaborative_protocol": 57, "test_shipped": 54, "test_configs": 53,
 }
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one process per core the suite may use, at most 8 (each holds TensorFlow: 1-3 GB)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
 
 
 def pytest_collection_modifyitems(items):
