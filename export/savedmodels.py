@@ -65,8 +65,16 @@ def _id_specs(names=ENCODER_INPUTS):
     return {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in names}
 
 
-def _encoder_outputs(encoder, inputs, training):
-    outputs = encoder({name: inputs[name] for name in ENCODER_INPUTS}, training=training)
+def inference(encoder):
+    """The encoder at inference as one tf.function of the encoder inputs: traced once per export and called
+    by every graph that runs the encoder so (the hub encoder's `__call__`, `.mlm` and `serve`, the serving
+    model's chunks and `serve_token_ids`), instead of being traced again into each of them."""
+    return tf.function(lambda inputs: encoder(inputs, training=False), input_signature=[_id_specs()], autograph=False)
+
+
+def _encoder_outputs(encoder, inputs, training, infer):
+    inputs = {name: inputs[name] for name in ENCODER_INPUTS}
+    outputs = encoder(inputs, training=True) if training else infer(inputs)
     return {
         "pooled_output": outputs["pooled_output"],
         "default": outputs["pooled_output"],
@@ -98,14 +106,16 @@ class _Reusable(tf.Module):
             self.__call__.get_concrete_function(input_specs, training=training)
 
 
-def hub_encoder(encoder, vocabulary, lowercase, pretrainer=None):
-    """The TF-Hub encoder object of a `BertEncoder`; a `BertPretrainer` around it adds `.mlm`."""
+def hub_encoder(encoder, vocabulary, lowercase, pretrainer=None, infer=None):
+    """The TF-Hub encoder object of a `BertEncoder`; a `BertPretrainer` around it adds `.mlm`.
+    `infer`: the encoder's `inference` function, if the caller has one to share."""
+    infer = infer or inference(encoder)
 
     def call(inputs, training=False):
-        return _encoder_outputs(encoder, inputs, training)
+        return _encoder_outputs(encoder, inputs, training, infer)
 
     def call_mlm(inputs, training=False):
-        outputs = _encoder_outputs(encoder, inputs, training)
+        outputs = _encoder_outputs(encoder, inputs, training, infer)
         outputs["mlm_logits"] = pretrainer.masked_lm_logits(outputs["sequence_output"], inputs["masked_lm_positions"])
         return outputs
 
@@ -116,7 +126,7 @@ def hub_encoder(encoder, vocabulary, lowercase, pretrainer=None):
     root.do_lower_case = tf.Variable(lowercase, trainable=False, name="do_lower_case")
 
     def serve(inputs):
-        outputs = _encoder_outputs(encoder, inputs, training=False)
+        outputs = _encoder_outputs(encoder, inputs, False, infer)
         outputs.pop("encoder_outputs")
         return outputs
 
@@ -167,16 +177,17 @@ def hub_preprocessor(tokenizer, seq_length):
     return root, signatures
 
 
-def serving_model(encoder, tokenizer, seq_length, pooling="mean"):
+def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
     """The TF Serving model: `serving_default` (text -> `embedding` [batch, hidden], computed in
     length-sorted chunks, each padded to its own longest text: `export.chunking`), `serve_token_ids`
     (ids -> `embedding` and `sequence_output` [batch, seq, hidden], as sent) and `tokenize` (text ->
-    the encoder inputs at `seq_length`)."""
+    the encoder inputs at `seq_length`). `infer`: the encoder's `inference` function, if the caller has one."""
     root = _holding(tokenizer)
     root.encoder_variables = _variables(encoder)  # what the graphs capture must be tracked
+    infer = infer or inference(encoder)
 
     def embed(inputs):
-        outputs = encoder({name: inputs[name] for name in ENCODER_INPUTS}, training=False)
+        outputs = infer({name: inputs[name] for name in ENCODER_INPUTS})
         sequence = outputs["sequence_output"]
         if pooling == "cls":
             embedding = outputs["pooled_output"]
@@ -427,7 +438,8 @@ def _write_version(staged, encoder, model, vocabulary, export):
     tokenizer = WordPieceModule(vocab_copy, lowercase=export["lowercase"], strip_accents=export["strip_accents"])
     hub_dir, serving_dir = os.path.join(folder, "hub"), os.path.join(folder, "serving")
     pretrainer = model if hasattr(model, "masked_lm_logits") else None
-    encoder_root, signatures = hub_encoder(encoder, vocab_copy, export["lowercase"], pretrainer)
+    infer = inference(encoder)  # traced once, for the hub encoder and the serving model
+    encoder_root, signatures = hub_encoder(encoder, vocab_copy, export["lowercase"], pretrainer, infer)
     tf.saved_model.save(encoder_root, os.path.join(hub_dir, "encoder"), signatures=signatures)
     preprocess, signatures = hub_preprocessor(tokenizer, export["seq_length"])
     tf.saved_model.save(preprocess, os.path.join(hub_dir, "preprocess"), signatures=signatures)
@@ -438,7 +450,7 @@ def _write_version(staged, encoder, model, vocabulary, export):
     write_keras_preset(os.path.join(hub_dir, "keras"), model or encoder, vocab_copy, export["lowercase"], export["strip_accents"])
     signature = _serving_signature(export["config"], model) if model is not None else None
     if signature is None:  # no task model of its own to serve: the encoder's embeddings
-        served, signatures = serving_model(encoder, tokenizer, export["seq_length"], export["pooling"])
+        served, signatures = serving_model(encoder, tokenizer, export["seq_length"], export["pooling"], infer)
     else:
         served, signatures = task_serving_model(model, tokenizer, export["seq_length"], signature)
     inputs = signature.texts if signature else ("text",)

@@ -258,6 +258,10 @@ class WordPieceModule(tf.Module):
         )
         self.trie_token_ids = tf.constant(node_token_ids)
         self.trie_depth = max(len(token) for token in tokens)
+        # `tokenize`'s traced functions, by length bound: untracked (a SavedModel keeps the graphs that call them).
+        self._setattr_tracking = False
+        self._tokenizers = {}
+        self._setattr_tracking = True
 
     def normalise(self, text_B, max_length):
         """Steps 1-4 on string [B]: (codes [N] int32, word [N] int64, words per row [B] int64),
@@ -371,7 +375,13 @@ class WordPieceModule(tf.Module):
         """
         _check_max_length(max_length)
         max_length = self.max_length if max_length is None else max_length
-        text_B = tf.reshape(text_B, [-1])
+        if max_length not in self._tokenizers:  # one tf.function per bound, traced once, called by every graph
+            self._tokenizers[max_length] = tf.function(
+                lambda text: self._tokenize(text, max_length), input_signature=[tf.TensorSpec([None], tf.string)], autograph=False
+            )
+        return self._tokenizers[max_length](tf.reshape(text_B, [-1]))
+
+    def _tokenize(self, text_B, max_length):
         code_N, word_N, words_B = self.normalise(text_B, max_length)
         pieces = self.word_pieces(code_N, word_N, tf.cast(tf.reduce_sum(words_B), tf.int32))
         return tf.RaggedTensor.from_row_lengths(pieces, words_B)
