@@ -62,12 +62,11 @@ class WordPieceTokenizer:
         self.module = module
         self._tokens = read_vocabulary(module.vocab_file.asset_path.numpy().decode("utf-8"))
         self._ids = {token: token_id for token_id, token in enumerate(self._tokens)}
-        self._token_ids = tf.function(module.token_ids, input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
 
     def __call__(self, text):
         """string [B] (or a scalar) -> int32 ragged [B, (pieces)] ([(pieces)] for a scalar)."""
         text = tf.convert_to_tensor(text, tf.string)
-        ids = self._token_ids(tf.reshape(text, [-1]))
+        ids = self.module.token_ids(tf.reshape(text, [-1]))  # the module's tokenisation is a traced tf.function
         return ids[0] if text.shape.rank == 0 else ids
 
     def token_to_id(self, token):
