@@ -406,7 +406,8 @@ def main(argv=None):
     for (name, batch_size), value in throughput(timed, by_length[len(by_length) // 4: 3 * len(by_length) // 4]).items():
         rows[name][f"sentences_per_s_batch_{batch_size}"] = value
     result = {**provenance.record(), "command": provenance.command_line("benchmarks/distill_eval.py", argv or sys.argv[1:]),
-              "texts": len(texts), "pairs": len(pairs[0]), "sequence_length": Encoder.sequence_length, "rows": rows}
+              "texts": len(texts), "pairs": len(pairs[0]), "sequence_length": Encoder.sequence_length, "rows": rows,
+              "runs": {run_name(run): files.read_json(files.join(run, files.CONFIG)) for run in args.runs}}  # what trained each
     files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")  # whole or absent: distill_table.sh skips a measured run
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))
     print(f"\n(`python benchmarks/distill_eval.py --markdown {args.out}` prints this table again)")

@@ -10,6 +10,7 @@ benchmarks/results/collaborative_protocol.json (`python benchmarks/collaborative
 import importlib.util
 import json
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -18,6 +19,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 # The README and every page of docs/: a figure may be quoted in either.
 README = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+# the students scripts/distill_table.sh trains by default, label -> config name
+SCRIPT_STUDENTS = dict(item.split(":") for item in re.search(
+    r"STUDENTS:-([^}]*)}", (ROOT / "scripts" / "distill_table.sh").read_text()).group(1).split())
 
 
 def _benchmark_module(name):
@@ -203,6 +207,19 @@ def test_the_distillation_table_in_the_docs_is_every_committed_run():
     for first, second in (("a", "b"), ("a", "c"), ("e", "c"), ("a", "e"), ("d", "a")):
         if {f"student {first}_s0", f"student {second}_s0"} <= set(rows):
             assert distill_eval.paired(rows, first, second) in docs
+    ablation = [json.loads(path.read_text()) for path in sorted((RESULTS / "distill_ablation_3000").glob("*.json"))]
+    configs = {name: config for result in ablation + results for name, config in result["runs"].items()}
+    from concise_attention.training.run.configs import load_config
+
+    for name, config in configs.items():  # each run was trained by the config the table names, at its seed
+        assert config["name"] == SCRIPT_STUDENTS[name[0] if name[0] != "n" else "a"], name
+        assert config["model"] == load_config(config["name"]).to_dict()["model"], name
+        assert config["training"]["seed"] == int(name.split("_s")[1]) and config["training"]["train_steps"] == 3000
+    for name in (path.stem for path in (RESULTS / "distill_ablation_3000").glob("n_s*.json")):  # (a) without the similarity term
+        without, with_ = configs[name], configs[name.replace("n_", "a_", 1)]
+        assert without["task"].pop("similarity_weight") == 0 and with_["task"].pop("similarity_weight") > 0
+        assert without == with_, "the ablation differs from (a) in more than the similarity term"
+    assert distill_eval.paired(distill_eval.merge(ablation + results), "n", "a") in docs
 
 
 def test_the_readme_carries_the_distillation_tables_means_over_seeds_and_paired_differences():
