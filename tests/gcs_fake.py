@@ -108,6 +108,9 @@ class _TunnelHandler(http.server.BaseHTTPRequestHandler):
             return
         self.send_response(200, "Connection established")
         self.end_headers()
+        # As curl does on its side: without it Nagle's algorithm held part of each answer until the client's
+        # delayed ACK, ~45 ms a request (a tiny BERT's run on gs://: 61 s, 39 s with it; served the same).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # From here on, handle() reads the tunnelled requests from the TLS stream.
         self.connection = self.server.tls.wrap_socket(self.connection, server_side=True)
         self.rfile = self.connection.makefile("rb")
