@@ -15,6 +15,8 @@ import re
 import numpy as np
 import pytest
 
+from concise_attention.training.run.configs import load_config
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 # The README and every page of docs/: a figure may be quoted in either.
@@ -209,8 +211,6 @@ def test_the_distillation_table_in_the_docs_is_every_committed_run():
             assert distill_eval.paired(rows, first, second) in docs
     ablation = [json.loads(path.read_text()) for path in sorted((RESULTS / "distill_ablation_3000").glob("*.json"))]
     configs = {name: config for result in ablation + results for name, config in result["runs"].items()}
-    from concise_attention.training.run.configs import load_config
-
     for name, config in configs.items():  # each run was trained by the config the table names, at its seed
         assert config["name"] == SCRIPT_STUDENTS[name[0] if name[0] != "n" else "a"], name
         assert config["model"] == load_config(config["name"]).to_dict()["model"], name
