@@ -385,7 +385,8 @@ def main(argv=None):
     from concise_attention.training import files
     from concise_attention.training.tasks.distill import default_teacher
 
-    lengths = {files.read_json(files.join(run, files.CONFIG))["training"]["sequence_length"] for run in args.runs}
+    run_configs = {run_name(run): files.read_json(files.join(run, files.CONFIG)) for run in args.runs}  # what trained each
+    lengths = {config["training"]["sequence_length"] for config in run_configs.values()}
     if len(lengths) != 1:
         parser.error(f"the runs were distilled at different lengths {sorted(lengths)}: compare them in separate tables")
     Encoder.sequence_length = lengths.pop()
@@ -407,7 +408,7 @@ def main(argv=None):
         rows[name][f"sentences_per_s_batch_{batch_size}"] = value
     result = {**provenance.record(), "command": provenance.command_line("benchmarks/distill_eval.py", argv or sys.argv[1:]),
               "texts": len(texts), "pairs": len(pairs[0]), "sequence_length": Encoder.sequence_length, "rows": rows,
-              "runs": {run_name(run): files.read_json(files.join(run, files.CONFIG)) for run in args.runs}}  # what trained each
+              "runs": run_configs}
     files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")  # whole or absent: distill_table.sh skips a measured run
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))
     print(f"\n(`python benchmarks/distill_eval.py --markdown {args.out}` prints this table again)")
