@@ -45,6 +45,8 @@ import tensorflow as tf
 from tensorflow_serving.apis import model_pb2
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
+# Private: the save context under which `_save` traces (TensorFlow's public API has no way to trace for a save).
+from tensorflow.python.saved_model import save_context
 
 from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
@@ -58,6 +60,7 @@ from concise_attention.training.tasks import make_task
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+SAVE_OPTIONS = tf.saved_model.SaveOptions()
 WARMUP_TEXTS = ("The quick brown fox jumps over the lazy dog.", "", "Fixed head size attention keeps each head expressive.")
 
 
@@ -170,7 +173,8 @@ def hub_preprocessor(tokenizer, seq_length):
     for segments in (1, 2):
         for ragged_rank in (1, 2):
             specs = [tf.RaggedTensorSpec([None] * (ragged_rank + 1), tf.int32, ragged_rank=ragged_rank) for _ in range(segments)]
-            bert_pack_inputs.get_concrete_function(specs, seq_length=tf.TensorSpec([], tf.int32))
+            # As `_save` lists it again (positional, named): found traced, not traced twice.
+            bert_pack_inputs.get_concrete_function(specs, tf.TensorSpec([], tf.int32, name="seq_length"))
     root.bert_pack_inputs = _holding(tokenizer)
     root.bert_pack_inputs.__call__ = bert_pack_inputs
     signatures = {"serving_default": root.__call__.get_concrete_function()}
@@ -427,6 +431,15 @@ def _serving_signature(config, model):
     return make_task(configs.config_from_dict(config, config.get("name", "run"))).serving_signature(model)
 
 
+def _save(build, arguments, path):
+    """Saves the object and signatures `build(*arguments)` returns, traced in the save's own context, so that
+    `tf.saved_model.save` finds its functions already traced instead of tracing each again (it does when they
+    were traced outside it: the variable policy of the save options is part of a trace's cache key)."""
+    with save_context.save_context(SAVE_OPTIONS):
+        root, signatures = build(*arguments)
+    tf.saved_model.save(root, path, signatures=signatures, options=SAVE_OPTIONS)
+
+
 def _write_version(staged, encoder, model, vocabulary, export):
     """Writes hub/ (encoder, preprocess, tarball, keras), serving/ and models.config of a
     version into `staged.folder` (local)."""
@@ -439,10 +452,8 @@ def _write_version(staged, encoder, model, vocabulary, export):
     hub_dir, serving_dir = os.path.join(folder, "hub"), os.path.join(folder, "serving")
     pretrainer = model if hasattr(model, "masked_lm_logits") else None
     infer = inference(encoder)  # traced once, for the hub encoder and the serving model
-    encoder_root, signatures = hub_encoder(encoder, vocab_copy, export["lowercase"], pretrainer, infer)
-    tf.saved_model.save(encoder_root, os.path.join(hub_dir, "encoder"), signatures=signatures)
-    preprocess, signatures = hub_preprocessor(tokenizer, export["seq_length"])
-    tf.saved_model.save(preprocess, os.path.join(hub_dir, "preprocess"), signatures=signatures)
+    _save(hub_encoder, (encoder, vocab_copy, export["lowercase"], pretrainer, infer), os.path.join(hub_dir, "encoder"))
+    _save(hub_preprocessor, (tokenizer, export["seq_length"]), os.path.join(hub_dir, "preprocess"))
     # Level 1: float weights hardly compress, and level 9 takes several times as long on them.
     with tarfile.open(os.path.join(hub_dir, "hub.tar.gz"), "w:gz", compresslevel=1) as archive:
         for name in ("encoder", "preprocess"):
@@ -450,11 +461,10 @@ def _write_version(staged, encoder, model, vocabulary, export):
     write_keras_preset(os.path.join(hub_dir, "keras"), model or encoder, vocab_copy, export["lowercase"], export["strip_accents"])
     signature = _serving_signature(export["config"], model) if model is not None else None
     if signature is None:  # no task model of its own to serve: the encoder's embeddings
-        served, signatures = serving_model(encoder, tokenizer, export["seq_length"], export["pooling"], infer)
+        _save(serving_model, (encoder, tokenizer, export["seq_length"], export["pooling"], infer), serving_dir)
     else:
-        served, signatures = task_serving_model(model, tokenizer, export["seq_length"], signature)
+        _save(task_serving_model, (model, tokenizer, export["seq_length"], signature), serving_dir)
     inputs = signature.texts if signature else ("text",)
-    tf.saved_model.save(served, serving_dir, signatures=signatures)
     write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"], export["seq_length"], inputs=inputs)
     with open(os.path.join(folder, commit.MODELS_CONFIG), "w") as file:
         file.write(models_config(export["model_name"]))

@@ -2,11 +2,13 @@
 export, serve, against a local Google Cloud Storage (`tests/gcs_fake.py`: gcp-storage-emulator
 behind a TLS proxy for www.googleapis.com and storage.googleapis.com).
 
-Every process works in an empty directory, which must stay empty: nothing of the run or the
-export goes through the local filesystem API (temporary files in the system's temp directory
+The killed process and the runs after it work in an empty directory, which must stay empty: nothing
+of the run or the export goes through the local filesystem API (temporary files in the system's temp directory
 are allowed: Keras' HDF5 weights and the exporter's staging folder are written there first).
 """
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -27,16 +29,6 @@ RUN, EXPORT = "gs://bucket/run", "gs://bucket/export"
 OVERRIDES = ["model.dropout=0.1", "model.attention_dropout=0.1", "training.train_steps=12", "training.steps_per_epoch=4",
              "training.steps_per_execution=2", "training.warmup_steps=2", "training.eval_batches=1"]
 TEXTS = ["The cat sat on the mat.", "A second, longer sentence about the weather in the mountains today.", "Hello!"]
-
-SERVE_SCRIPT = r"""
-import sys
-sys.modules["tensorflow_text"] = None  # as stock TF Serving: core ops only
-import numpy as np
-import tensorflow as tf
-
-serving = tf.saved_model.load(sys.argv[1])  # straight from gs://
-np.save(sys.argv[2], serving.signatures["serving_default"](text=tf.constant(sys.argv[3:]))["embedding"].numpy())
-"""
 
 
 def _train_command(run_dir):
@@ -73,12 +65,6 @@ def _reference_embeddings(run, texts):
     sequence = np.asarray(pretrainer.encoder({"input_word_ids": ids, "input_mask": mask, "input_type_ids": np.zeros_like(ids)},
                                              training=False)["sequence_output"])
     return (sequence * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
-
-
-def _run(command, cwd, env):
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 def _kill_after_the_first_checkpoint(command, cwd, env):
@@ -137,36 +123,45 @@ def test_gfile_on_the_fake_gcs_behaves_as_on_the_local_filesystem(gcs, tmp_path)
     assert "storage.googleapis.com" in {request["host"] for request in gcs.requests()}
 
 
+def _in_process(main, argv, cwd):
+    """A CLI's `main` run here, in the empty directory `cwd`; what it printed."""
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.chdir(cwd)
+        assert main(argv) == 0
+    return printed.getvalue()
+
+
 @pytest.fixture(scope="module")
 def gcs_run(gcs, tmp_path_factory):
-    """The run on gs://: killed after its first checkpoint, restarted to the end, exported, served
-    from gs:// in a fresh process; an uninterrupted local run of the same config beside it."""
+    """The run on gs://: killed (SIGKILL) in its own process after its first checkpoint, restarted
+    to the end, exported and served from gs://; an uninterrupted local run of the same config beside
+    it. Only the killed run needs a process of its own: the rest runs here, through the CLIs' `main`."""
+    from concise_attention.cli import export
+    from concise_attention.cli import train as train_cli
     from concise_attention.training.backends.trainer import train
 
     root = tmp_path_factory.mktemp("gcs")
     cwd, local = root / "cwd", root / "local"
     cwd.mkdir()
     train(configs.load_config("tiny_bert_fixed", OVERRIDES), local / "run", verbose=0)
-    env = {**os.environ, "PYTHONPATH": REPOSITORY}
     requests = {}
-    killed = _kill_after_the_first_checkpoint(_train_command(RUN), cwd, env)
+    killed = _kill_after_the_first_checkpoint(_train_command(RUN), cwd, {**os.environ, "PYTHONPATH": REPOSITORY})
     requests["first"] = len(gcs.requests())
-    second = _run(_train_command(RUN), cwd, env)
+    printed = _in_process(train_cli.main, _train_command(RUN)[3:], cwd)
     requests["second"] = len(gcs.requests())
-    exported = _run([sys.executable, "-m", "concise_attention.cli.export", "--run", RUN, "--out", EXPORT], cwd, env)
-    # A fresh process without PYTHONPATH: it cannot import this package, only load the SavedModel.
-    _run([sys.executable, "-c", SERVE_SCRIPT, f"{EXPORT}/serving/1", root / "served.npy", *TEXTS], cwd, {**os.environ})
+    exported = _in_process(export.main, ["--run", RUN, "--out", EXPORT], cwd)
+    serving = tf.saved_model.load(f"{EXPORT}/serving/1")  # straight from gs://
+    served = serving.signatures["serving_default"](text=tf.constant(TEXTS))["embedding"].numpy()
 
     weights = {"gs": _weights(RUN), "local": _weights(local / "run")}
     with tf.io.gfile.GFile(f"{RUN}/metrics.json") as file:
         metrics = {"gs": json.loads(file.read())}
-    metrics.update({"local": json.loads((local / "run" / "metrics.json").read_text()),
-                    "printed": json.loads(second.stdout[second.stdout.index("{"):])})
-    listing = {"run": sorted(tf.io.gfile.listdir(RUN)), "export": sorted(tf.io.gfile.listdir(EXPORT)),
-               "written": json.loads(exported.stdout)}
+    metrics.update({"local": json.loads((local / "run" / "metrics.json").read_text()), "printed": json.loads(printed[printed.index("{"):])})
+    listing = {"run": sorted(tf.io.gfile.listdir(RUN)), "export": sorted(tf.io.gfile.listdir(EXPORT)), "written": json.loads(exported)}
     log = gcs.requests()
     return {"root": root, "cwd": cwd, "local": local / "run", "killed": killed, "weights": weights, "metrics": metrics,
-            "listing": listing, "served": np.load(root / "served.npy"), "log": log, "requests": requests}
+            "listing": listing, "served": served, "log": log, "requests": requests}
 
 
 @pytest.mark.slow
@@ -178,7 +173,7 @@ def test_run_killed_on_gcs_resumes_to_the_uninterrupted_local_result_bit_for_bit
         np.testing.assert_array_equal(ours, reference, err_msg=str(index))
     assert gcs_run["metrics"]["gs"] == gcs_run["metrics"]["local"] == gcs_run["metrics"]["printed"]
     assert gcs_run["metrics"]["gs"]["step"] == 12
-    # The restarted process read its checkpoint back from gs:// (an object read, not a local copy).
+    # The restarted run read its checkpoint back from gs:// (an object read, not a local copy).
     restarted = gcs_run["log"][gcs_run["requests"]["first"]:gcs_run["requests"]["second"]]
     assert any(r["host"] == "storage.googleapis.com" and r["path"].startswith("/bucket/run%2Fcheckpoint%2F") for r in restarted)
     # ... and reused the vocabulary the killed one had trained into gs://bucket/run/vocab.txt (its fingerprint matched).

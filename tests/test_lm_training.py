@@ -33,7 +33,9 @@ def test_deep_single_head_with_admin_trains_without_diverging(packed_corpus):
     model = config.build_model()
     variances = model.initialize_admin({name: value[:16] for name, value in packed.items()})
     assert len(variances) == 2 * config.model.num_layers
-    losses = fit_language_model(model, packed, steps=300, learning_rate=1e-3, warmup_steps=30, jit_compile=False)
+    # 120 steps (most of the time is the first trace of 16 layers): the loss falls 7.17 -> 5.53, past the warm-up
+    # and 90 steps at the full learning rate.
+    losses = fit_language_model(model, packed, steps=120, learning_rate=1e-3, warmup_steps=30, jit_compile=False)
     assert np.all(np.isfinite(losses))
     assert losses[-1] < losses[0] - 0.7, losses  # it learns the text, it does not merely survive
     assert max(losses[len(losses) // 2 :]) < losses[0]  # and never climbs back up
