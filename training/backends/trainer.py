@@ -282,6 +282,10 @@ def _train(config, run_dir, verbose, preemption):
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     loop = _MultiWorkerLoop(model, strategy, train_data, eval_data) if multi_worker else None
     if step < training.train_steps:
+        with strategy.scope():
+            # Built here, not inside the first trace of the train step: a tf.function that creates variables
+            # is traced twice.
+            model.optimizer.build(model.trainable_variables)
         with warnings.catch_warnings():
             # Heads a task does not train (the pooler under the masked LM) get no gradients.
             warnings.filterwarnings("ignore", message=r"Gradients do not exist for variables")
