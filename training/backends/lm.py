@@ -47,6 +47,7 @@ def fit_language_model(
         loss=TokenCrossEntropy(),
         jit_compile=jit_compile,
     )
+    model.optimizer.build(model.trainable_variables)  # here, not in the first trace (which would then run twice)
     recorder = _BatchLosses()
     model.fit(
         inputs, labels[order], sample_weight=weights[order], batch_size=batch_size, epochs=steps // steps_per_point,
