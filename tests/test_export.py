@@ -390,8 +390,10 @@ def test_readme_loading_examples_run(exported):
     workdir.mkdir(exist_ok=True)
     (workdir / "exported").symlink_to(exported["root"] / "out")
     root = str(pathlib.Path(__file__).resolve().parents[1])  # the package, as `pip install -e .` puts it on the path
-    for example in examples:
-        _fresh_python(example, cwd=workdir, env={**os.environ, "PYTHONPATH": root})
+    (workdir / "examples.json").write_text(json.dumps(examples))
+    # One fresh process runs them one after the other, each in a namespace of its own (as a new script).
+    script = "import json, sys\nfor example in json.load(open(sys.argv[1])):\n    exec(compile(example, 'example', 'exec'), {'__name__': '__main__'})\n"
+    _fresh_python(script, workdir / "examples.json", cwd=workdir, env={**os.environ, "PYTHONPATH": root})
 
 
 # --- Versions, atomicity, errors (a small untrained run, exported in-process) ---
