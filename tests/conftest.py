@@ -14,13 +14,13 @@ import pytest  # noqa: E402
 
 # pytest.ini runs the suite in one process per core, one test file per process at a time (`-n auto --dist loadfile`,
 # module fixtures built once). Files start longest first, so that no process is left alone with a long file
-# at the end: seconds per file in one of 2 processes, 2-core CPU, 2026-11-27 (`pytest --durations=0`); files not
-# listed take under 50 s and follow in their usual order.
+# at the end: seconds per file in one of 2 processes, 2-core CPU with nothing else running, 2026-11-27 (`pytest
+# --durations=0`, summed per file); files not listed take under 35 s and follow in their usual order.
 LONGEST_FILES = {
-    "test_reproducibility": 597, "test_export": 490, "test_hf_export": 313, "test_gcs": 234, "test_distill": 167,
-    "test_trainer": 147, "test_mlm": 100, "test_finetuning": 94, "test_quickstart": 88, "test_precision": 84,
-    "test_results": 80, "test_collaborative_conversion": 77, "test_lm_training": 72, "test_errors": 63,
-    "test_prepared_data": 60, "test_collaborative_protocol": 57, "test_shipped": 54, "test_configs": 53,
+    "test_reproducibility": 208, "test_export": 158, "test_distill": 150, "test_trainer": 150, "test_hf_export": 149,
+    "test_finetuning": 87, "test_quickstart": 83, "test_gcs": 79, "test_mlm": 73, "test_collaborative_conversion": 68,
+    "test_results": 64, "test_precision": 61, "test_prepared_data": 54, "test_configs": 53, "test_errors": 50,
+    "test_collaborative_protocol": 47, "test_shipped": 41, "test_lm_training": 39,
 }
 
 
