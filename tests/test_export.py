@@ -637,15 +637,35 @@ def test_export_refuses_language_models_and_bad_lengths(small_run, tmp_path):
     assert config["model_type"] == "bert"
 
 
-def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path):
+def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path, monkeypatch):
     """A run trained at 24 serves at 24 unless told otherwise (at 128 its answers to long texts would
-    differ from the trainer's); a length outside [3, max] is refused before anything is written."""
+    differ from the trainer's); a length outside [3, max] is refused before anything is written. Saving
+    traces nothing again: TensorFlow's save traces anew what was traced outside its save context (the
+    tokenizer's packing and the encoder were once traced twice per export)."""
     from concise_attention.export.savedmodels import export_run
+    from concise_attention.models.bert import BertEncoder
+    from concise_attention.training.preprocessing.text import WordPieceModule
 
+    saving, traced_while_saving = [], []
+    for owner, name in ((tf.saved_model, "save"), (WordPieceModule, "pack"), (BertEncoder, "call")):
+        original = getattr(owner, name)
+
+        def wrapped(*args, _original=original, _name=name, **kwargs):
+            if _name == "save":
+                saving.append(1)
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    saving.pop()
+            traced_while_saving.extend([_name] if saving else [])
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapped)
     config = json.loads((small_run / "config.json").read_text())
     config["training"]["sequence_length"] = 24
     (small_run / "config.json").write_text(json.dumps(config))
     written = export_run(small_run, tmp_path / "out")
+    assert traced_while_saving == []
     assert json.loads((pathlib.Path(written["serving"]) / "assets.extra" / "export.json").read_text())["seq_length"] == 24
     for bad in (0, 2, 10_000, True):
         with pytest.raises(ValueError, match="seq_length"):

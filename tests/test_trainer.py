@@ -57,9 +57,15 @@ def test_schedule_is_linear_warmup_then_rsqrt():
     np.testing.assert_allclose(rates, [1e-5, 5e-4, 1e-3, 5e-4, 1e-4], rtol=1e-5)
 
 
-def test_one_step_on_mock_lm1b(tmp_path):
+def test_one_step_on_mock_lm1b_with_one_trace_of_the_train_step(tmp_path, monkeypatch):
+    """One step on tfds' mock LM1B, its train step traced once: without a tf.distribute strategy Keras 3 builds the
+    optimizer inside the first trace, and a tf.function that creates variables is traced twice (seconds of Python
+    per trace), so the trainer builds it first."""
     import tensorflow_datasets as tfds
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
+    traces, original = [], TensorFlowTrainer.train_step
+    monkeypatch.setattr(TensorFlowTrainer, "train_step", lambda self, data: traces.append(1) or original(self, data))
     config = configs.load_config(
         "tiny_lm",
         [*TINY, "task.dataset=lm1b", "training.train_steps=1", "training.steps_per_epoch=1", "training.eval_batches=1",
@@ -69,6 +75,7 @@ def test_one_step_on_mock_lm1b(tmp_path):
         metrics = train(config, tmp_path / "run", verbose=0)
     assert metrics["step"] == 1 and np.isfinite(metrics["eval_loss"])
     assert (tmp_path / "run" / "model.weights.h5").is_file() and (tmp_path / "run" / "vocab.txt").is_file()
+    assert len(traces) == 1
 
 
 def test_training_lowers_the_loss_and_logs(tmp_path):
