@@ -646,21 +646,21 @@ def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path
     from concise_attention.models.bert import BertEncoder
     from concise_attention.training.preprocessing.text import WordPieceModule
 
-    saving, traced_while_saving = [], []
-    for owner, name in ((tf.saved_model, "save"), (WordPieceModule, "pack"), (BertEncoder, "call")):
-        original = getattr(owner, name)
+    saving, traced_while_saving, save = [False], [], tf.saved_model.save
 
-        def wrapped(*args, _original=original, _name=name, **kwargs):
-            if _name == "save":
-                saving.append(1)
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    saving.pop()
-            traced_while_saving.extend([_name] if saving else [])
-            return _original(*args, **kwargs)
+    def recorded_save(*args, **kwargs):
+        saving[0] = True
+        try:
+            return save(*args, **kwargs)
+        finally:
+            saving[0] = False
 
-        monkeypatch.setattr(owner, name, wrapped)
+    def recorded(name, original):
+        return lambda *args, **kwargs: (traced_while_saving.append(name) if saving[0] else None) or original(*args, **kwargs)
+
+    monkeypatch.setattr(tf.saved_model, "save", recorded_save)
+    for owner, name in ((WordPieceModule, "pack"), (BertEncoder, "call")):
+        monkeypatch.setattr(owner, name, recorded(name, getattr(owner, name)))
     config = json.loads((small_run / "config.json").read_text())
     config["training"]["sequence_length"] = 24
     (small_run / "config.json").write_text(json.dumps(config))

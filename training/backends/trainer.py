@@ -283,8 +283,8 @@ def _train(config, run_dir, verbose, preemption):
     loop = _MultiWorkerLoop(model, strategy, train_data, eval_data) if multi_worker else None
     if step < training.train_steps:
         with strategy.scope():
-            # Built here, not inside the first trace of the train step: a tf.function that creates variables
-            # is traced twice.
+            # Built here, for fit and the multi-worker loop alike, not inside the first trace of the train step:
+            # a tf.function that creates variables is traced twice.
             model.optimizer.build(model.trainable_variables)
         with warnings.catch_warnings():
             # Heads a task does not train (the pooler under the masked LM) get no gradients.
@@ -379,9 +379,7 @@ class _MultiWorkerLoop:
     def __init__(self, model, strategy, train_data, eval_data):
         self.model, self.strategy = model, strategy
         self.train_iterator = iter(strategy.experimental_distribute_dataset(train_data))
-        self.eval_data = strategy.experimental_distribute_dataset(eval_data)
-        with strategy.scope():
-            model.optimizer.build(model.trainable_variables)
+        self.eval_data = strategy.experimental_distribute_dataset(eval_data)  # the optimizer: built by `_train`
 
     def _loss(self, inputs, labels, weights, training):
         outputs = self.model(inputs, training=training)
