@@ -20,12 +20,15 @@ def machine_name():
 
 
 def commit():
-    """(the checkout's commit, whether its tree was clean), ("unknown", False) outside a git checkout."""
+    """(the checkout's commit, whether its tree was clean), ("unknown", False) outside a git checkout.
+    Clean means no tracked file differs from the commit outside benchmarks/results/: the results a study
+    writes as it goes (its CSV gains a row per run) do not make the code that measures them another."""
     def git(*arguments):
-        return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
     try:
-        return git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no") == ""
+        changed = git("diff", "HEAD", "--name-only", "--", ".", ":(exclude)benchmarks/results").split()
+        return git("rev-parse", "HEAD").strip(), not changed
     except (OSError, subprocess.CalledProcessError):
         return "unknown", False
 

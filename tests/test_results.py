@@ -329,3 +329,24 @@ def test_the_paired_table_differences_students_seed_by_seed():
         f"{(rows['student a_s0']['recall_at_10'] - 0.02) / 2:+.3f} |"
     with pytest.raises(ValueError, match="no seed was measured for both 'a' and 'c'"):
         distill_eval.paired(rows, "a", "c")
+
+
+def test_a_row_is_clean_when_only_results_differ_from_its_commit(tmp_path, monkeypatch):
+    """A study writes its CSV row by row: that leaves the code the commit's ("clean"); any other change does
+    not. Checked against git's own view in a throwaway repository."""
+    import subprocess
+
+    provenance = _benchmark_module("provenance")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results" / "study.csv").write_text("a\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for arguments in (["init", "-q"], ["add", "."], ["commit", "-qm", "first"]):
+        subprocess.run([*git, *arguments], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
+    assert provenance.commit() == (head, True)
+    (tmp_path / "benchmarks" / "results" / "study.csv").write_text("a\nrow\n")
+    assert provenance.commit() == (head, True)
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert provenance.commit() == (head, False)
