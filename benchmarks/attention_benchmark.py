@@ -18,7 +18,6 @@ Writes a JSON record (hardware, versions, every timing) next to the printed tabl
 """
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -32,6 +31,7 @@ import numpy as np  # noqa: E402
 from concise_attention.models import CollaborativeAttention  # noqa: E402
 from concise_attention.models import FixedHeadSizeAttention  # noqa: E402
 from concise_attention.models import StandardAttention  # noqa: E402
+from concise_attention.training.files import write_json_atomically  # noqa: E402
 
 
 def _compiled_step(layer, inputs, call_kwargs):
@@ -99,6 +99,31 @@ def _cases(batch, length):
     ]
 
 
+def _timed_rounds(steps, rounds, iterations):
+    """{case: {"ours": [seconds per round], "reference": [...]}}, the two sides interleaved round by round."""
+    timings = {name: {"ours": [], "reference": []} for name, *_ in steps}
+    print(f"timing {len(steps)} pairs x {rounds} rounds x {iterations} steps ...", flush=True)
+    for round_index in range(rounds):
+        for name, _, ours_step, _, reference_step in steps:
+            # Alternate which side goes first, so neither always gets the warmer cache.
+            order = [("ours", ours_step), ("reference", reference_step)]
+            for side, step in order if round_index % 2 == 0 else order[::-1]:
+                timings[name][side].append(_time(step, iterations))
+    return timings
+
+
+def _row(name, ours, reference, timings, args):
+    """One case's medians and ratio; with the query/key FLOPs of a collaborative layer against its standard one."""
+    ours_ms, reference_ms = statistics.median(timings["ours"]) * 1e3, statistics.median(timings["reference"]) * 1e3
+    row = {"case": name, "ours_ms": ours_ms, "reference_ms": reference_ms, "speed_ratio": reference_ms / ours_ms}
+    if isinstance(ours, CollaborativeAttention) and isinstance(reference, StandardAttention):
+        ours_flops = ours.query_key_flops(args.length) * args.batch
+        reference_flops = reference.query_key_flops(args.length) * args.batch
+        row.update(query_key_gflops=ours_flops / 1e9, reference_query_key_gflops=reference_flops / 1e9,
+                   query_key_flop_reduction=reference_flops / ours_flops)
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=8)
@@ -122,26 +147,8 @@ def main():
         ours_step(), reference_step()  # compile
         steps.append((name, ours, ours_step, reference, reference_step))
 
-    timings = {name: {"ours": [], "reference": []} for name, *_ in steps}
-    print(f"timing {len(steps)} pairs x {args.rounds} rounds x {args.iterations} steps ...", flush=True)
-    for round_index in range(args.rounds):
-        for name, _, ours_step, _, reference_step in steps:
-            # Alternate which side goes first, so neither always gets the warmer cache.
-            order = [("ours", ours_step), ("reference", reference_step)]
-            for side, step in order if round_index % 2 == 0 else order[::-1]:
-                timings[name][side].append(_time(step, args.iterations))
-
-    rows = []
-    for name, ours, _, reference, _ in steps:
-        ours_ms = statistics.median(timings[name]["ours"]) * 1e3
-        reference_ms = statistics.median(timings[name]["reference"]) * 1e3
-        row = {"case": name, "ours_ms": ours_ms, "reference_ms": reference_ms, "speed_ratio": reference_ms / ours_ms}
-        if isinstance(ours, CollaborativeAttention) and isinstance(reference, StandardAttention):
-            ours_flops = ours.query_key_flops(args.length) * args.batch
-            reference_flops = reference.query_key_flops(args.length) * args.batch
-            row.update(query_key_gflops=ours_flops / 1e9, reference_query_key_gflops=reference_flops / 1e9,
-                       query_key_flop_reduction=reference_flops / ours_flops)
-        rows.append(row)
+    timings = _timed_rounds(steps, args.rounds, args.iterations)
+    rows = [_row(name, ours, reference, timings[name], args) for name, ours, _, reference, _ in steps]
 
     print(f"\nbackend={backend} batch={args.batch} length={args.length} forward+backward, XLA, median of {args.rounds} rounds")
     print(f"{'case':62s} {'ours ms':>9s} {'ref ms':>9s} {'ref/ours':>9s} {'q/k FLOPs ref/ours':>19s}")
@@ -162,10 +169,7 @@ def main():
     }
     out = args.out or os.path.join(os.path.dirname(__file__), "results", f"attention_{backend}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    temporary = out + ".tmp"
-    with open(temporary, "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(temporary, out)
+    write_json_atomically(out, record)
     print(f"\nwrote {out}")
 
 

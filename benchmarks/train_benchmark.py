@@ -97,6 +97,32 @@ def _model_flops_per_token(model, layers, width, length, vocabulary):
     return 6 * non_embedding + 12 * layers * length * width + 6 * vocabulary * width
 
 
+def _pipeline_tokens_per_second(length, batch, batches=200):
+    """Tokens per second the input pipeline delivers on the shipped corpus (vocabulary trained on it, cached)."""
+    lines = corpus_lines("sample", split="train")
+    vocabulary = train_wordpiece(list(lines()), 2000, os.path.join(RESULTS, "cache", "sample_corpus_vocab.txt"))
+    iterator = iter(language_model_dataset(lines, wordpiece_tokenizer(vocabulary), length, batch, training=True))
+    next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batches * batch * length / (time.perf_counter() - start)
+
+
+def _print_table(record):
+    args, rows = record["args"], record["rows"]
+    print(f"\n{record['backend']} backend, batch {args['batch']} x length {args['length']}, width {args['width']}, "
+          f"{args['layers']} layers, {args['heads']} heads, vocabulary {args['vocabulary']}")
+    print(f"{'model':28s} {'params':>10s} {'ms/step':>9s} {'tokens/s':>10s} {'vs GPT-2':>9s} {'MFU':>7s}")
+    for row in rows:
+        print(f"{row['model']:28s} {row['parameters']:10,d} {row['step_ms']:9.1f} {row['tokens_per_second']:10.0f} "
+              f"{row['speed_vs_gpt2']:9.3f} {row['mfu']:7.1%}")
+    fastest = max(row["tokens_per_second"] for row in rows)
+    pipeline = record["pipeline_tokens_per_second"]
+    print(f"large matmul: {record['matmul_peak_gflops']:.1f} GFLOP/s; input pipeline: {pipeline:,.0f} tokens/s "
+          f"= {pipeline / fastest:.1f}x what the fastest training step consumes")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--width", type=int, default=256)
@@ -137,17 +163,7 @@ def main():
             seconds[name].append(timers[name]())
     peak = _matmul_flops_per_second()
 
-    # Input pipeline on the shipped corpus (vocabulary trained on it, cached).
-    lines = corpus_lines("sample", split="train")
-    vocabulary = train_wordpiece(list(lines()), 2000, os.path.join(RESULTS, "cache", "sample_corpus_vocab.txt"))
-    dataset = language_model_dataset(lines, wordpiece_tokenizer(vocabulary), args.length, args.batch, training=True)
-    iterator = iter(dataset)
-    next(iterator)
-    start = time.perf_counter()
-    batches = 200
-    for _ in range(batches):
-        next(iterator)
-    pipeline_tokens_per_second = batches * args.batch * args.length / (time.perf_counter() - start)
+    pipeline_tokens_per_second = _pipeline_tokens_per_second(args.length, args.batch)
 
     tokens_per_step = args.batch * args.length
     rows = []
@@ -163,14 +179,7 @@ def main():
               "tensorflow": tf.__version__, "keras": keras.__version__, "keras_hub": keras_hub.__version__,
               "matmul_peak_gflops": peak / 1e9, "pipeline_tokens_per_second": pipeline_tokens_per_second, "rows": rows,
               "raw_seconds": seconds}
-    print(f"\n{backend} backend, batch {args.batch} x length {args.length}, width {args.width}, {args.layers} layers, {args.heads} heads, vocabulary {args.vocabulary}")
-    print(f"{'model':28s} {'params':>10s} {'ms/step':>9s} {'tokens/s':>10s} {'vs GPT-2':>9s} {'MFU':>7s}")
-    for row in rows:
-        print(f"{row['model']:28s} {row['parameters']:10,d} {row['step_ms']:9.1f} {row['tokens_per_second']:10.0f} "
-              f"{row['speed_vs_gpt2']:9.3f} {row['mfu']:7.1%}")
-    fastest = max(row["tokens_per_second"] for row in rows)
-    print(f"large matmul: {peak / 1e9:.1f} GFLOP/s; input pipeline: {pipeline_tokens_per_second:,.0f} tokens/s "
-          f"= {pipeline_tokens_per_second / fastest:.1f}x what the fastest training step consumes")
+    _print_table(record)
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, f"train_{backend}.json")
     write_json_atomically(path, record)
