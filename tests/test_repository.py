@@ -263,3 +263,17 @@ def test_a_wheel_of_the_checkout_holds_one_import_name(tmp_path):
     entry_points = zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("entry_points.txt"))).decode()
     targets = re.findall(r"= (\S+):main", entry_points)
     assert len(targets) == 7 and all(target.startswith("concise_attention.cli.") or target == "concise_attention.training.backends.prepare_data" for target in targets), targets
+
+
+def test_the_package_alone_loads_no_tensorflow_and_lends_the_sentence_encoder_on_first_use():
+    """`import concise_attention` stays light (models/ is keras only); `concise_attention.SentenceEncoder`, the README's
+    first example, imports its module when first asked for; an unknown name is an AttributeError as usual."""
+    import subprocess
+    import sys
+
+    code = ("import sys, concise_attention as c; light = 'tensorflow' not in sys.modules; "
+            "from concise_attention import SentenceEncoder; "
+            "from concise_attention.training.inference.embeddings import SentenceEncoder as Where; "
+            "print(light, SentenceEncoder is Where, hasattr(c, 'NoSuchThing'), c.__all__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, timeout=300)
+    assert result.stdout.split("\n")[-2] == "True True False ['SentenceEncoder']", result.stderr[-2000:]

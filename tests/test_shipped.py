@@ -91,3 +91,33 @@ def test_the_model_cards_probe_figure_holds_for_the_shipped_weights(name):
         probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=3000)).fit(train_x, train_y)
         accuracy = np.mean(probe.predict(dev_x) == np.array(dev_y))
     assert abs(accuracy - stated) <= 0.01, (accuracy, stated)
+
+
+def test_the_readmes_three_lines_print_the_shipped_encoders_embeddings(capsys):
+    """The README's first example, run as written (`from concise_attention import SentenceEncoder`): what it prints
+    is what it says, and its cosines are those of the shipped Keras encoder mean-pooled in numpy over Hugging Face
+    `tokenizers` ids (an independent tokenizer), cut to the 64 tokens the preset was distilled at."""
+    import ast
+    import re
+
+    from test_hf_export import hugging_face_ids
+
+    from concise_attention.models.bert import BertEncoder
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "from concise_attention import SentenceEncoder" in block)
+    namespace = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    out = capsys.readouterr().out.strip()
+    assert f"prints `{out}`" in readme, out
+    name, texts = re.search(r'from_preset\("([^"]+)"\)', example).group(1), re.search(r"encode\((\[.*?\])\)", example).group(1)
+    assert namespace["encoder"].sequence_length == 64
+    encoder = BertEncoder.from_preset(name)
+    vocabulary = pathlib.Path(presets.SHIPPED_DIR) / name / "assets" / "tokenizer" / "vocabulary.txt"
+    pooled = []
+    for ids in hugging_face_ids(vocabulary, ast.literal_eval(texts), 64, strip_accents=True):
+        inputs = {"input_word_ids": np.array([ids]), "input_mask": np.ones((1, len(ids)), "int32"), "input_type_ids": np.zeros((1, len(ids)), "int32")}
+        pooled.append(np.asarray(encoder(inputs, training=False)["sequence_output"])[0].mean(0))
+    unit = np.array(pooled) / np.linalg.norm(pooled, axis=1, keepdims=True)
+    np.testing.assert_allclose(namespace["vectors"], unit, atol=2e-5)
+    assert out == f"{unit.shape} float32 {(unit @ unit.T)[0].round(2)}"
