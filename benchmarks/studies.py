@@ -349,6 +349,13 @@ def _save(figure, path):
     os.replace(temporary, path)
 
 
+def _commit(row):
+    """The short commit a row was measured with, marked where tracked code differed from it ("-": rows measured
+    before rows recorded their commit)."""
+    head = row.get("commit") or "-"
+    return head if head in ("-", "unknown") else head[:7] + ("" if row.get("clean") == "True" else " + changes")
+
+
 def _span(values):
     values = sorted(set(values))
     return values[0] if len(values) == 1 else f"{values[0]} to {values[-1]}"
@@ -484,10 +491,10 @@ def markdown(study, rows):
     the data each run saw (steps, tokens, whether a token was seen twice) and where and when."""
     import numpy as np
 
-    points = sorted(_mean_by_label(rows).values(), key=lambda p: (p["attention"] != "standard", int(p["width"]), int(p["heads"]), p["label"]))
+    points = sorted(_mean_by_label(rows).values(), key=lambda p: (p["attention"] != "standard", int(p["width"]), int(p["heads"]), int(p["head_size"]), int(p["steps"]), p["label"]))
     lines = ["| model | attention | width | layers x heads | head size | D~k | parameters (non-embedding) | seeds | "
-             "held-out perplexity per subword (min-max) | per word | steps | tokens seen | seen twice | minutes per run | date | machine |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "held-out perplexity per subword (min-max) | per word | steps | tokens seen | seen twice | minutes per run | date | machine | commit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         group = [r for r in rows if r["label"] == p["label"]]
         spread = f" ({p['low']:.1f}-{p['high']:.1f})" if p["seeds"] > 1 else ""
@@ -499,7 +506,8 @@ def markdown(study, rows):
                      f"{p['layers']} x {p['heads']} | {p['head_size']} | {p['shared_key_dim'] or '-'} | "
                      f"{int(p['parameters']):,} ({int(p['non_embedding_parameters']):,}) | {p['seeds']} | {p['perplexity']:.2f}{spread} | "
                      f"{word:,.0f} | {_span(r['steps'] for r in group)} | {tokens} | {twice} | "
-                     f"{minutes:.1f} | {_span(r['date'] for r in group)} | {' / '.join(sorted({r['machine'] for r in group}))} |")
+                     f"{minutes:.1f} | {_span(r['date'] for r in group)} | {' / '.join(sorted({r['machine'] for r in group}))} | "
+                     f"{' / '.join(sorted({_commit(r) for r in group}))} |")
     if study == "tokens":
         lines += ["", *(_trend_verdict(rows, label) for label in TREND_MODELS if label != TREND_BASELINE)]
     return "\n".join(lines)

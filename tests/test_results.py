@@ -57,6 +57,18 @@ def test_readme_study_table_is_the_committed_data(study):
     assert f"{relative}/{study}.png" in README
 
 
+def test_the_tokens_table_and_its_trend_are_the_committed_data():
+    """The gap-against-tokens table (several budgets, so not the one-budget checks above), its trend lines and
+    plot are what `studies.py --markdown` makes of the committed rows; every row names its commit."""
+    studies = _benchmark_module("studies")
+    rows = studies.read_rows("tokens", studies.LARGE_STUDIES_DIR)
+    assert {row["label"] for row in rows} <= set(studies.STUDIES["tokens"]) and rows
+    assert all(re.fullmatch(r"[0-9a-f]{40}", row["commit"]) and row["clean"] in ("True", "False") for row in rows)
+    assert {row["seen_twice"] for row in rows} == {"False"}
+    assert studies.markdown("tokens", rows) in README
+    assert "benchmarks/results/studies_large/tokens.png" in README and (studies.LARGE_STUDIES_DIR / "tokens.png").is_file()
+
+
 @pytest.fixture(scope="module")
 def canary_losses(tmp_path_factory):
     """studies.canary_losses of a study, the sample prepared once and each model trained once."""
