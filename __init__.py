@@ -20,4 +20,8 @@ def __getattr__(name):
     """The names of `_LAZY`, imported on first use (PEP 562): they load TensorFlow, the package alone does not."""
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'concise_attention' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])

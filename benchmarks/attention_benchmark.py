@@ -18,6 +18,7 @@ Writes a JSON record (hardware, versions, every timing) next to the printed tabl
 """
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -31,7 +32,6 @@ import numpy as np  # noqa: E402
 from concise_attention.models import CollaborativeAttention  # noqa: E402
 from concise_attention.models import FixedHeadSizeAttention  # noqa: E402
 from concise_attention.models import StandardAttention  # noqa: E402
-from concise_attention.training.files import write_json_atomically  # noqa: E402
 
 
 def _compiled_step(layer, inputs, call_kwargs):
@@ -169,7 +169,10 @@ def main():
     }
     out = args.out or os.path.join(os.path.dirname(__file__), "results", f"attention_{backend}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    write_json_atomically(out, record)
+    temporary = out + ".tmp"  # not training.files: it imports TensorFlow, which a JAX timing run must not load
+    with open(temporary, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(temporary, out)
     print(f"\nwrote {out}")
 
 

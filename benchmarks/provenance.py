@@ -42,7 +42,12 @@ def command_line(script, argv):
     return " ".join([f"python {script}", *map(shown, argv)])
 
 
-def record():
-    """{date, machine, commit, clean}: the fields every results file and row carries."""
+def record(since=None):
+    """{date, machine, commit, clean}: the fields every results file and row carries. With `since`, the record()
+    taken when the measurement began: the commit is the one it began from (the code it loaded), clean only if the
+    tree was clean at both ends and the commit did not move in between."""
     head, clean = commit()
-    return {"date": time.strftime("%Y-%m-%d"), "machine": machine_name(), "commit": head, "clean": clean}
+    fields = {"date": time.strftime("%Y-%m-%d"), "machine": machine_name(), "commit": head, "clean": clean}
+    if since is not None:
+        fields.update(commit=since["commit"], clean=clean and since["clean"] and head == since["commit"])
+    return fields

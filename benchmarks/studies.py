@@ -272,13 +272,13 @@ def train_run(corpus, preset, overrides, seed, threads=None):
     metrics_path = run_dir / "metrics.json"
     if metrics_path.is_file() and json.loads(metrics_path.read_text())["step"] >= config.training.train_steps:
         return json.loads(metrics_path.read_text())
-    start = time.perf_counter()
+    start, began = time.perf_counter(), provenance.record()
     try:
         metrics = train(config, run_dir, verbose=0)
     except Preempted:
         os._exit(75)  # SIGTERM (the parent died): the step reached is checkpointed; run the script again
     metrics["seconds"] = time.perf_counter() - start
-    metrics.update(provenance.record())  # date, machine, commit, clean
+    metrics.update(provenance.record(since=began))  # date, machine, the commit trained from, clean throughout
     metrics_path.write_text(json.dumps(metrics, indent=1))
     return metrics
 
@@ -353,7 +353,7 @@ def _commit(row):
     """The short commit a row was measured with, marked where tracked code differed from it ("-": rows measured
     before rows recorded their commit)."""
     head = row.get("commit") or "-"
-    return head if head in ("-", "unknown") else head[:7] + ("" if row.get("clean") == "True" else " + changes")
+    return "-" if head in ("-", "unknown") else head[:7] + ("" if row.get("clean") == "True" else " + changes")
 
 
 def _span(values):

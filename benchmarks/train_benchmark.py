@@ -109,6 +109,16 @@ def _pipeline_tokens_per_second(length, batch, batches=200):
     return batches * batch * length / (time.perf_counter() - start)
 
 
+def _timed_rounds(timers, rounds):
+    """{model: [seconds of each round]}, the models' order reversed every other round."""
+    seconds = {name: [] for name in timers}
+    print(f"timing {len(timers)} models x {rounds} rounds ...", flush=True)
+    for round_index in range(rounds):
+        for name in (list(timers) if round_index % 2 == 0 else list(timers)[::-1]):
+            seconds[name].append(timers[name]())
+    return seconds
+
+
 def _print_table(record):
     args, rows = record["args"], record["rows"]
     print(f"\n{record['backend']} backend, batch {args['batch']} x length {args['length']}, width {args['width']}, "
@@ -156,15 +166,8 @@ def main():
     for name, model in models.items():
         inputs = tokens if name.startswith("keras-hub") else packed
         timers[name] = _train_step_timer(model, inputs, labels, args.iterations)
-    seconds = {name: [] for name in models}
-    print(f"timing {len(models)} models x {args.rounds} rounds ...", flush=True)
-    for round_index in range(args.rounds):
-        for name in (list(models) if round_index % 2 == 0 else list(models)[::-1]):
-            seconds[name].append(timers[name]())
-    peak = _matmul_flops_per_second()
-
-    pipeline_tokens_per_second = _pipeline_tokens_per_second(args.length, args.batch)
-
+    seconds = _timed_rounds(timers, args.rounds)
+    peak, pipeline_tokens_per_second = _matmul_flops_per_second(), _pipeline_tokens_per_second(args.length, args.batch)
     tokens_per_step = args.batch * args.length
     rows = []
     reference = statistics.median(seconds["keras-hub GPT2Backbone"])

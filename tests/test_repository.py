@@ -274,6 +274,7 @@ def test_the_package_alone_loads_no_tensorflow_and_lends_the_sentence_encoder_on
     code = ("import sys, concise_attention as c; light = 'tensorflow' not in sys.modules; "
             "from concise_attention import SentenceEncoder; "
             "from concise_attention.training.inference.embeddings import SentenceEncoder as Where; "
-            "print(light, SentenceEncoder is Where, hasattr(c, 'NoSuchThing'), c.__all__)")
+            "assert 'SentenceEncoder' in dir(c); print(light, SentenceEncoder is Where, hasattr(c, 'NoSuchThing'), c.__all__)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, timeout=300)
-    assert result.stdout.split("\n")[-2] == "True True False ['SentenceEncoder']", result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines() or [""]
+    assert lines[-1] == "True True False ['SentenceEncoder']", result.stderr[-2000:]

@@ -9,6 +9,7 @@ benchmarks/results/collaborative_protocol.json (`python benchmarks/collaborative
 
 import importlib.util
 import json
+import os
 import pathlib
 import re
 
@@ -176,12 +177,10 @@ def test_readme_retrieval_table_is_the_committed_data():
 
 
 @pytest.mark.parametrize("name", ["serving_benchmark", "serving_student"])
-def test_the_serving_tables_are_the_committed_data(name):
+def test_the_serving_tables_are_the_committed_data(name, monkeypatch):
     """The docs' serving tables are `serving_benchmark.py --markdown` of the committed files, and the shipped
     student's served speed-ups over its teacher are those files' ratios (the same run, batch 32 and 1)."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # serving_benchmark imports provenance, beside it
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # serving_benchmark imports provenance, beside it
     record = json.loads((RESULTS / f"{name}.json").read_text())
     assert _benchmark_module("serving_benchmark").table(record) in README
     if name == "serving_student":
@@ -361,20 +360,34 @@ def test_the_paired_table_differences_students_seed_by_seed():
 
 def test_a_row_is_clean_when_only_results_differ_from_its_commit(tmp_path, monkeypatch):
     """A study writes its CSV row by row: that leaves the code the commit's ("clean"); any other change does
-    not. Checked against git's own view in a throwaway repository."""
+    not, staged or not, an edit or a deletion; a measurement whose checkout moved to another commit while it
+    ran is not clean either. Checked against git's own view in a throwaway repository."""
     import subprocess
 
     provenance = _benchmark_module("provenance")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)  # no user hooks, signing or templates
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
-    (tmp_path / "code.py").write_text("x = 1\n")
-    (tmp_path / "benchmarks" / "results" / "study.csv").write_text("a\n")
+    for name in ("code.py", "other.py", "benchmarks/results/study.csv"):
+        (tmp_path / name).write_text("x = 1\n")
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
-    for arguments in (["init", "-q"], ["add", "."], ["commit", "-qm", "first"]):
-        subprocess.run([*git, *arguments], check=True)
-    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+    def run(*arguments):
+        return subprocess.run([*git, *arguments], check=True, capture_output=True, text=True).stdout.strip()
+
+    run("init", "-q"), run("add", "."), run("commit", "-qm", "first")
+    head = run("rev-parse", "HEAD")
     monkeypatch.setattr(provenance, "ROOT", tmp_path)
-    assert provenance.commit() == (head, True)
-    (tmp_path / "benchmarks" / "results" / "study.csv").write_text("a\nrow\n")
+    began = provenance.record()
+    assert provenance.commit() == (head, True) and began["commit"] == head and began["clean"]
+    (tmp_path / "benchmarks" / "results" / "study.csv").write_text("x = 1\nrow\n")
     assert provenance.commit() == (head, True)
     (tmp_path / "code.py").write_text("x = 2\n")
     assert provenance.commit() == (head, False)
+    run("add", "code.py")  # staged
+    assert provenance.commit() == (head, False)
+    run("reset", "-q", "--hard")
+    (tmp_path / "other.py").unlink()
+    assert provenance.commit() == (head, False)
+    run("rm", "-q", "other.py"), run("commit", "-qm", "second")  # the checkout moved while a run trained
+    assert provenance.commit() == (run("rev-parse", "HEAD"), True)
+    assert {key: provenance.record(since=began)[key] for key in ("commit", "clean")} == {"commit": head, "clean": False}
