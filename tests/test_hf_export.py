@@ -93,6 +93,13 @@ def hugging_face_ids(vocabulary, texts, seq_length, lowercase=True, strip_accent
     return [[cls] + encoding.ids[: seq_length - 2] + [sep] for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
+def keras_mean_pooled(encoder, ids):
+    """A Keras `BertEncoder`'s token vectors averaged over each id list, one text at a time (no padding)."""
+    return np.stack([np.asarray(encoder({"input_word_ids": np.array([row]), "input_mask": np.ones((1, len(row)), "int32"),
+                                         "input_type_ids": np.zeros((1, len(row)), "int32")}, training=False)["sequence_output"])[0].mean(0)
+                     for row in ids])
+
+
 def cosines(a, b):
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 

@@ -65,6 +65,7 @@ def _assert_similarities_as_printed(out):
     Hugging Face `tokenizers` ids, the shipped encoder's its Keras encoder with numpy pooling on the
     same ids; under both every paraphrase scores above every unrelated pair."""
     from test_hf_export import hugging_face_ids
+    from test_hf_export import keras_mean_pooled
     from test_hf_export import reference_embeddings
 
     from concise_attention.models import presets
@@ -79,9 +80,7 @@ def _assert_similarities_as_printed(out):
     teacher = pathlib.Path(default_teacher())
     texts = [text for pair in SIMILARITY_PAIRS for text in pair]
     ids = hugging_face_ids(teacher / "vocab.txt", texts, 128, strip_accents=True)
-    encoder = BertEncoder.from_preset(name)
-    student = np.stack([np.asarray(encoder({"input_word_ids": np.array([row]), "input_mask": np.ones((1, len(row)), "int32"),
-                                            "input_type_ids": np.zeros((1, len(row)), "int32")})["sequence_output"])[0].mean(0) for row in ids])
+    student = keras_mean_pooled(BertEncoder.from_preset(name), ids)
     for column, embeddings in ((1, student), (2, reference_embeddings(teacher, ids))):
         unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
         expected = (unit[0::2] * unit[1::2]).sum(1)

@@ -101,6 +101,7 @@ def test_the_readmes_three_lines_print_the_shipped_encoders_embeddings(capsys):
     import re
 
     from test_hf_export import hugging_face_ids
+    from test_hf_export import keras_mean_pooled
 
     from concise_attention.models.bert import BertEncoder
 
@@ -112,12 +113,8 @@ def test_the_readmes_three_lines_print_the_shipped_encoders_embeddings(capsys):
     assert f"prints `{out}`" in readme, out
     name, texts = re.search(r'from_preset\("([^"]+)"\)', example).group(1), re.search(r"encode\((\[.*?\])\)", example).group(1)
     assert namespace["encoder"].sequence_length == 64
-    encoder = BertEncoder.from_preset(name)
     vocabulary = pathlib.Path(presets.SHIPPED_DIR) / name / "assets" / "tokenizer" / "vocabulary.txt"
-    pooled = []
-    for ids in hugging_face_ids(vocabulary, ast.literal_eval(texts), 64, strip_accents=True):
-        inputs = {"input_word_ids": np.array([ids]), "input_mask": np.ones((1, len(ids)), "int32"), "input_type_ids": np.zeros((1, len(ids)), "int32")}
-        pooled.append(np.asarray(encoder(inputs, training=False)["sequence_output"])[0].mean(0))
-    unit = np.array(pooled) / np.linalg.norm(pooled, axis=1, keepdims=True)
+    pooled = keras_mean_pooled(BertEncoder.from_preset(name), hugging_face_ids(vocabulary, ast.literal_eval(texts), 64, strip_accents=True))
+    unit = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
     np.testing.assert_allclose(namespace["vectors"], unit, atol=2e-5)
     assert out == f"{unit.shape} float32 {(unit @ unit.T)[0].round(2)}"
