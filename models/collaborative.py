@@ -107,14 +107,7 @@ def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, f
         error of the stacked tensor, query/key parameters and FLOPs (per example at
         `flops_length`) before and after, and seconds.
     """
-    _check_convertible(layer)
-    heads, head_size = layer.num_heads, layer.query_dense.kernel.shape[-1]
-    exact = heads * head_size
-    if isinstance(shared_key_dim, bool) or not isinstance(shared_key_dim, int) or not 1 <= shared_key_dim <= exact:
-        raise ValueError(
-            f"`shared_key_dim` must be an integer in [1, num_heads * head_size = {exact}] for layer {layer.name!r}. "
-            f"Received: shared_key_dim={shared_key_dim!r}"
-        )
+    exact = _check_shared_key_dim(layer, shared_key_dim)
     start = time.perf_counter()
     tensor = query_key_tensor(layer)
     if shared_key_dim == exact:
@@ -131,13 +124,25 @@ def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, f
         "shared_key_dim": shared_key_dim,
         "relative_error": error,
         "query_key_parameters_before": 2 * input_size * exact + (2 * exact if layer.use_bias else 0),
-        "query_key_parameters_after": (2 * input_size + heads) * shared_key_dim + input_size * heads,
+        "query_key_parameters_after": (2 * input_size + layer.num_heads) * shared_key_dim + input_size * layer.num_heads,
         "flops_length": flops_length,
         "query_key_flops_before": layer.query_key_flops(flops_length),
         "query_key_flops_after": converted.query_key_flops(flops_length),
         "seconds": time.perf_counter() - start,
     }
     return converted, report
+
+
+def _check_shared_key_dim(layer, shared_key_dim):
+    """num_heads * head_size of a convertible `layer`, once `shared_key_dim` is checked against it."""
+    _check_convertible(layer)
+    exact = layer.num_heads * layer.query_dense.kernel.shape[-1]
+    if isinstance(shared_key_dim, bool) or not isinstance(shared_key_dim, int) or not 1 <= shared_key_dim <= exact:
+        raise ValueError(
+            f"`shared_key_dim` must be an integer in [1, num_heads * head_size = {exact}] for layer {layer.name!r}. "
+            f"Received: shared_key_dim={shared_key_dim!r}"
+        )
+    return exact
 
 
 def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progress=True):
@@ -160,6 +165,8 @@ def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progr
     arguments = {key: value for key, value in model.get_config().items() if key not in ("name", "trainable", "dtype")}
     arguments["attention"] = {"type": "collaborative", "head_size": head_size, "shared_key_dim": shared_key_dim,
                               "mixing_initializer": "concatenate"}
+    for block in model.blocks:  # every layer checked before the first is converted (or a progress bar shown)
+        _check_shared_key_dim(block.attention, shared_key_dim)
     converted_layers = []
     for index, block in enumerate(tqdm(model.blocks, desc=f"CP rank {shared_key_dim}", disable=not progress)):
         converted_layers.append(convert_attention(block.attention, shared_key_dim, seed + index, n_iter_max, tol))

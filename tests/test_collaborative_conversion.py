@@ -165,11 +165,27 @@ def _run_dir(tmp_path):
     return tmp_path / "run", model.encoder
 
 
-def _cli(*arguments):
+def _cli(*arguments, process=False):
+    """`concise-collaborative` with `arguments`: (returncode, stdout, stderr) in this process, or in a
+    process of its own (`process=True`: the command as a user runs it, tested once)."""
+    import contextlib
+    import io
     import subprocess
     import sys
+    import types
 
-    return subprocess.run([sys.executable, "-m", "concise_attention.cli.collaborative", *map(str, arguments)], capture_output=True, text=True, timeout=300)
+    from concise_attention.cli import collaborative
+
+    argv = [str(argument) for argument in arguments]
+    if process:
+        return subprocess.run([sys.executable, "-m", "concise_attention.cli.collaborative", *argv], capture_output=True, text=True, timeout=300)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = collaborative.main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_command_converts_a_run_and_the_result_reloads(tmp_path):
@@ -178,7 +194,7 @@ def test_command_converts_a_run_and_the_result_reloads(tmp_path):
     from concise_attention.models import BUILDERS
 
     run, model = _run_dir(tmp_path)
-    result = _cli("--run", run, "--ratio", 1.0, "--out", tmp_path / "out")
+    result = _cli("--run", run, "--ratio", 1.0, "--out", tmp_path / "out", process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "transformer_layer_1: D~k=32" in result.stdout
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
@@ -202,7 +218,7 @@ def test_bad_requests_fail_clearly_and_write_nothing(tmp_path, arguments, messag
 
     run, _ = _run_dir(tmp_path)
     result = _cli("--run", run, *arguments, "--out", tmp_path / "out")
-    assert result.returncode == 2 and re.search(message, result.stderr), result.stderr[-2000:]
+    assert result.returncode == 2 and re.search(message, result.stderr) and result.stderr.strip().count("\n") == 0, result.stderr[-2000:]
     assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["run"]
 
 
@@ -225,8 +241,8 @@ def test_wrong_checkpoint_and_existing_output_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path, capsys):
-    """Train a tiny LM, convert it at half the key dimension (the converter's CLI in its own process), fine-tune
-    the result with the normal trainer (its CLI in-process: its own process is tested elsewhere)."""
+    """Train a tiny LM, convert it at half the key dimension, fine-tune the result with the normal trainer
+    (both CLIs in this process: their own processes are tested elsewhere)."""
     import json
 
     from concise_attention.cli import train as train_cli

@@ -3,8 +3,6 @@
 import dataclasses
 import inspect
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -192,14 +190,11 @@ def test_model_config_round_trips_through_the_builder():
         assert type(model)(**model.get_config()).get_config() == model.get_config()
 
 
-def test_command_line_prints_the_resolved_config():
-    result = subprocess.run(
-        [sys.executable, "-m", "concise_attention.configs", "bert_d512_p128_h8", "--set", "model.num_heads=12"],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "num_heads: 12" in result.stdout
-    parameters = int(result.stdout.rsplit("parameters:", 1)[1].replace(",", ""))
+def test_command_line_prints_the_resolved_config(capsys):
+    configs.main(["bert_d512_p128_h8", "--set", "model.num_heads=12"])
+    out = capsys.readouterr().out
+    assert "num_heads: 12" in out
+    parameters = int(out.rsplit("parameters:", 1)[1].replace(",", ""))
     assert parameters == pytest.approx(193e6, rel=0.01)
 
 
