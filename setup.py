@@ -43,7 +43,7 @@ setuptools.setup(
     install_requires=[
         "tensorflow>=2.20,<2.21",
         "keras>=3.10,<4",
-        "keras-hub>=0.29",  # WordPiece vocabulary training (training/preprocessing/tokenizer.py), the GLUE pair packer
+        "keras-hub>=0.29",  # WordPiece vocabulary training (training/preprocessing/tokenizer.py)
         "tensorflow-text>=2.20,<2.21",  # what keras-hub's WordPiece vocabulary training runs on
         "tensorflow-datasets>=4.9",  # GLUE and SQuAD readers
         "tensorly>=0.8",  # the CP decomposition of collaborative conversion

@@ -207,8 +207,10 @@ def test_invalid_utf8_is_replaced_as_python_decodes_it(minilm_dir, minilm_tokeni
 
 def test_training_interface_and_keras_hub_packer(minilm_dir, minilm_tokenizer):
     """What training/data/pipeline.py uses: ids of a batch or of one line, token_to_id,
-    vocabulary_size, and keras-hub's MultiSegmentPacker inside tf.data."""
+    vocabulary_size, and the segment-pair packer inside tf.data, equal to keras-hub's MultiSegmentPacker."""
     import keras_hub
+
+    from concise_attention.training.data.pipeline import segment_pair_packer
 
     tokenizer = minilm_tokenizer
     assert tokenizer.vocabulary_size() == 30522
@@ -222,11 +224,50 @@ def test_training_interface_and_keras_hub_packer(minilm_dir, minilm_tokenizer):
     ids = {text: encoding.ids for text, encoding in zip(sum(texts, []), encodings)}
     packer = keras_hub.layers.MultiSegmentPacker(16, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
     pairs = tf.data.Dataset.from_tensor_slices(texts).batch(2)
-    token_ids, segment_ids = next(iter(pairs.map(lambda pair: packer((tokenizer(pair[:, 0]), tokenizer(pair[:, 1]))))))
-    for row, (first, second) in enumerate(texts):
-        packed = [101] + ids[first] + [102] + ids[second] + [102]
-        assert token_ids.numpy()[row].tolist() == packed + [0] * (16 - len(packed))
-        assert segment_ids.numpy()[row].tolist() == [0] * (len(ids[first]) + 2) + [1] * (len(ids[second]) + 1) + [0] * (16 - len(packed))
+    ours = next(iter(pairs.map(segment_pair_packer(tokenizer, 16))))
+    keras_hubs = next(iter(pairs.map(lambda pair: packer((tokenizer(pair[:, 0]), tokenizer(pair[:, 1]))))))
+    for token_ids, segment_ids in (ours, keras_hubs):
+        for row, (first, second) in enumerate(texts):
+            packed = [101] + ids[first] + [102] + ids[second] + [102]
+            assert token_ids.numpy()[row].tolist() == packed + [0] * (16 - len(packed))
+            assert segment_ids.numpy()[row].tolist() == [0] * (len(ids[first]) + 2) + [1] * (len(ids[second]) + 1) + [0] * (16 - len(packed))
+
+
+def test_pack_equals_keras_hubs_packer_on_random_segments(minilm_tokenizer):
+    """`WordPieceModule.pack` (dense positions, what training, the preprocessor and serving pack with) against
+    keras-hub's MultiSegmentPacker with round-robin truncation: 1 or 2 segments of words or of pieces, empty rows
+    and batches, int32 and int64 ids, lengths from 3 to beyond every row, in eager and in a traced function."""
+    import keras_hub
+
+    module, rng = minilm_tokenizer.module, np.random.default_rng(0)
+
+    def segment(rows, words):
+        lengths = rng.integers(0, 20, rows)
+        pieces = rng.integers(1000, 30000, lengths.sum()).astype(rng.choice(["int32", "int64"]))
+        flat = tf.RaggedTensor.from_row_lengths(pieces, lengths)
+        if not words:
+            return flat, flat
+        splits = [sorted(set(rng.integers(0, length + 1, 3).tolist()) | {0, int(length)}) for length in lengths]
+        word_lengths = [np.diff(split).tolist() for split in splits]
+        return tf.RaggedTensor.from_nested_row_lengths(pieces, [[len(w) for w in word_lengths], sum(word_lengths, [])]), flat
+
+    for trial in range(24):
+        rows = int(rng.integers(0, 5))
+        segments, flats = zip(*(segment(rows, trial % 3 == 0) for _ in range(1 + trial % 2)))
+        seq_length = int(rng.integers(len(segments) + 1, 48))
+        packer = keras_hub.layers.MultiSegmentPacker(seq_length, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
+        token_ids, segment_ids = packer(tuple(tf.cast(flat, tf.int32) for flat in flats))
+        packs = [module.pack(list(segments), seq_length)]
+        if trial % 4 == 0:
+            packs.append(tf.function(lambda *segments: module.pack(list(segments), seq_length))(*segments))
+        for packed in packs:
+            if rows == 0:  # keras-hub gives shape (0,) here
+                assert {tuple(packed[name].shape) for name in packed} == {(0, seq_length)}
+                continue
+            np.testing.assert_array_equal(packed["input_word_ids"].numpy(), np.asarray(token_ids), err_msg=str(trial))
+            np.testing.assert_array_equal(packed["input_type_ids"].numpy(), np.asarray(segment_ids), err_msg=str(trial))
+            np.testing.assert_array_equal(packed["input_mask"].numpy(), (np.asarray(token_ids) != 0).astype("int32"))
+            assert {packed[name].dtype for name in packed} == {tf.int32}
 
 
 def test_bad_settings_and_vocabulary_are_named(minilm_dir, tmp_path):

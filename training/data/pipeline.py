@@ -281,15 +281,14 @@ def bert_masking(token_ids_BxT, key, vocabulary_size, mask_rate, max_predictions
 
 
 def segment_pair_packer(tokenizer, sequence_length):
-    """A function string pairs [B, 2] -> (token_ids, segment_ids) int [B, sequence_length]:
-    [CLS] A [SEP] B [SEP] by keras-hub's MultiSegmentPacker (round-robin truncation)."""
-    import keras_hub  # heavy; only the sentence-pair packer needs it
+    """A function string pairs [B, 2] -> (token_ids, segment_ids) int32 [B, sequence_length]:
+    [CLS] A [SEP] B [SEP], truncated round-robin (`WordPieceTokenizer.pack`, the exported preprocessor's)."""
 
-    packer = keras_hub.layers.MultiSegmentPacker(
-        sequence_length, start_value=tokenizer.token_to_id("[CLS]"), end_value=tokenizer.token_to_id("[SEP]"),
-        pad_value=tokenizer.token_to_id("[PAD]"), truncate="round_robin",
-    )
-    return lambda pairs_Bx2: packer((tokenizer(pairs_Bx2[:, 0]), tokenizer(pairs_Bx2[:, 1])))
+    def pack(pairs_Bx2):
+        inputs = tokenizer.pack([pairs_Bx2[:, 0], pairs_Bx2[:, 1]], sequence_length)
+        return inputs["input_word_ids"], inputs["input_type_ids"]
+
+    return pack
 
 
 def segment_pair_chunks(lines, tokenizer, sequence_length):
@@ -332,7 +331,7 @@ def masked_lm_dataset(
     """The batched tf.data pipeline of BERT masked-LM examples.
 
     Consecutive lines form a segment pair ([CLS] A [SEP] B [SEP], truncated round-robin
-    to `sequence_length` by keras-hub's MultiSegmentPacker); `bert_masking` picks
+    to `sequence_length` as the exported preprocessor packs them); `bert_masking` picks
     `mask_rate` of the real tokens (at most `max_predictions`) and replaces 80% of them by
     [MASK], 10% by a random token and keeps 10%. The masks of batch i are keyed on
     (seed, i): the same at every run, and a resumed run draws those it would have drawn.

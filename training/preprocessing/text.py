@@ -415,34 +415,30 @@ class WordPieceModule(tf.Module):
             # Round robin: one token to each segment in turn until the budget is spent.
             first = tf.minimum(lengths[0], tf.maximum((budget + 1) // 2, budget - lengths[1]))
             kept = [first, tf.minimum(lengths[1], budget - first)]
-        rows = tf.shape(lengths[0])[0]
-        cls = tf.fill([rows, 1], self.special_ids["[CLS]"])
-        sep = tf.fill([rows, 1], self.special_ids["[SEP]"])
-        parts, types = [tf.RaggedTensor.from_tensor(cls)], [tf.RaggedTensor.from_tensor(tf.zeros([rows, 1], tf.int32))]
-        for index, (segment, keep) in enumerate(zip(segments, kept)):
-            trimmed = tf.RaggedTensor.from_row_lengths(
-                tf.gather(segment.flat_values, _kept_indices(segment.row_splits, keep)), tf.cast(keep, segment.row_splits.dtype)
-            )
-            trimmed = tf.concat([tf.cast(trimmed, tf.int32), tf.RaggedTensor.from_tensor(sep)], axis=1)
-            parts.append(trimmed)
-            types.append(tf.ones_like(trimmed) * index)
-        word_ids = tf.concat(parts, axis=1)
-        type_ids = tf.concat(types, axis=1)
-        shape = tf.stack([rows, seq_length])
+        # Dense: position t of row b is [CLS], a kept piece of a segment, its [SEP] or [PAD] (no ragged ops:
+        # quick to trace, and a served request pays for B x seq_length positions only).
+        kept = [tf.maximum(keep, 0) for keep in kept]
+        position_BxT = tf.range(seq_length)[None, :]
+        word_BxT = tf.where(position_BxT + 0 * kept[0][:, None] == 0, self.special_ids["[CLS]"], self.special_ids["[PAD]"])
+        type_BxT = tf.zeros_like(word_BxT)
+        start_B = tf.ones_like(kept[0])  # segment 0 starts after [CLS]
+        for index, (segment, keep_B) in enumerate(zip(segments, kept)):
+            offset_BxT = position_BxT - start_B[:, None]
+            inside_BxT = (offset_BxT >= 0) & (offset_BxT < keep_B[:, None])
+            values = tf.concat([tf.cast(segment.flat_values, tf.int32), [0]], 0)  # + one value for the positions outside
+            first_B = tf.cast(segment.row_splits[:-1], tf.int32)
+            pieces_BxT = tf.gather(values, tf.where(inside_BxT, first_B[:, None] + offset_BxT, tf.size(values) - 1))
+            end_BxT = position_BxT == (start_B + keep_B)[:, None]
+            word_BxT = tf.where(end_BxT, self.special_ids["[SEP]"], tf.where(inside_BxT, pieces_BxT, word_BxT))
+            type_BxT = tf.where(inside_BxT | end_BxT, index, type_BxT)
+            start_B = start_B + keep_B + 1
         return {
-            "input_word_ids": tf.reshape(word_ids.to_tensor(self.special_ids["[PAD]"], shape=shape), shape),
-            "input_mask": tf.sequence_mask(word_ids.row_lengths(), seq_length, dtype=tf.int32),
-            "input_type_ids": tf.reshape(type_ids.to_tensor(0, shape=shape), shape),
+            "input_word_ids": word_BxT,
+            "input_mask": tf.cast(position_BxT < start_B[:, None], tf.int32),
+            "input_type_ids": type_BxT,
         }
 
 
 def _check_max_length(value, name="max_length"):
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"`{name}` must be a positive integer or None. Received: {name}={value!r}")
-
-
-def _kept_indices(row_splits, keep):
-    """Flat indices of the first `keep[i]` values of each row of a ragged tensor."""
-    keep = tf.cast(keep, row_splits.dtype)
-    offsets = tf.ragged.range(tf.zeros_like(keep), keep)
-    return (offsets + row_splits[:-1][:, None]).flat_values

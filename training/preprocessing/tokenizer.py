@@ -69,6 +69,11 @@ class WordPieceTokenizer:
         ids = self.module.token_ids(tf.reshape(text, [-1]))  # the module's tokenisation is a traced tf.function
         return ids[0] if text.shape.rank == 0 else ids
 
+    def pack(self, texts, sequence_length):
+        """BERT inputs of 1 or 2 segments (string [B] each): [CLS] A [SEP] (B [SEP]), truncated round-robin
+        and padded to `sequence_length`: the module's `pack`, as the exported preprocessor packs them."""
+        return self.module.pack([self(segment) for segment in texts], sequence_length)
+
     def token_to_id(self, token):
         if token not in self._ids:
             raise ValueError(f"Token not in the vocabulary. Received: token={token!r}")

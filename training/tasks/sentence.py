@@ -196,23 +196,12 @@ def _padded_eval(examples, labels, batch_size):
 
 
 def _packer(tokenizer, sequence_length, pairs):
-    """(texts, labels, weights) batches -> (encoder inputs, labels, weights), int32 (B, T)."""
-    import keras_hub  # heavy; only the pair packer needs it
-
-    special = {token: tokenizer.token_to_id(token) for token in ("[PAD]", "[CLS]", "[SEP]")}
-    packer = keras_hub.layers.MultiSegmentPacker(
-        sequence_length, start_value=special["[CLS]"], end_value=special["[SEP]"], pad_value=special["[PAD]"], truncate="round_robin",
-    )
+    """(texts, labels, weights) batches -> (encoder inputs, labels, weights), int32 (B, T): packed as the
+    exported preprocessor packs them (`WordPieceTokenizer.pack`)."""
 
     def pack(texts, labels, weights):
-        segments = (tokenizer(texts[0]), tokenizer(texts[1])) if pairs else (tokenizer(texts[0]),)
-        token_ids, segment_ids = packer(segments)
+        packed = tokenizer.pack([texts[0], texts[1]] if pairs else [texts[0]], sequence_length)
         shape = (labels.shape[0], sequence_length)  # static: the batches are cut with drop_remainder
-        inputs = {
-            "input_word_ids": tf.ensure_shape(tf.cast(token_ids, tf.int32), shape),
-            "input_mask": tf.ensure_shape(tf.cast(token_ids != special["[PAD]"], tf.int32), shape),
-            "input_type_ids": tf.ensure_shape(tf.cast(segment_ids, tf.int32), shape),
-        }
-        return inputs, labels, weights
+        return {name: tf.ensure_shape(value, shape) for name, value in packed.items()}, labels, weights
 
     return pack
