@@ -15,12 +15,13 @@ import pytest  # noqa: E402
 # pytest.ini runs the suite in one process per core, one test file per process at a time (`-n auto --dist loadfile`,
 # module fixtures built once). Files start longest first, so that no process is left alone with a long file
 # at the end: seconds per file in one of 2 processes, 2-core CPU with nothing else running, 2026-11-27 (`pytest
-# --durations=0`, summed per file); files not listed take under 35 s and follow in their usual order.
+# --durations=0`, summed per file); files not listed take under 30 s and follow in their usual order.
 LONGEST_FILES = {
-    "test_reproducibility": 208, "test_export": 158, "test_distill": 150, "test_trainer": 150, "test_hf_export": 149,
-    "test_finetuning": 87, "test_quickstart": 83, "test_gcs": 79, "test_mlm": 73, "test_collaborative_conversion": 68,
-    "test_results": 64, "test_precision": 61, "test_prepared_data": 54, "test_configs": 53, "test_errors": 50,
-    "test_collaborative_protocol": 47, "test_shipped": 41, "test_lm_training": 39,
+    "test_reproducibility": 163, "test_distill": 148, "test_hf_export": 125, "test_export": 114, "test_trainer": 105,
+    "test_quickstart": 75, "test_results": 65, "test_gcs": 63, "test_finetuning": 60, "test_configs": 55,
+    "test_mlm": 53, "test_prepared_data": 53, "test_precision": 51, "test_lm_training": 49, "test_errors": 48,
+    "test_collaborative_protocol": 45, "test_collaborative_conversion": 42, "test_shipped": 39, "test_text": 34,
+    "test_builders": 31,
 }
 
 
