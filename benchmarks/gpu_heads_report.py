@@ -4,9 +4,10 @@
     python benchmarks/gpu_heads_report.py --results DIR        # another collected study
 
 DIR holds what the GPU run gave back: study.json (`gpu_heads_study.sh collect`: each run's config
-and epoch logs, the held-out loss every `steps_per_epoch` steps), device.txt (the machine) and
-prepared_manifest.json (the shards' manifest: tokens per row, subwords per word). The runs trained
-at once on one GPU under a common time cap, so they reached different steps; the table compares
+and epoch logs, the held-out loss every `steps_per_epoch` steps), device.txt (the machine),
+prepared_manifest.json (the shards' manifest: tokens per row, subwords per word) and provenance.json
+(the commit the runs trained from). The runs trained at once on one GPU under a common time cap, so
+they reached different steps; the table compares
 them at the last step all reached (equal data and schedule) and at each run's own last step.
 Writes DIR/gpu_heads_study.csv (one row per run and evaluation) and DIR/gpu_heads_study.png.
 """
@@ -100,6 +101,17 @@ def main():
     text, common = markdown(table)
     plot(table, common, args.results / "gpu_heads_study.png", machine)
     print(text)
+    print(provenance_line(args.results))
+
+
+def provenance_line(results):
+    """Which code trained the runs (RESULTS/provenance.json, `gpu_heads_study.sh train` and `collect`)."""
+    path = results / "provenance.json"
+    if not path.exists():
+        return "Trained from: not recorded."
+    record = json.loads(path.read_text())
+    note = f"; {record['recorded']}" if "recorded" in record else ""
+    return f"Trained from commit {record['commit'][:7]} (tree clean: {record['clean']}), {record['date']}, {record['device']}{note}."
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@
 #   # 2. copy lm1b.tar.xz and this repository to the GPU machine (numpy, keras, jax), then
 #   python scripts/prepared_archive.py unpack lm1b.tar.xz prepared_lm1b  # checks every shard's hash
 #   bash scripts/gpu_heads_study.sh train prepared_lm1b runs_lm1b 20000 [--set KEY=VALUE ...]
-#   # 3. every run's settings, epoch logs (held-out loss per epoch) and final metrics in one file
+#   # 3. every run's settings, epoch logs (held-out loss per epoch) and final metrics in one file, and
+#   #    provenance.json beside it (the commit the runs trained from, whether the tree was clean, date, GPU)
 #   bash scripts/gpu_heads_study.sh collect runs_lm1b study.json
 #
 # Every run is resumable (run the same command again); each writes RUN/metrics.json with the
@@ -32,7 +33,7 @@ TRAIN_SECONDS=${TRAIN_SECONDS:-0}
 
 usage() {
     echo "usage: $0 prepare CORPUS_DIR PREPARED_DIR | train PREPARED_DIR RUNS_DIR STEPS [--set KEY=VALUE ...]" \
-         "| collect RUNS_DIR OUT_JSON" >&2
+         "| collect RUNS_DIR OUT_JSON | provenance RUNS_DIR" >&2
     exit 2
 }
 
@@ -43,6 +44,30 @@ import_checkout() {
     trap 'rm -rf "$package_parent"' EXIT
     ln -s "$(cd "$(dirname "$0")/.." && pwd)" "$package_parent/concise_attention"
     export PYTHONPATH="$package_parent${PYTHONPATH:+:$PYTHONPATH}"
+}
+
+record_provenance() {  # RUNS_DIR: RUNS_DIR/provenance.json, the code the runs train from, where and when
+    # A copy of the working tree without .git (a lent GPU machine's) takes its commit from the launcher:
+    # STUDY_COMMIT=$(git rev-parse HEAD) [STUDY_CLEAN=true|false].
+    python3 - "$(cd "$(dirname "$0")/.." && pwd)" "$1/provenance.json" <<'PYTHON'
+import json, os, subprocess, sys, time
+repo, out = sys.argv[1:]
+def run(*command):
+    try:
+        return subprocess.run(command, cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+commit = os.environ.get("STUDY_COMMIT") or run("git", "rev-parse", "HEAD") or "unknown"
+if os.environ.get("STUDY_COMMIT"):
+    clean = os.environ.get("STUDY_CLEAN", "unknown")
+else:
+    changed = run("git", "diff", "HEAD", "--name-only", "--", ".", ":(exclude)benchmarks/results")
+    clean = "unknown" if changed is None else str(changed == "").lower()
+device = (run("nvidia-smi", "-L") or "").split(" (UUID")[0] or "unknown"
+record = {"commit": commit, "clean": clean, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": device}
+with open(out, "w") as file:
+    json.dump(record, file, indent=1)
+PYTHON
 }
 
 train_one() {  # PRESET PREPARED_DIR RUNS_DIR STEPS [--set ...]
@@ -64,6 +89,7 @@ case "${1:-}" in
         [[ $# -ge 4 && $4 =~ ^[1-9][0-9]*$ && $JOBS =~ ^[1-9][0-9]*$ && $TRAIN_SECONDS =~ ^[0-9]+$ ]] || usage
         import_checkout
         mkdir -p "$3"
+        record_provenance "$3"
         preallocate=$( ((JOBS == 1)) && echo true || echo false)
         data=$2 runs=$3 steps=$4
         shift 4
@@ -74,6 +100,10 @@ case "${1:-}" in
             if ((running >= JOBS)); then wait -n || true; running=$((running - 1)); fi
         done
         wait
+        ;;
+    provenance)  # what `train` records first; for runs started otherwise
+        [[ $# -eq 2 && -d $2 ]] || usage
+        record_provenance "$2"
         ;;
     collect)
         [[ $# -eq 3 ]] || usage
@@ -90,9 +120,13 @@ for run in sorted(path for path in runs.iterdir() if (path / "config.json").exis
             entry["history"] = json.loads(str(saved["history"]))
     study[run.name] = entry
 out = pathlib.Path(sys.argv[2])
-temporary = out.with_name(f"{out.name}.tmp-{os.getpid()}")  # rewritten while runs train: never half-written
-temporary.write_text(json.dumps(study, indent=1))
-os.replace(temporary, out)
+written = {out: json.dumps(study, indent=1)}
+if (runs / "provenance.json").exists():  # which code trained them: beside the study, for the report
+    written[out.with_name("provenance.json")] = (runs / "provenance.json").read_text()
+for path, text in written.items():
+    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")  # rewritten while runs train: never half-written
+    temporary.write_text(text)
+    os.replace(temporary, path)
 print(f"{len(study)} runs -> {sys.argv[2]}")
 PYTHON
         ;;

@@ -113,6 +113,20 @@ def test_a_regenerated_table_was_trained_from_one_clean_commit(study):
     assert set(map(frozenset, seeds.values())) == {frozenset({0, 1, 2})} and set(seeds) == set(studies.STUDIES[study])
 
 
+@pytest.mark.parametrize("folder", ["gpu_heads", "gpu_heads_seed1"])
+def test_the_gpu_tables_name_the_commit_they_trained_from(folder):
+    """The GPU runs' provenance.json (written after the run for these two: the device's copy had no .git) names
+    a commit of this repository, and docs/results.md quotes the report's line for it."""
+    import subprocess
+
+    report = _benchmark_module("gpu_heads_report")
+    record = json.loads((RESULTS / folder / "provenance.json").read_text())
+    subprocess.run(["git", "cat-file", "-e", f"{record['commit']}^{{commit}}"], cwd=ROOT, check=True)
+    line = report.provenance_line(RESULTS / folder)
+    assert line.startswith(f"Trained from commit {record['commit'][:7]} (tree clean: unknown)")
+    assert f"commit {record['commit'][:7]}" in README
+
+
 def test_the_gap_trend_is_a_least_squares_line_over_seed_paired_points():
     """studies.trend on rows made from a hand-built gap (-2 % per decade of tokens, seed 1 0.2 % above seed 0):
     the slope, the intercept, the tokens where the line reaches 0; a seed or budget without its baseline is left

@@ -594,3 +594,15 @@ def test_gpu_heads_study_collect_reads_finished_runs_and_the_last_checkpoint_of_
     assert study["lm1b_standard_d256"] == {"config": {"name": "lm1b_standard_d256"}, "metrics": {"step": 600, "eval_loss": 4.0}}
     assert study["lm1b_fixed_d256_p32_h70"]["history"] == history
     assert [path.name for path in tmp_path.iterdir() if ".tmp-" in path.name] == []
+    assert not (tmp_path / "provenance.json").exists()  # none recorded: none invented
+    # `train` records the code first (`provenance`): from this checkout's git, or from the launcher where the
+    # copy has no .git; `collect` puts it beside the study, where the report reads it.
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(["bash", str(script), "provenance", str(runs)], check=True, capture_output=True)
+    assert json.loads((runs / "provenance.json").read_text())["commit"] == head
+    env = {**os.environ, "STUDY_COMMIT": "0123456789abcdef0123456789abcdef01234567", "STUDY_CLEAN": "true"}
+    subprocess.run(["bash", str(script), "provenance", str(runs)], check=True, capture_output=True, env=env)
+    subprocess.run(["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True)
+    record = json.loads((tmp_path / "provenance.json").read_text())
+    assert (record["commit"], record["clean"]) == (env["STUDY_COMMIT"], "true") and record["date"].startswith("20")
+    assert sorted(json.loads((tmp_path / "study.json").read_text())) == sorted(study)  # not a run
