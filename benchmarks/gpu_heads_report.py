@@ -111,7 +111,8 @@ def provenance_line(results):
         return "Trained from: not recorded."
     record = json.loads(path.read_text())
     note = f"; {record['recorded']}" if "recorded" in record else ""
-    return f"Trained from commit {record['commit'][:7]} (tree clean: {record['clean']}), {record['date']}, {record['device']}{note}."
+    later = "".join(f"; resumed from {entry['commit'][:7]} on {entry['date']}" for entry in record.get("later", []))
+    return f"Trained from commit {record['commit'][:7]} (tree clean: {record['clean']}), {record['date']}, {record['device']}{note}{later}."
 
 
 if __name__ == "__main__":

@@ -47,26 +47,36 @@ import_checkout() {
 }
 
 record_provenance() {  # RUNS_DIR: RUNS_DIR/provenance.json, the code the runs train from, where and when
-    # A copy of the working tree without .git (a lent GPU machine's) takes its commit from the launcher:
-    # STUDY_COMMIT=$(git rev-parse HEAD) [STUDY_CLEAN=true|false].
-    python3 - "$(cd "$(dirname "$0")/.." && pwd)" "$1/provenance.json" <<'PYTHON'
-import json, os, subprocess, sys, time
+    # This checkout's own git (tracked files decide "clean", as benchmarks/provenance.py); a copy of the tree
+    # without .git (a lent GPU machine's) takes its commit from the launcher: STUDY_COMMIT=$(git rev-parse HEAD)
+    # [STUDY_CLEAN=true|false]. Training again from another commit (a resumed study) adds it under "later".
+    python3 - "$(cd "$(dirname "$0")/.." && pwd -P)" "$1/provenance.json" <<'PYTHON'
+import json, os, re, subprocess, sys, time
 repo, out = sys.argv[1:]
 def run(*command):
     try:
         return subprocess.run(command, cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
-commit = os.environ.get("STUDY_COMMIT") or run("git", "rev-parse", "HEAD") or "unknown"
-if os.environ.get("STUDY_COMMIT"):
-    clean = os.environ.get("STUDY_CLEAN", "unknown")
-else:
+if run("git", "rev-parse", "--show-toplevel") == repo:  # its own repository, not one it sits in
     changed = run("git", "diff", "HEAD", "--name-only", "--", ".", ":(exclude)benchmarks/results")
-    clean = "unknown" if changed is None else str(changed == "").lower()
-device = (run("nvidia-smi", "-L") or "").split(" (UUID")[0] or "unknown"
-record = {"commit": commit, "clean": clean, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": device}
-with open(out, "w") as file:
+    commit, clean = run("git", "rev-parse", "HEAD"), "unknown" if changed is None else str(changed == "").lower()
+else:
+    commit, clean = os.environ.get("STUDY_COMMIT", "unknown"), os.environ.get("STUDY_CLEAN", "unknown")
+    if commit != "unknown" and not re.fullmatch(r"[0-9a-f]{40}", commit):
+        print(f"STUDY_COMMIT must be a full 40-character commit hash. Received: STUDY_COMMIT={commit!r}", file=sys.stderr)
+        sys.exit(2)
+gpus = [line.split(" (UUID")[0] for line in (run("nvidia-smi", "-L") or "").splitlines()]
+record = {"commit": commit, "clean": clean, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+          "device": "; ".join(gpus) or "unknown"}
+if os.path.exists(out):
+    first = json.load(open(out))
+    if record["commit"] == first["commit"]:
+        sys.exit(0)
+    record = {**first, "later": first.get("later", []) + [record]}
+with open(f"{out}.tmp-{os.getpid()}", "w") as file:
     json.dump(record, file, indent=1)
+os.replace(f"{out}.tmp-{os.getpid()}", out)
 PYTHON
 }
 
@@ -120,9 +130,11 @@ for run in sorted(path for path in runs.iterdir() if (path / "config.json").exis
             entry["history"] = json.loads(str(saved["history"]))
     study[run.name] = entry
 out = pathlib.Path(sys.argv[2])
-written = {out: json.dumps(study, indent=1)}
+written, provenance = {out: json.dumps(study, indent=1)}, out.with_name("provenance.json")
 if (runs / "provenance.json").exists():  # which code trained them: beside the study, for the report
-    written[out.with_name("provenance.json")] = (runs / "provenance.json").read_text()
+    written[provenance] = (runs / "provenance.json").read_text()
+elif provenance.exists():  # another study's: not these runs'
+    provenance.unlink()
 for path, text in written.items():
     temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")  # rewritten while runs train: never half-written
     temporary.write_text(text)

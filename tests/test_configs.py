@@ -190,8 +190,13 @@ def test_model_config_round_trips_through_the_builder():
         assert type(model)(**model.get_config()).get_config() == model.get_config()
 
 
-def test_command_line_prints_the_resolved_config(capsys):
-    configs.main(["bert_d512_p128_h8", "--set", "model.num_heads=12"])
+def test_command_line_prints_the_resolved_config(capsys, monkeypatch):
+    """`python -m concise_attention.configs` (its __main__ run in this process)."""
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["python -m concise_attention.configs", "bert_d512_p128_h8", "--set", "model.num_heads=12"])
+    runpy.run_module("concise_attention.configs", run_name="__main__")
     out = capsys.readouterr().out
     assert "num_heads: 12" in out
     parameters = int(out.rsplit("parameters:", 1)[1].replace(",", ""))

@@ -595,14 +595,34 @@ def test_gpu_heads_study_collect_reads_finished_runs_and_the_last_checkpoint_of_
     assert study["lm1b_fixed_d256_p32_h70"]["history"] == history
     assert [path.name for path in tmp_path.iterdir() if ".tmp-" in path.name] == []
     assert not (tmp_path / "provenance.json").exists()  # none recorded: none invented
-    # `train` records the code first (`provenance`): from this checkout's git, or from the launcher where the
-    # copy has no .git; `collect` puts it beside the study, where the report reads it.
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    subprocess.run(["bash", str(script), "provenance", str(runs)], check=True, capture_output=True)
-    assert json.loads((runs / "provenance.json").read_text())["commit"] == head
-    env = {**os.environ, "STUDY_COMMIT": "0123456789abcdef0123456789abcdef01234567", "STUDY_CLEAN": "true"}
-    subprocess.run(["bash", str(script), "provenance", str(runs)], check=True, capture_output=True, env=env)
-    subprocess.run(["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True)
-    record = json.loads((tmp_path / "provenance.json").read_text())
-    assert (record["commit"], record["clean"]) == (env["STUDY_COMMIT"], "true") and record["date"].startswith("20")
+    _check_provenance(script, runs, tmp_path)
     assert sorted(json.loads((tmp_path / "study.json").read_text())) == sorted(study)  # not a run
+
+
+def _check_provenance(script, runs, tmp_path):
+    """`train` records the code first (`provenance`): this checkout's git, or the launcher's STUDY_COMMIT in a copy
+    without .git; a later commit is added, not swapped in; `collect` puts it beside the study (or removes another's)."""
+    import json
+    import shutil
+
+    def provenance(folder, script=script, **env):
+        return subprocess.run(["bash", str(script), "provenance", str(folder)], capture_output=True, text=True,
+                              env={**os.environ, **env})
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    other = "0123456789abcdef0123456789abcdef01234567"
+    assert provenance(runs, STUDY_COMMIT=other).returncode == 0  # a git checkout: its own commit wins
+    assert json.loads((runs / "provenance.json").read_text())["commit"] == head
+    copy = tmp_path / "copy" / "scripts" / script.name  # the tree as a lent machine gets it: no .git
+    copy.parent.mkdir(parents=True)
+    shutil.copy(script, copy)
+    refused = provenance(runs, copy, STUDY_COMMIT="abc")
+    assert refused.returncode == 2 and "STUDY_COMMIT='abc'" in refused.stderr
+    assert provenance(runs, copy, STUDY_COMMIT=other, STUDY_CLEAN="true").returncode == 0  # resumed from other code
+    record = json.loads((runs / "provenance.json").read_text())
+    assert (record["commit"], [(later["commit"], later["clean"]) for later in record["later"]]) == (head, [(other, "true")])
+    subprocess.run(["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True)
+    assert json.loads((tmp_path / "provenance.json").read_text()) == record
+    (runs / "provenance.json").unlink()
+    subprocess.run(["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True)
+    assert not (tmp_path / "provenance.json").exists()

@@ -236,7 +236,8 @@ def test_training_interface_and_keras_hub_packer(minilm_dir, minilm_tokenizer):
 def test_pack_equals_keras_hubs_packer_on_random_segments(minilm_tokenizer):
     """`WordPieceModule.pack` (dense positions, what training, the preprocessor and serving pack with) against
     keras-hub's MultiSegmentPacker with round-robin truncation: 1 or 2 segments of words or of pieces, empty rows
-    and batches, int32 and int64 ids, lengths from 3 to beyond every row, in eager and in a traced function."""
+    and batches, int32 and int64 ids, lengths from the least that holds [CLS] and the [SEP]s to beyond every row,
+    in eager and in a traced function; a shorter length, or segments of unequal row counts, are refused."""
     import keras_hub
 
     module, rng = minilm_tokenizer.module, np.random.default_rng(0)
@@ -268,6 +269,14 @@ def test_pack_equals_keras_hubs_packer_on_random_segments(minilm_tokenizer):
             np.testing.assert_array_equal(packed["input_type_ids"].numpy(), np.asarray(segment_ids), err_msg=str(trial))
             np.testing.assert_array_equal(packed["input_mask"].numpy(), (np.asarray(token_ids) != 0).astype("int32"))
             assert {packed[name].dtype for name in packed} == {tf.int32}
+    pieces = [tf.ragged.constant([[5, 6], [7]]), tf.ragged.constant([[8], [9, 10]])]
+    with pytest.raises(ValueError, match="seq_length must be at least 3 for 2 segment"):
+        module.pack(pieces, 2)
+    traced = tf.function(lambda length: module.pack(pieces, length)["input_word_ids"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="seq_length must be at least 3"):
+        traced(tf.constant(2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="as many rows"):
+        module.pack([pieces[0], tf.ragged.constant([[8]])], 8)
 
 
 def test_bad_settings_and_vocabulary_are_named(minilm_dir, tmp_path):

@@ -406,7 +406,7 @@ class WordPieceModule(tf.Module):
         if not 1 <= len(segments) <= 2:
             raise ValueError(f"BERT packs 1 or 2 segments. Received: {len(segments)} segments")
         segments = [segment.merge_dims(1, -1) if segment.ragged_rank > 1 else segment for segment in segments]
-        seq_length = tf.cast(seq_length, tf.int32)
+        seq_length = self._checked_seq_length(seq_length, segments)
         budget = seq_length - 1 - len(segments)
         lengths = [tf.cast(segment.row_lengths(), tf.int32) for segment in segments]
         if len(segments) == 1:
@@ -417,7 +417,6 @@ class WordPieceModule(tf.Module):
             kept = [first, tf.minimum(lengths[1], budget - first)]
         # Dense: position t of row b is [CLS], a kept piece of a segment, its [SEP] or [PAD] (no ragged ops:
         # quick to trace, and a served request pays for B x seq_length positions only).
-        kept = [tf.maximum(keep, 0) for keep in kept]
         position_BxT = tf.range(seq_length)[None, :]
         word_BxT = tf.where(position_BxT + 0 * kept[0][:, None] == 0, self.special_ids["[CLS]"], self.special_ids["[PAD]"])
         type_BxT = tf.zeros_like(word_BxT)
@@ -437,6 +436,20 @@ class WordPieceModule(tf.Module):
             "input_mask": tf.cast(position_BxT < start_B[:, None], tf.int32),
             "input_type_ids": type_BxT,
         }
+
+    @staticmethod
+    def _checked_seq_length(seq_length, segments):
+        """seq_length as int32, once it leaves room for [CLS] and a [SEP] per segment and the segments have as many
+        rows (checked now when known, else when the graph runs): never rows cut short of their [SEP]."""
+        least, static = len(segments) + 1, tf.get_static_value(seq_length)
+        message = f"seq_length must be at least {least} for {len(segments)} segment(s) ([CLS] and a [SEP] each)"
+        if static is not None and int(static) < least:
+            raise ValueError(f"{message}. Received: seq_length={int(static)}")
+        checks = [] if static is not None else [tf.debugging.assert_greater_equal(tf.cast(seq_length, tf.int32), least, message=message)]
+        if len(segments) == 2:
+            checks.append(tf.debugging.assert_equal(segments[0].nrows(), segments[1].nrows(), message="the segments must have as many rows"))
+        with tf.control_dependencies(checks):
+            return tf.cast(seq_length, tf.int32) if static is not None else tf.identity(tf.cast(seq_length, tf.int32))
 
 
 def _check_max_length(value, name="max_length"):
