@@ -20,13 +20,16 @@ def machine_name():
 
 
 def commit():
-    """(the checkout's commit, whether its tree was clean), ("unknown", False) outside a git checkout.
-    Clean means no tracked file differs from the commit outside benchmarks/results/: the results a study
-    writes as it goes (its CSV gains a row per run) do not make the code that measures them another."""
+    """(the checkout's commit, whether its tree was clean), ("unknown", False) outside a git checkout of its own
+    (a copy of the tree without .git, even inside another repository). Clean means no tracked file differs from
+    the commit outside benchmarks/results/: the results a study writes as it goes (its CSV gains a row per run)
+    do not make the code that measures them another."""
     def git(*arguments):
         return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
     try:
+        if pathlib.Path(git("rev-parse", "--show-toplevel").strip()).resolve() != pathlib.Path(ROOT).resolve():
+            return "unknown", False
         changed = git("diff", "HEAD", "--name-only", "--", ".", ":(exclude)benchmarks/results").split()
         return git("rev-parse", "HEAD").strip(), not changed
     except (OSError, subprocess.CalledProcessError):

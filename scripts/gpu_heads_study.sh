@@ -47,26 +47,27 @@ import_checkout() {
 }
 
 record_provenance() {  # RUNS_DIR: RUNS_DIR/provenance.json, the code the runs train from, where and when
-    # This checkout's own git (tracked files decide "clean", as benchmarks/provenance.py); a copy of the tree
-    # without .git (a lent GPU machine's) takes its commit from the launcher: STUDY_COMMIT=$(git rev-parse HEAD)
-    # [STUDY_CLEAN=true|false]. Training again from another commit (a resumed study) adds it under "later".
+    # This checkout's own git, read as every results row reads it (benchmarks/provenance.py: tracked files decide
+    # "clean"); a copy of the tree without .git (a lent GPU machine's) takes its commit from the launcher:
+    # STUDY_COMMIT=$(git rev-parse HEAD) [STUDY_CLEAN=true|false]. Training again from another commit (a resumed
+    # study) adds it under "later".
     python3 - "$(cd "$(dirname "$0")/.." && pwd -P)" "$1/provenance.json" <<'PYTHON'
 import json, os, re, subprocess, sys, time
 repo, out = sys.argv[1:]
-def run(*command):
-    try:
-        return subprocess.run(command, cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-if run("git", "rev-parse", "--show-toplevel") == repo:  # its own repository, not one it sits in
-    changed = run("git", "diff", "HEAD", "--name-only", "--", ".", ":(exclude)benchmarks/results")
-    commit, clean = run("git", "rev-parse", "HEAD"), "unknown" if changed is None else str(changed == "").lower()
+sys.path.insert(0, os.path.join(repo, "benchmarks"))
+import provenance  # the standard library only
+commit, clean = provenance.commit()
+if commit != "unknown":
+    clean = str(clean).lower()
 else:
     commit, clean = os.environ.get("STUDY_COMMIT", "unknown"), os.environ.get("STUDY_CLEAN", "unknown")
     if commit != "unknown" and not re.fullmatch(r"[0-9a-f]{40}", commit):
         print(f"STUDY_COMMIT must be a full 40-character commit hash. Received: STUDY_COMMIT={commit!r}", file=sys.stderr)
         sys.exit(2)
-gpus = [line.split(" (UUID")[0] for line in (run("nvidia-smi", "-L") or "").splitlines()]
+try:
+    gpus = [line.split(" (UUID")[0] for line in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout.splitlines()]
+except (OSError, subprocess.CalledProcessError):
+    gpus = []
 record = {"commit": commit, "clean": clean, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
           "device": "; ".join(gpus) or "unknown"}
 if os.path.exists(out):

@@ -420,3 +420,6 @@ def test_a_row_is_clean_when_only_results_differ_from_its_commit(tmp_path, monke
     run("rm", "-q", "other.py"), run("commit", "-qm", "second")  # the checkout moved while a run trained
     assert provenance.commit() == (run("rev-parse", "HEAD"), True)
     assert {key: provenance.record(since=began)[key] for key in ("commit", "clean")} == {"commit": head, "clean": False}
+    (tmp_path / "copy").mkdir()  # a copy of the tree without .git, inside another repository: not that one's commit
+    monkeypatch.setattr(provenance, "ROOT", tmp_path / "copy")
+    assert provenance.commit() == ("unknown", False)

@@ -614,8 +614,9 @@ def _check_provenance(script, runs, tmp_path):
     assert provenance(runs, STUDY_COMMIT=other).returncode == 0  # a git checkout: its own commit wins
     assert json.loads((runs / "provenance.json").read_text())["commit"] == head
     copy = tmp_path / "copy" / "scripts" / script.name  # the tree as a lent machine gets it: no .git
-    copy.parent.mkdir(parents=True)
-    shutil.copy(script, copy)
+    for path in (script, ROOT / "benchmarks" / "provenance.py"):
+        (tmp_path / "copy" / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, tmp_path / "copy" / path.relative_to(ROOT))
     refused = provenance(runs, copy, STUDY_COMMIT="abc")
     assert refused.returncode == 2 and "STUDY_COMMIT='abc'" in refused.stderr
     assert provenance(runs, copy, STUDY_COMMIT=other, STUDY_CLEAN="true").returncode == 0  # resumed from other code
