@@ -1,6 +1,7 @@
 """The exported artifacts (TF-Hub encoder + preprocessor, TF Serving model), checked the way
-their users load them: in fresh Python processes that never import this package nor
-tensorflow-text, against the live model and against keras-hub's tokenizer and packer."""
+their users load them: in a fresh Python process that never imports this package nor tensorflow-text
+(until the export guide's examples run in it last), against the live model and against keras-hub's tokenizer
+and packer."""
 
 import importlib.util
 import json
@@ -142,14 +143,50 @@ del model, preprocess, tokenize, pack, encoder
 shutil.rmtree(workdir + "/hub")
 reloaded = tf_keras.models.load_model(workdir + "/pair_model", custom_objects={"KerasLayer": hub.KerasLayer})
 results["reloaded_pair_logits"] = reloaded.predict(pairs, verbose=0).tolist()
-print(json.dumps(results))
+with open(workdir + "/results.json", "w") as file:
+    json.dump(results, file)
+"""
+
+# The export guide's examples that load `exported/...`, each in a namespace of its own (as a new script).
+README_SCRIPT = r"""
+import json, sys
+for example in json.load(open(sys.argv[1])):
+    exec(compile(example, "example", "exec"), {"__name__": "__main__"})
+"""
+
+# One fresh Python process (a TensorFlow start costs seconds) runs the users' paths above one after the other, each
+# in its own namespace, folder and arguments, each failure written down for its own test: the artifacts reloaded
+# with core TensorFlow and Keras 3 and the tf_keras + TF-Hub fine-tuning never import this package nor
+# tensorflow-text; the guide's examples then run as a user of the package runs them.
+RUNNER = r"""
+import json, os, sys, traceback
+sys.modules["tensorflow_text"] = None
+for part in json.load(open(sys.argv[1])):
+    os.chdir(part["cwd"])
+    sys.argv = [part["name"], *part["arguments"]]
+    if part["package"]:
+        sys.modules.pop("tensorflow_text", None)
+        sys.path.insert(0, part["package"])
+    try:
+        exec(compile(part["code"], part["name"], "exec"), {"__name__": "__main__"})
+        open(os.path.join(part["cwd"], "finished.txt"), "w").close()
+    except BaseException:
+        open(os.path.join(part["cwd"], "error.txt"), "w").write(traceback.format_exc())
 """
 
 
-def _fresh_python(script, *arguments, cwd, env=None):
-    result = subprocess.run([sys.executable, "-c", script, *map(str, arguments)], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+def _fresh_python(parts, folder):
+    """Runs `parts` ({name, code, arguments, cwd, package}) in one fresh process (RUNNER)."""
+    (folder / "parts.json").write_text(json.dumps(parts))
+    result = subprocess.run([sys.executable, "-c", RUNNER, str(folder / "parts.json")], capture_output=True, text=True, timeout=600, cwd=folder)
     assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout
+
+
+def _part_succeeded(workdir):
+    """The part of the fresh process that ran in `workdir` ran to its end (else its traceback fails the test)."""
+    error = pathlib.Path(workdir) / "error.txt"
+    assert not error.exists(), error.read_text()
+    assert (pathlib.Path(workdir) / "finished.txt").exists(), f"the part in {workdir} never ran"
 
 
 def _reference_ids(texts, seq_length):
@@ -206,9 +243,31 @@ def exported(tmp_path_factory):
     np.savez(inputs_path, **ids, masked_lm_positions=positions, texts=np.array(texts), bad_texts=np.array(json.dumps(BAD_TEXTS)))
     shutil.rmtree(run)  # the export must stand on its own
     out_path = root / "reloaded.npz"
-    _fresh_python(RELOAD_SCRIPT, root / "out", inputs_path, out_path, BAD_BYTES.hex(), cwd=root)
+    _fresh_python(_user_paths(root, inputs_path, out_path), root)
+    _part_succeeded(root / "reload")
     return {"root": root, "written": written, "live": live, "reference": reference, "texts": texts,
             "reloaded": dict(np.load(out_path)), "run": run}
+
+
+def _user_paths(root, inputs_path, out_path):
+    """The fresh process' parts: RELOAD_SCRIPT, TF_KERAS_SCRIPT, then README_SCRIPT on the guide's examples."""
+    import re
+
+    guide = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "export-and-serving.md").read_text()
+    examples = [block for block in re.findall(r"```python\n(.*?)```", guide, re.S) if "exported/hub/1" in block]
+    assert len(examples) == 3  # tf_keras fine-tuning, Keras 3 fine-tuning from the preset, Keras 3 TFSMLayer inference
+    for name in ("reload", "tf_keras", "readme"):
+        (root / name).mkdir()
+    (root / "readme" / "exported").symlink_to(root / "out")
+    (root / "readme" / "examples.json").write_text(json.dumps(examples))
+    package = str(pathlib.Path(__file__).resolve().parents[1])  # the package, as `pip install -e .` puts it on the path
+    out = str(root / "out")
+    return [
+        {"name": "reload", "code": RELOAD_SCRIPT, "arguments": [out, str(inputs_path), str(out_path), BAD_BYTES.hex()],
+         "cwd": str(root / "reload"), "package": ""},
+        {"name": "tf_keras", "code": TF_KERAS_SCRIPT, "arguments": [out, str(root / "tf_keras")], "cwd": str(root / "tf_keras"), "package": ""},
+        {"name": "readme", "code": README_SCRIPT, "arguments": ["examples.json"], "cwd": str(root / "readme"), "package": package},
+    ]
 
 
 def test_every_artifact_reloads_in_a_fresh_process_and_matches_the_live_model(exported):
@@ -276,10 +335,9 @@ def test_bad_serving_input_gives_fixed_shapes(exported):
 
 @pytest.fixture(scope="module")
 def tf_keras_results(exported):
-    """What TF_KERAS_SCRIPT measured, in one fresh process (tf_keras + tensorflow_hub)."""
-    workdir = exported["root"] / "tf_keras"
-    workdir.mkdir()
-    return json.loads(_fresh_python(TF_KERAS_SCRIPT, exported["root"] / "out", workdir, cwd=workdir).strip().splitlines()[-1])
+    """What TF_KERAS_SCRIPT measured in the fresh process (tf_keras + tensorflow_hub)."""
+    _part_succeeded(exported["root"] / "tf_keras")
+    return json.loads((exported["root"] / "tf_keras" / "results.json").read_text())
 
 
 @pytest.mark.slow
@@ -380,20 +438,9 @@ def test_tarball_holds_encoder_and_preprocessor(exported):
 
 
 def test_readme_loading_examples_run(exported):
-    """The export guide's Python examples that load `exported/...` run as written, in a fresh process."""
-    import re
-
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "export-and-serving.md").read_text()
-    examples = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "exported/hub/1" in block]
-    assert len(examples) == 3  # tf_keras fine-tuning, Keras 3 fine-tuning from the preset, Keras 3 TFSMLayer inference
-    workdir = exported["root"] / "readme"
-    workdir.mkdir(exist_ok=True)
-    (workdir / "exported").symlink_to(exported["root"] / "out")
-    root = str(pathlib.Path(__file__).resolve().parents[1])  # the package, as `pip install -e .` puts it on the path
-    (workdir / "examples.json").write_text(json.dumps(examples))
-    # One fresh process runs them one after the other, each in a namespace of its own (as a new script).
-    script = "import json, sys\nfor example in json.load(open(sys.argv[1])):\n    exec(compile(example, 'example', 'exec'), {'__name__': '__main__'})\n"
-    _fresh_python(script, workdir / "examples.json", cwd=workdir, env={**os.environ, "PYTHONPATH": root})
+    """The export guide's three Python examples that load `exported/...` ran as written, in the fresh process
+    (`_user_paths`), with the package on the path as `pip install -e .` puts it."""
+    _part_succeeded(exported["root"] / "readme")
 
 
 # --- Versions, atomicity, errors (a small untrained run, exported in-process) ---
