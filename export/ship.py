@@ -105,8 +105,8 @@ def model_card(name, source, config, results, run):
         + (f"; each batch of texts of like length, padded to a multiple of {task['length_bucket']} tokens" if task.get("length_bucket") else "")
         + "), "
         f"AdamW lr {training['learning_rate']} ({training['decay']} decay), dropout {model['dropout']} "
-        f"(attention {model['attention_dropout']}: the preset's rates; `BertEncoder.from_preset(\"{name}\", dropout=0.1, "
-        "attention_dropout=0.1)` sets others for fine-tuning), student initialised from "
+        f"(attention {model['attention_dropout']}: the preset's rates; `BertEncoder.from_preset(\"{name}\", dropout=RATE, "
+        "attention_dropout=RATE)` sets others for fine-tuning), student initialised from "
         f"{_start(task)}. Objective: 1 - cos to the teacher's embedding through a learned projection (not shipped) plus the mean squared "
         "difference of the in-batch cosine-similarity matrices.", "",
         "## Data and licences", "",
