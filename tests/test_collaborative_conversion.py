@@ -168,24 +168,17 @@ def _run_dir(tmp_path):
 def _cli(*arguments, process=False):
     """`concise-collaborative` with `arguments`: (returncode, stdout, stderr) in this process, or in a
     process of its own (`process=True`: the command as a user runs it, tested once)."""
-    import contextlib
-    import io
     import subprocess
     import sys
-    import types
+
+    from in_process import run_main
 
     from concise_attention.cli import collaborative
 
-    argv = [str(argument) for argument in arguments]
     if process:
+        argv = [str(argument) for argument in arguments]
         return subprocess.run([sys.executable, "-m", "concise_attention.cli.collaborative", *argv], capture_output=True, text=True, timeout=300)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = collaborative.main(argv)
-        except SystemExit as exit_:
-            code = exit_.code
-    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+    return run_main(collaborative.main, arguments)
 
 
 def test_command_converts_a_run_and_the_result_reloads(tmp_path):

@@ -7,8 +7,6 @@ of the run or the export goes through the local filesystem API (temporary files 
 are allowed: Keras' HDF5 weights and the exporter's staging folder are written there first).
 """
 
-import contextlib
-import io
 import json
 import os
 import signal
@@ -22,6 +20,7 @@ import tensorflow as tf
 
 from concise_attention.training.run import configs
 from gcs_fake import FakeGCS
+from in_process import run_main
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN, EXPORT = "gs://bucket/run", "gs://bucket/export"
@@ -125,11 +124,9 @@ def test_gfile_on_the_fake_gcs_behaves_as_on_the_local_filesystem(gcs, tmp_path)
 
 def _in_process(main, argv, cwd):
     """A CLI's `main` run here, in the empty directory `cwd`; what it printed."""
-    printed = io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
-        patch.chdir(cwd)
-        assert main(argv) == 0
-    return printed.getvalue()
+    result = run_main(main, argv, cwd)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
 
 
 @pytest.fixture(scope="module")

@@ -72,17 +72,19 @@ def test_one_step_on_mock_lm1b_with_one_trace_of_the_train_step(tmp_path, monkey
     assert len(traces) == 1
 
 
-def _main(capsys, command):
+def _main(command):
     """`concise-train` in this process (the process boundary is tested in test_reproducibility): its JSON."""
+    from in_process import run_main
+
     from concise_attention.cli import train as train_cli
 
-    assert train_cli.main(command[3:]) == 0
-    out = capsys.readouterr().out
-    return json.loads(out[out.index("{") :])
+    result = run_main(train_cli.main, command[3:])
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout[result.stdout.index("{") :])
 
 
-def test_training_lowers_the_loss_and_logs(tmp_path, capsys):
-    metrics = _main(capsys, _cli(tmp_path / "run", "training.train_steps=60"))
+def test_training_lowers_the_loss_and_logs(tmp_path):
+    metrics = _main(_cli(tmp_path / "run", "training.train_steps=60"))
     assert metrics["step"] == 60 and metrics["eval_subword_perplexity"] < 600
     assert metrics["eval_word_perplexity"] == pytest.approx(np.exp(metrics["eval_loss"] * metrics["tokens_per_word"]), rel=1e-4)
     assert list((tmp_path / "run" / "logs" / "validation").glob("events.out.tfevents.*"))
@@ -195,7 +197,7 @@ CLASSIFIER = ["model_type=bert", "model.vocab_size=30522", "model.hidden_size=32
 
 
 @pytest.mark.slow
-def test_a_classifier_trains_under_multi_worker_as_under_the_default_strategy(tmp_path, minilm_dir, capsys):
+def test_a_classifier_trains_under_multi_worker_as_under_the_default_strategy(tmp_path, minilm_dir):
     """The multi-worker loop trains with the task's own loss (it once read the masked LM's logits, so any other
     task failed there): a one-worker cluster's classifier ends with the default strategy's weights, bit for bit.
     The multi-worker run has a process of its own (its cluster); the default one runs here."""
@@ -205,7 +207,7 @@ def test_a_classifier_trains_under_multi_worker_as_under_the_default_strategy(tm
     cluster = {"cluster": {"worker": [f"127.0.0.1:{_free_ports(1)[0]}"]}, "task": {"type": "worker", "index": 0}}
     process = subprocess.Popen(commands["multi_worker"], env=dict(os.environ, TF_CONFIG=json.dumps(cluster)),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _main(capsys, commands["cpu"])
+    _main(commands["cpu"])
     _, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr[-4000:]
     single, multi = (_weights(runs_[name] / "model.weights.h5") for name in ("cpu", "multi_worker"))
