@@ -7,9 +7,10 @@ import os
 import types
 
 
-def run_main(main, argv, cwd=None):
+def run_main(main, argv, cwd=None, check=False):
     """`main(argv)` with stdout and stderr captured, in `cwd` if given: (returncode, stdout, stderr), a SystemExit's
-    code counting as the return code, as a shell sees it."""
+    code counting as the return code, as a shell sees it; `check=True` fails the test unless it is 0 (stderr's
+    end shown)."""
     out, err = io.StringIO(), io.StringIO()
     previous = os.getcwd()
     try:
@@ -22,4 +23,5 @@ def run_main(main, argv, cwd=None):
                 code = exit_.code
     finally:
         os.chdir(previous)
+    assert not check or code == 0, err.getvalue()[-4000:]
     return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())

@@ -122,13 +122,6 @@ def test_gfile_on_the_fake_gcs_behaves_as_on_the_local_filesystem(gcs, tmp_path)
     assert "storage.googleapis.com" in {request["host"] for request in gcs.requests()}
 
 
-def _in_process(main, argv, cwd):
-    """A CLI's `main` run here, in the empty directory `cwd`; what it printed."""
-    result = run_main(main, argv, cwd)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
 def gcs_run(gcs, tmp_path_factory):
     """The run on gs://: killed (SIGKILL) in its own process after its first checkpoint, restarted
@@ -145,9 +138,9 @@ def gcs_run(gcs, tmp_path_factory):
     requests = {}
     killed = _kill_after_the_first_checkpoint(_train_command(RUN), cwd, {**os.environ, "PYTHONPATH": REPOSITORY})
     requests["first"] = len(gcs.requests())
-    printed = _in_process(train_cli.main, _train_command(RUN)[3:], cwd)
+    printed = run_main(train_cli.main, _train_command(RUN)[3:], cwd, check=True).stdout
     requests["second"] = len(gcs.requests())
-    exported = _in_process(export.main, ["--run", RUN, "--out", EXPORT], cwd)
+    exported = run_main(export.main, ["--run", RUN, "--out", EXPORT], cwd, check=True).stdout
     serving = tf.saved_model.load(f"{EXPORT}/serving/1")  # straight from gs://
     served = serving.signatures["serving_default"](text=tf.constant(TEXTS))["embedding"].numpy()
 

@@ -78,9 +78,8 @@ def _main(command):
 
     from concise_attention.cli import train as train_cli
 
-    result = run_main(train_cli.main, command[3:])
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout[result.stdout.index("{") :])
+    out = run_main(train_cli.main, command[3:], check=True).stdout
+    return json.loads(out[out.index("{") :])
 
 
 def test_training_lowers_the_loss_and_logs(tmp_path):
