@@ -8,6 +8,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # each; 2-core AMD EPYC, 2026-11-27).
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+# The same for numpy's and scipy's OpenBLAS (and any OpenMP pool): with its default of one thread per core, two
+# test processes' matrix products spin against each other (the numpy BERT of 449 texts in test_hf_export: 8.7 s
+# with one thread, 120 s with the default, beside a second busy process; 2-core AMD EPYC, 2026-11-27).
+for _pool in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_pool, "1")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
