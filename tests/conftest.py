@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -28,6 +30,20 @@ LONGEST_FILES = {
     "test_collaborative_protocol": 45, "test_collaborative_conversion": 42, "test_shipped": 39, "test_text": 34,
     "test_builders": 31,
 }
+
+
+def pytest_configure(config):
+    """One per-user cache for the whole run, shared by its processes (xdist's workers start after this, with
+    this environment) and by the programs they start: a vocabulary trained by one test is read by the next
+    (`training.preprocessing.tokenizer.train_wordpiece`), and nothing is read from or left in the user's own."""
+    if not hasattr(config, "workerinput") and "CONCISE_ATTENTION_CACHE" not in os.environ:
+        os.environ["CONCISE_ATTENTION_CACHE"] = config._concise_cache = tempfile.mkdtemp(prefix="concise-attention-cache-")
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_concise_cache", None):
+        shutil.rmtree(config._concise_cache, ignore_errors=True)
+        del os.environ["CONCISE_ATTENTION_CACHE"]
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -26,6 +26,31 @@ def test_wordpiece_vocabulary_is_cached(tmp_path):
     assert path.read_text().splitlines()[:5] == ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 
 
+def test_a_vocabulary_trained_once_on_this_machine_is_copied_not_trained_again(tmp_path, monkeypatch):
+    """The per-user cache (CONCISE_ATTENTION_CACHE): the same lines, size and settings in another run directory
+    are copied from it; other settings, or a cached copy that no longer matches its sha256, train again (and
+    give the vocabulary trained first: the trainer is deterministic); a cache that cannot be written warns."""
+    import keras_hub
+
+    from concise_attention.training.preprocessing import tokenizer as tokenizer_module
+
+    trained, compute = [], keras_hub.tokenizers.compute_word_piece_vocabulary
+    monkeypatch.setattr(keras_hub.tokenizers, "compute_word_piece_vocabulary", lambda *a, **k: trained.append(1) or compute(*a, **k))
+    monkeypatch.setenv("CONCISE_ATTENTION_CACHE", str(tmp_path / "cache"))
+    lines = read_lines()[:200]
+    first = train_wordpiece(lines, 500, tmp_path / "a" / "vocab.txt").read_text()
+    assert train_wordpiece(lines, 500, tmp_path / "b" / "vocab.txt").read_text() == first and len(trained) == 1
+    assert train_wordpiece(lines, 500, tmp_path / "c" / "vocab.txt", lowercase=False).read_text() != first and len(trained) == 2
+    [cached] = [path for path in (tmp_path / "cache" / "vocabularies").glob("*.txt") if path.read_text() == first]
+    cached.write_text(first.replace("[MASK]", "[MASQ]"))
+    assert train_wordpiece(lines, 500, tmp_path / "d" / "vocab.txt").read_text() == first and len(trained) == 3
+    (tmp_path / "not_a_folder").write_text("")
+    monkeypatch.setenv("CONCISE_ATTENTION_CACHE", str(tmp_path / "not_a_folder"))
+    with pytest.warns(UserWarning, match="could not be written"):
+        assert train_wordpiece(lines, 500, tmp_path / "e" / "vocab.txt").read_text() == first
+    assert tokenizer_module.RESERVED_TOKENS == first.splitlines()[:5]
+
+
 @pytest.mark.slow
 def test_deep_single_head_with_admin_trains_without_diverging(packed_corpus):
     vocabulary_size, packed = packed_corpus

@@ -41,6 +41,16 @@ def write_bytes_atomically(path, data):
         raise
 
 
+def user_cache(name):
+    """A folder of the per-user cache, `$CONCISE_ATTENTION_CACHE/NAME` (default
+    `$XDG_CACHE_HOME/concise_attention/NAME`, `~/.cache/...` without it): what is computed once per machine
+    (teacher outputs, trained vocabularies) and verified by sha256 whenever it is read again."""
+    if os.environ.get("CONCISE_ATTENTION_CACHE"):
+        return os.path.join(os.environ["CONCISE_ATTENTION_CACHE"], name)
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "concise_attention", name)
+
+
 def file_sha256(path):
     """The sha256 of a file (local or gs://), read in 1 MiB blocks."""
     digest = hashlib.sha256()

@@ -3,6 +3,9 @@ the training side of the one WordPiece tokenizer (`training.preprocessing.text`)
 
 import dataclasses
 import hashlib
+import importlib.metadata
+import os
+import warnings
 
 import keras_hub
 import tensorflow as tf
@@ -17,8 +20,10 @@ RESERVED_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=None):
     """Trains a WordPiece vocabulary on `lines` and writes it to `path` atomically.
 
-    A vocabulary already at `path` whose sidecar fingerprint matches the corpus and
-    size is reused instead of trained again.
+    A vocabulary already at `path` whose sidecar fingerprint matches the corpus, size, settings and
+    the trainer's versions is reused instead of trained again; so is one trained before on this
+    machine for the same fingerprint (`files.user_cache("vocabularies")`, its sha256 checked): the
+    trainer is deterministic, so the copy is the vocabulary that training would give.
 
     Args:
         lines: list of strings.
@@ -34,19 +39,53 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
     if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size <= len(RESERVED_TOKENS):
         raise ValueError(f"`vocabulary_size` must be an integer > {len(RESERVED_TOKENS)}. Received: vocabulary_size={vocabulary_size!r}")
     strip_accents = lowercase if strip_accents is None else strip_accents
-    fingerprint = hashlib.sha256(f"{vocabulary_size}|{lowercase}|{strip_accents}|".encode() + "\n".join(lines).encode()).hexdigest()
+    trainer = f"keras-hub {keras_hub.__version__}|tensorflow-text {_tensorflow_text_version()}|{' '.join(RESERVED_TOKENS)}"
+    settings = f"{vocabulary_size}|{lowercase}|{strip_accents}|{trainer}|"
+    fingerprint = hashlib.sha256(settings.encode() + "\n".join(lines).encode()).hexdigest()
     stamp = f"{path}.sha256"  # path may be gs://: everything goes through tf.io.gfile
     if tf.io.gfile.exists(str(path)) and tf.io.gfile.exists(stamp):
         with tf.io.gfile.GFile(stamp) as file:
             if file.read() == fingerprint:
                 return path
-    # A Python list would be read as file names: hand the lines over as a dataset.
-    vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
-        tf.data.Dataset.from_tensor_slices(list(lines)).batch(1024), vocabulary_size, lowercase=lowercase, strip_accents=strip_accents, reserved_tokens=RESERVED_TOKENS
-    )
-    files.write_bytes_atomically(path, "\n".join(vocabulary) + "\n")
+    text = _cached_vocabulary(fingerprint)
+    if text is None:
+        # A Python list would be read as file names: hand the lines over as a dataset.
+        vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
+            tf.data.Dataset.from_tensor_slices(list(lines)).batch(1024), vocabulary_size, lowercase=lowercase,
+            strip_accents=strip_accents, reserved_tokens=RESERVED_TOKENS)
+        text = "\n".join(vocabulary) + "\n"
+        _cache_vocabulary(fingerprint, text)
+    files.write_bytes_atomically(path, text)
     files.write_bytes_atomically(stamp, fingerprint)
     return path
+
+
+def _tensorflow_text_version():
+    return importlib.metadata.version("tensorflow-text")
+
+
+def _cached_vocabulary(fingerprint):
+    """The vocabulary text trained before for `fingerprint` on this machine, or None (absent, or not the
+    text whose sha256 was recorded with it: trained again)."""
+    base = os.path.join(files.user_cache("vocabularies"), fingerprint)
+    try:
+        with open(base + ".txt", "rb") as file:
+            data = file.read()
+        with open(base + ".sha256") as file:
+            recorded = file.read()
+    except OSError:
+        return None
+    return data.decode("utf-8") if hashlib.sha256(data).hexdigest() == recorded else None
+
+
+def _cache_vocabulary(fingerprint, text):
+    """Keeps `text` for the next run of this fingerprint; a cache that cannot be written is only a miss."""
+    base = os.path.join(files.user_cache("vocabularies"), fingerprint)
+    try:
+        files.write_bytes_atomically(base + ".txt", text)
+        files.write_bytes_atomically(base + ".sha256", hashlib.sha256(text.encode("utf-8")).hexdigest())
+    except (OSError, tf.errors.OpError) as error:
+        warnings.warn(f"The vocabulary cache {base}.txt could not be written ({error}): the next run trains it again.")
 
 
 class WordPieceTokenizer:

@@ -439,8 +439,7 @@ def cache_fingerprint(task, tokenizer, texts):
 def cache_directory(settings):
     if settings.cache_dir:
         return settings.cache_dir
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "concise_attention", "teacher_outputs")
+    return files.user_cache("teacher_outputs")
 
 
 def teacher_outputs(task, tokenizer, texts):
