@@ -27,8 +27,9 @@ TINY = ["task.dataset=sample", "task.data_dir=null", "task.train_texts=96", "tas
         "model.attention={type: fixed, head_size: 16}", "training.sequence_length=32"]
 
 # The end-to-end run's metrics (test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width) as the
-# code of 45203b2 trains it with dropout off, the commit and setting that distilled the shipped concise-minilm-d192
-# (runs/d192_nodrop_s0, 2026-11-27), recorded from a checkout of that commit: a change that moves the recipe's
+# code of 45203b2 trains it with dropout off, recorded from a checkout of that commit (runs/d192_nodrop_s0, shipped
+# 2026-11-27); the code of 1606102 gives the same, the commit that distilled the shipped concise-minilm-d192 since
+# (runs/d192_nodrop_12k_s0, 2026-11-28, the config's steps and texts on its command line): a change that moves the recipe's
 # numbers fails here, so the README's command still reproduces the shipped weights
 # (benchmarks/results/shipped_recipe_check.json: 40 steps of the full config, XLA included, bit for bit).
 SHIPPED_RECIPE_METRICS = {"eval_loss": 1.3603615760803223, "eval_cosine_to_teacher": 0.16381335258483887,
