@@ -39,7 +39,7 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
     if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size <= len(RESERVED_TOKENS):
         raise ValueError(f"`vocabulary_size` must be an integer > {len(RESERVED_TOKENS)}. Received: vocabulary_size={vocabulary_size!r}")
     strip_accents = lowercase if strip_accents is None else strip_accents
-    trainer = f"keras-hub {keras_hub.__version__}|tensorflow-text {_tensorflow_text_version()}|{' '.join(RESERVED_TOKENS)}"
+    trainer = f"keras-hub {keras_hub.__version__}|tensorflow-text {importlib.metadata.version('tensorflow-text')}|{' '.join(RESERVED_TOKENS)}"
     settings = f"{vocabulary_size}|{lowercase}|{strip_accents}|{trainer}|"
     fingerprint = hashlib.sha256(settings.encode() + "\n".join(lines).encode()).hexdigest()
     stamp = f"{path}.sha256"  # path may be gs://: everything goes through tf.io.gfile
@@ -47,40 +47,35 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
         with tf.io.gfile.GFile(stamp) as file:
             if file.read() == fingerprint:
                 return path
-    text = _cached_vocabulary(fingerprint)
+    cached = os.path.join(files.user_cache("vocabularies"), fingerprint)
+    text = _cached_vocabulary(cached)
     if text is None:
         # A Python list would be read as file names: hand the lines over as a dataset.
         vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
             tf.data.Dataset.from_tensor_slices(list(lines)).batch(1024), vocabulary_size, lowercase=lowercase,
             strip_accents=strip_accents, reserved_tokens=RESERVED_TOKENS)
         text = "\n".join(vocabulary) + "\n"
-        _cache_vocabulary(fingerprint, text)
+        _cache_vocabulary(cached, text)
     files.write_bytes_atomically(path, text)
     files.write_bytes_atomically(stamp, fingerprint)
     return path
 
 
-def _tensorflow_text_version():
-    return importlib.metadata.version("tensorflow-text")
-
-
-def _cached_vocabulary(fingerprint):
-    """The vocabulary text trained before for `fingerprint` on this machine, or None (absent, or not the
-    text whose sha256 was recorded with it: trained again)."""
-    base = os.path.join(files.user_cache("vocabularies"), fingerprint)
+def _cached_vocabulary(base):
+    """The vocabulary text trained before on this machine (`base`.txt, its fingerprint's name), or None (absent,
+    or not the text whose sha256 was recorded with it: trained again). Through tf.io.gfile, as it is written."""
     try:
-        with open(base + ".txt", "rb") as file:
+        with tf.io.gfile.GFile(base + ".txt", "rb") as file:
             data = file.read()
-        with open(base + ".sha256") as file:
+        with tf.io.gfile.GFile(base + ".sha256") as file:
             recorded = file.read()
-    except OSError:
+    except (OSError, tf.errors.OpError):
         return None
     return data.decode("utf-8") if hashlib.sha256(data).hexdigest() == recorded else None
 
 
-def _cache_vocabulary(fingerprint, text):
-    """Keeps `text` for the next run of this fingerprint; a cache that cannot be written is only a miss."""
-    base = os.path.join(files.user_cache("vocabularies"), fingerprint)
+def _cache_vocabulary(base, text):
+    """Keeps `text` as `base`.txt for the next run of its fingerprint; a cache that cannot be written is only a miss."""
     try:
         files.write_bytes_atomically(base + ".txt", text)
         files.write_bytes_atomically(base + ".sha256", hashlib.sha256(text.encode("utf-8")).hexdigest())
