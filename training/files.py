@@ -60,6 +60,31 @@ def file_sha256(path):
     return digest.hexdigest()
 
 
+def write_verified(base, suffix, data, **record):
+    """Writes `data` to `base``suffix` and then its record, `base`.json ({"sha256": ..., **record}), each whole:
+    the record is written last, so a record found always describes a whole file. What the per-user cache keeps
+    (teacher outputs, trained vocabularies); read back by `read_verified`."""
+    data = data.encode("utf-8") if isinstance(data, str) else data
+    write_bytes_atomically(base + suffix, data)
+    write_json_atomically(base + ".json", {"sha256": hashlib.sha256(data).hexdigest(), **record})
+
+
+def read_verified(base, suffix):
+    """The bytes of `base``suffix` as `write_verified` wrote them, or None where no record was written. A record
+    that cannot be read, or a file that is missing or does not match the sha256 it records, is a ValueError
+    naming both files."""
+    if not tf.io.gfile.exists(base + ".json"):
+        return None
+    record = read_json(base + ".json")
+    data = b""
+    if tf.io.gfile.exists(base + suffix):
+        with tf.io.gfile.GFile(base + suffix, "rb") as file:
+            data = file.read()
+    if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+        raise ValueError(f"{base}{suffix} does not match the sha256 recorded in {base}.json (changed or cut short)")
+    return data
+
+
 def write_json_atomically(path, value):
     write_bytes_atomically(path, json.dumps(value, indent=1, sort_keys=True))
 

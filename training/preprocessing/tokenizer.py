@@ -63,22 +63,18 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
 
 def _cached_vocabulary(base):
     """The vocabulary text trained before on this machine (`base`.txt, its fingerprint's name), or None (absent,
-    or not the text whose sha256 was recorded with it: trained again). Through tf.io.gfile, as it is written."""
+    unreadable, or not the text whose sha256 was recorded with it: trained again)."""
     try:
-        with tf.io.gfile.GFile(base + ".txt", "rb") as file:
-            data = file.read()
-        with tf.io.gfile.GFile(base + ".sha256") as file:
-            recorded = file.read()
-    except (OSError, tf.errors.OpError):
+        data = files.read_verified(base, ".txt")
+    except (ValueError, OSError, tf.errors.OpError):
         return None
-    return data.decode("utf-8") if hashlib.sha256(data).hexdigest() == recorded else None
+    return None if data is None else data.decode("utf-8")
 
 
 def _cache_vocabulary(base, text):
     """Keeps `text` as `base`.txt for the next run of its fingerprint; a cache that cannot be written is only a miss."""
     try:
-        files.write_bytes_atomically(base + ".txt", text)
-        files.write_bytes_atomically(base + ".sha256", hashlib.sha256(text.encode("utf-8")).hexdigest())
+        files.write_verified(base, ".txt", text)
     except (OSError, tf.errors.OpError) as error:
         warnings.warn(f"The vocabulary cache {base}.txt could not be written ({error}): the next run trains it again.")
 

@@ -447,24 +447,17 @@ def teacher_outputs(task, tokenizer, texts):
     checked) or computed once and written there atomically."""
     directory = cache_directory(task.settings)
     base = files.join(directory, cache_fingerprint(task, tokenizer, texts))
-    if tf.io.gfile.exists(base + ".json"):
-        record = files.read_json(base + ".json")
-        data = b""
-        if tf.io.gfile.exists(base + ".npy"):
-            with tf.io.gfile.GFile(base + ".npy", "rb") as file:
-                data = file.read()
-        if hashlib.sha256(data).hexdigest() != record.get("sha256"):
-            raise ValueError(f"{base}.npy does not match the sha256 recorded in {base}.json (changed or cut short): "
-                             "delete both files to compute the teacher's outputs again.")
+    try:
+        data = files.read_verified(base, ".npy")
+    except ValueError as error:
+        raise ValueError(f"{error}: delete both files to compute the teacher's outputs again.") from None
+    if data is not None:
         return np.load(io.BytesIO(data))
     vectors = compute_teacher_embeddings(task.teacher_backbone, tokenizer, texts, task.training.sequence_length)
     buffer = io.BytesIO()
     np.save(buffer, vectors)
-    tf.io.gfile.makedirs(directory)
-    files.write_bytes_atomically(base + ".npy", buffer.getvalue())
-    files.write_json_atomically(base + ".json", {"sha256": hashlib.sha256(buffer.getvalue()).hexdigest(), "texts": len(texts),
-                                                "width": int(vectors.shape[1]), "teacher": task.source.name,
-                                                "sequence_length": task.training.sequence_length})
+    files.write_verified(base, ".npy", buffer.getvalue(), texts=len(texts), width=int(vectors.shape[1]),
+                         teacher=task.source.name, sequence_length=task.training.sequence_length)
     return vectors
 
 
