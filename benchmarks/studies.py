@@ -165,6 +165,11 @@ STUDIES = {
     # Bhojanapalli et al. (2020), Table 2B and Figure 3b: width 64, 4 heads, the head size alone varied.
     "head_size": {f"fixed p={p} w={WIDTH} h=4": _fixed(WIDTH, 4, p) for p in (16, 32, 64, 128)},
 }
+# The seed-paired verdicts below the width and head-size tables: each model against its partner (perplexity gap).
+PAIRED = {
+    "width": {f"fixed p={HEAD_SIZE} w={w} h={h}": f"standard w={2 * w} h={2 * w // HEAD_SIZE}" for w, h in WIDTH_PAIRS.items()},
+    "head_size": {f"fixed p={p} w={WIDTH} h=4": f"fixed p={HEAD_SIZE} w={WIDTH} h=4" for p in (32, 64, 128)},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,6 +378,15 @@ def caption(study, rows):
 TREND_BASELINE = "standard w=128 h=8"
 
 
+def paired_gaps(rows, label, baseline):
+    """[(seed, tokens seen, gap %)] of `label` against `baseline` for each seed both have: the gap is
+    100 * (perplexity / the baseline's perplexity of the same seed - 1)."""
+    runs = {(row["label"], int(row["seed"])): row for row in rows}
+    return [(seed, int(row["tokens_seen"]),
+             100 * (float(row["eval_subword_perplexity"]) / float(runs[baseline, seed]["eval_subword_perplexity"]) - 1))
+            for (name, seed), row in sorted(runs.items()) if name == label and (baseline, seed) in runs]
+
+
 def trend(rows, label):
     """The gap of TREND_MODELS' `label` to TREND_BASELINE against tokens: {"points": [(tokens, seed, gap %)], "slope",
     "intercept" (gap % = intercept + slope * log10 tokens, least squares over the seed-paired points), their standard
@@ -380,14 +394,8 @@ def trend(rows, label):
     None)}. The gap is 100 * (perplexity / the baseline's perplexity of the same seed and budget - 1)."""
     import numpy as np
 
-    runs = {(row["label"], int(row["seed"])): row for row in rows}
-    points = []
-    for steps in TREND_STEPS:
-        for (name, seed), row in sorted(runs.items()):
-            partner = runs.get((f"{TREND_BASELINE} @{steps}", seed))
-            if name == f"{label} @{steps}" and partner is not None:
-                gap = 100 * (float(row["eval_subword_perplexity"]) / float(partner["eval_subword_perplexity"]) - 1)
-                points.append((int(row["tokens_seen"]), seed, gap))
+    points = [(tokens, seed, gap) for steps in TREND_STEPS
+              for seed, tokens, gap in paired_gaps(rows, f"{label} @{steps}", f"{TREND_BASELINE} @{steps}")]
     result = {"points": points, "slope": None, "intercept": None, "closes_at": None}
     if len({tokens for tokens, _, _ in points}) < 2 or len(points) < 4:
         return result  # a line through fewer points has no uncertainty
@@ -424,6 +432,38 @@ def _plot_trend(axes, rows):
         axes.legend(fontsize=8)
 
 
+def _errorbars(axes, series, x, name, marker, note=None):
+    """One line of mean perplexities over seeds at `x`, with min-max bars; `note(point)` labels each point."""
+    y = [p["perplexity"] for p in series]
+    errors = [[p["perplexity"] - p["low"] for p in series], [p["high"] - p["perplexity"] for p in series]]
+    axes.errorbar(x, y, yerr=errors, marker=marker, capsize=3, label=name)
+    for p, xi, yi in zip(series, x, y):
+        if note:
+            axes.annotate(note(p), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+
+
+def _plot_pairs(axes, study, points):
+    """head_size: perplexity against the head size at width 64, 4 heads (the paper's Figure 3b); width: the fixed
+    model at w and standard attention at 2w against parameters, one line each."""
+    if study == "head_size":
+        series = sorted(points.values(), key=lambda p: int(p["head_size"]))
+        _errorbars(axes, series, [int(p["head_size"]) for p in series], f"fixed head size, width {WIDTH}, 4 heads", "s",
+                   lambda p: f"{int(p['non_embedding_parameters']) / 1e3:.0f}k")
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("head size (annotated: non-embedding parameters)")
+    else:
+        for attention, name, marker in (("fixed", f"fixed head size {HEAD_SIZE} at width w", "s"),
+                                         ("standard", f"standard attention at width 2w (head size {HEAD_SIZE})", "o")):
+            series = sorted((p for p in points.values() if p["attention"] == attention), key=lambda p: int(p["width"]))
+            _errorbars(axes, series, [int(p["non_embedding_parameters"]) / 1e3 for p in series], name, marker,
+                       lambda p: f"w{p['width']} h{p['heads']}")
+        axes.set_xscale("log")
+        axes.set_xlabel("non-embedding parameters (thousands)")
+    axes.set_ylabel("held-out perplexity per subword")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+
+
 def plot(study, rows, results=STUDIES_DIR):
     import matplotlib
 
@@ -445,27 +485,23 @@ def plot(study, rows, results=STUDIES_DIR):
         figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
         for series, name, marker in ((standard_p, f"standard, head size {HEAD_SIZE}, width {WIDTH}..128", "o"),
                                      (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}, more heads", "s")):
-            x = [int(p["non_embedding_parameters"]) / 1e3 for p in series]
-            y = [p["perplexity"] for p in series]
-            errors = [[p["perplexity"] - p["low"] for p in series], [p["high"] - p["perplexity"] for p in series]]
-            axes[0].errorbar(x, y, yerr=errors, marker=marker, capsize=3, label=name)
-            for p, xi, yi in zip(series, x, y):
-                axes[0].annotate(f"w{p['width']} h{p['heads']}", (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            _errorbars(axes[0], series, [int(p["non_embedding_parameters"]) / 1e3 for p in series], name, marker,
+                       lambda p: f"w{p['width']} h{p['heads']}")
         axes[0].set_xlabel("non-embedding parameters (thousands)")
         axes[0].set_ylabel("held-out perplexity per subword")
         axes[0].set_title("Perplexity vs parameters (their Figure 1)", fontsize=10)
         for series, name, marker in ((standard_w, f"standard, width {WIDTH} (head size {WIDTH}/h)", "o"),
                                      (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}", "s")):
-            x = [int(p["heads"]) for p in series]
-            y = [p["perplexity"] for p in series]
-            errors = [[p["perplexity"] - p["low"] for p in series], [p["high"] - p["perplexity"] for p in series]]
-            axes[1].errorbar(x, y, yerr=errors, marker=marker, capsize=3, label=name)
+            _errorbars(axes[1], series, [int(p["heads"]) for p in series], name, marker)
         axes[1].set_xscale("log", base=2)
         axes[1].set_xlabel("number of heads")
         axes[1].set_title("Perplexity vs heads (their Figure 3a)", fontsize=10)
         for ax in axes:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
+    elif study in ("head_size", "width"):
+        figure, axes = plt.subplots(figsize=(8, 4.5))
+        _plot_pairs(axes, study, points)
     else:
         ordered = sorted(points.values(), key=lambda p: (int(p["width"]), -int(p["layers"]), p["label"]))
         figure, axes = plt.subplots(figsize=(8, 0.5 + 0.45 * len(ordered) + 1.2))
@@ -510,7 +546,18 @@ def markdown(study, rows):
                      f"{' / '.join(sorted({_commit(r) for r in group}))} |")
     if study == "tokens":
         lines += ["", *(_trend_verdict(rows, label) for label in TREND_MODELS if label != TREND_BASELINE)]
+    if study in PAIRED:
+        lines += ["", *(_paired_verdict(rows, label, baseline) for label, baseline in PAIRED[study].items())]
     return "\n".join(lines)
+
+
+def _paired_verdict(rows, label, baseline):
+    gaps = [gap for _, _, gap in paired_gaps(rows, label, baseline)]
+    if not gaps:
+        return f"- {label} against {baseline}: no seed measured for both."
+    side = "behind at every seed" if min(gaps) > 0 else "ahead at every seed" if max(gaps) < 0 else "on both sides"
+    return (f"- {label} against {baseline}: perplexity {', '.join(f'{gap:+.1f}%' for gap in gaps)} seed by seed "
+            f"(mean {sum(gaps) / len(gaps):+.1f}%), {side}.")
 
 
 def _trend_verdict(rows, label):

@@ -165,6 +165,21 @@ def test_the_gap_trend_is_a_least_squares_line_over_seed_paired_points():
         assert abs(parameters("width", f"fixed p=16 w={w} h={h}") / parameters("width", f"standard w={2 * w} h={w // 8}") - 1) < 0.02
 
 
+def test_the_paired_verdicts_follow_from_the_rows():
+    """The width and head-size tables' verdicts: each model's perplexity against its partner's of the same seed, in
+    percent (hand-computed: 110 / 100 and 99 / 100), a seed without its partner left out, the side named."""
+    studies = _benchmark_module("studies")
+    baseline, label = "fixed p=16 w=64 h=4", "fixed p=64 w=64 h=4"
+    assert studies.PAIRED["head_size"][label] == baseline and set(studies.PAIRED["head_size"]) < set(studies.STUDIES["head_size"])
+    assert set(studies.PAIRED["width"]) | set(studies.PAIRED["width"].values()) == set(studies.STUDIES["width"])
+    rows = [{"label": name, "seed": str(seed), "tokens_seen": "1000", "eval_subword_perplexity": value}
+            for name, seed, value in ((baseline, 0, "100"), (baseline, 1, "200"), (label, 0, "110"), (label, 1, "198"), (label, 2, "50"))]
+    assert studies._paired_verdict(rows, label, baseline) == (
+        f"- {label} against {baseline}: perplexity +10.0%, -1.0% seed by seed (mean +4.5%), on both sides.")
+    assert studies._paired_verdict(rows[:4], label, baseline).endswith("on both sides.")
+    assert studies._paired_verdict(rows[:3], label, baseline).endswith("(mean +10.0%), behind at every seed.")
+    assert studies._paired_verdict(rows[:2], label, baseline).endswith("no seed measured for both.")
+
 def test_check_reproduces_a_table_from_scratch_and_flags_a_stale_one(tmp_path, monkeypatch):
     """`studies.py --check` on a one-row table of a tiny model on the shipped sample whose committed perplexity
     was raised by 1%: re-run from scratch (its data prepared again), the row gives its original perplexity to
