@@ -53,6 +53,7 @@ import os
 import pathlib
 import shutil
 import sys
+import textwrap
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -89,9 +90,10 @@ CANARIES = {
 
 WIDTH = 64  # w: the scaled-down counterpart of the paper's 256
 HEAD_SIZE = 16  # p: w/4, as the paper's 32 is 256/8
+SEQUENCE_LENGTH = 64
 COMMON = [
-    "model.vocab_size=2000", "model.num_layers=4", "model.intermediate_size=256", "model.max_sequence_length=64",
-    "training.sequence_length=64", "training.batch_size=16", "training.train_steps=1500",
+    "model.vocab_size=2000", "model.num_layers=4", "model.intermediate_size=256", f"model.max_sequence_length={SEQUENCE_LENGTH}",
+    f"training.sequence_length={SEQUENCE_LENGTH}", "training.batch_size=16", "training.train_steps=1500",
     # One epoch: one evaluation before the final one (an epoch end changes no weight: identical runs).
     "training.steps_per_epoch=1500", "training.learning_rate=0.002", "training.warmup_steps=150",
     "training.steps_per_execution=50", "training.jit_compile=true",
@@ -165,10 +167,12 @@ STUDIES = {
     # Bhojanapalli et al. (2020), Table 2B and Figure 3b: width 64, 4 heads, the head size alone varied.
     "head_size": {f"fixed p={p} w={WIDTH} h=4": _fixed(WIDTH, 4, p) for p in (16, 32, 64, 128)},
 }
-# The seed-paired verdicts below the width and head-size tables: each model against its partner (perplexity gap).
+# The seed-paired verdicts below the width and head-size tables: (model, partner) pairs, the perplexity gap; the
+# head sizes against 16 (standard attention's w/4) and a head larger than the sequence (128 > 64) against one equal to it.
 PAIRED = {
-    "width": {f"fixed p={HEAD_SIZE} w={w} h={h}": f"standard w={2 * w} h={2 * w // HEAD_SIZE}" for w, h in WIDTH_PAIRS.items()},
-    "head_size": {f"fixed p={p} w={WIDTH} h=4": f"fixed p={HEAD_SIZE} w={WIDTH} h=4" for p in (32, 64, 128)},
+    "width": [(f"fixed p={HEAD_SIZE} w={w} h={h}", f"standard w={2 * w} h={2 * w // HEAD_SIZE}") for w, h in WIDTH_PAIRS.items()],
+    "head_size": [*((f"fixed p={p} w={WIDTH} h=4", f"fixed p={HEAD_SIZE} w={WIDTH} h=4") for p in (32, 64, 128)),
+                  (f"fixed p=128 w={WIDTH} h=4", f"fixed p=64 w={WIDTH} h=4")],
 }
 
 
@@ -449,6 +453,8 @@ def _plot_pairs(axes, study, points):
         series = sorted(points.values(), key=lambda p: int(p["head_size"]))
         _errorbars(axes, series, [int(p["head_size"]) for p in series], f"fixed head size, width {WIDTH}, 4 heads", "s",
                    lambda p: f"{int(p['non_embedding_parameters']) / 1e3:.0f}k")
+        axes.axvline(SEQUENCE_LENGTH, color="grey", linestyle=":",
+                     label="the sequence length (a head this size can express any attention pattern)")
         axes.set_xscale("log", base=2)
         axes.set_xlabel("head size (annotated: non-embedding parameters)")
     else:
@@ -516,7 +522,7 @@ def plot(study, rows, results=STUDIES_DIR):
         axes.invert_yaxis()
         axes.grid(alpha=0.3, axis="x")
         axes.set_xlim(0, max(values) * 1.35)
-    figure.suptitle(caption(study, rows), fontsize=9)
+    figure.suptitle(textwrap.fill(caption(study, rows), 120), fontsize=9)
     figure.tight_layout()
     _save(figure, results / f"{study}.png")
     plt.close(figure)
@@ -547,7 +553,7 @@ def markdown(study, rows):
     if study == "tokens":
         lines += ["", *(_trend_verdict(rows, label) for label in TREND_MODELS if label != TREND_BASELINE)]
     if study in PAIRED:
-        lines += ["", *(_paired_verdict(rows, label, baseline) for label, baseline in PAIRED[study].items())]
+        lines += ["", *(_paired_verdict(rows, label, baseline) for label, baseline in PAIRED[study])]
     return "\n".join(lines)
 
 
