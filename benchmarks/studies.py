@@ -448,7 +448,7 @@ def _errorbars(axes, series, x, name, marker, note=None):
 
 def _plot_pairs(axes, study, points):
     """head_size: perplexity against the head size at width 64, 4 heads (the paper's Figure 3b); width: the fixed
-    model at w and standard attention at 2w against parameters, one line each."""
+    model at w and standard attention at 2w against their (matched) parameters, one line each."""
     if study == "head_size":
         series = sorted(points.values(), key=lambda p: int(p["head_size"]))
         _errorbars(axes, series, [int(p["head_size"]) for p in series], f"fixed head size, width {WIDTH}, 4 heads", "s",
@@ -461,10 +461,10 @@ def _plot_pairs(axes, study, points):
         for attention, name, marker in (("fixed", f"fixed head size {HEAD_SIZE} at width w", "s"),
                                          ("standard", f"standard attention at width 2w (head size {HEAD_SIZE})", "o")):
             series = sorted((p for p in points.values() if p["attention"] == attention), key=lambda p: int(p["width"]))
-            _errorbars(axes, series, [int(p["non_embedding_parameters"]) / 1e3 for p in series], name, marker,
+            _errorbars(axes, series, [int(p["parameters"]) / 1e3 for p in series], name, marker,
                        lambda p: f"w{p['width']} h{p['heads']}")
         axes.set_xscale("log")
-        axes.set_xlabel("non-embedding parameters (thousands)")
+        axes.set_xlabel("parameters (thousands; each pair matched within 2%)")
     axes.set_ylabel("held-out perplexity per subword")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)

@@ -37,7 +37,7 @@ def _benchmark_module(name):
     return module
 
 
-@pytest.mark.parametrize("study", ["heads", "collaborative", "depth", "head_size"])
+@pytest.mark.parametrize("study", ["heads", "collaborative", "depth", "head_size", "width"])
 def test_readme_study_table_is_the_committed_data(study):
     """Each table row carries its date, machine, steps, tokens seen and whether a token was seen
     twice; the large-corpus studies are single-pass, every run of them."""
