@@ -79,7 +79,7 @@ def canary_losses(tmp_path_factory):
     return lambda study: studies.canary_losses(study, prepared, losses)
 
 
-@pytest.mark.parametrize("study", ["heads", "collaborative", "depth", "head_size"])
+@pytest.mark.parametrize("study", ["heads", "collaborative", "depth", "head_size", "width"])
 def test_study_table_still_reproduces_with_todays_code(study, canary_losses):
     """The table's first row, re-run from scratch by `studies.py --corpus corpus --check`, gave its committed
     perplexity within 0.5%; and a few of the table's models, trained 10 steps on the shipped sample, give
