@@ -181,6 +181,7 @@ def test_the_paired_verdicts_follow_from_the_rows():
     assert studies._paired_verdict(rows[:3], label, baseline).endswith("(mean +10.0%), behind at every seed.")
     assert studies._paired_verdict(rows[:2], label, baseline).endswith("no seed measured for both.")
 
+
 def test_check_reproduces_a_table_from_scratch_and_flags_a_stale_one(tmp_path, monkeypatch):
     """`studies.py --check` on a one-row table of a tiny model on the shipped sample whose committed perplexity
     was raised by 1%: re-run from scratch (its data prepared again), the row gives its original perplexity to
