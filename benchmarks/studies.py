@@ -133,6 +133,7 @@ TREND_MODELS = {"standard w=128 h=8": _standard(128, 8), "fixed p=16 w=64 h=32":
                 "fixed p=64 w=64 h=8": _fixed(64, 8, 64)}
 
 
+HEAD_SIZES = (HEAD_SIZE, 32, SEQUENCE_LENGTH, 128)  # the head-size study's: w/4 up to past the sequence length
 WIDTH_PAIRS = {32: 24, 64: 32, 128: 48}  # width w of the fixed model: its heads (its partner is standard at 2w)
 
 
@@ -165,14 +166,14 @@ STUDIES = {
         (f"standard w={2 * w} h={2 * w // HEAD_SIZE}", _standard(2 * w, 2 * w // HEAD_SIZE)),
         (f"fixed p={HEAD_SIZE} w={w} h={h}", _fixed(w, h)))},
     # Bhojanapalli et al. (2020), Table 2B and Figure 3b: width 64, 4 heads, the head size alone varied.
-    "head_size": {f"fixed p={p} w={WIDTH} h=4": _fixed(WIDTH, 4, p) for p in (16, 32, 64, 128)},
+    "head_size": {f"fixed p={p} w={WIDTH} h=4": _fixed(WIDTH, 4, p) for p in HEAD_SIZES},
 }
 # The seed-paired verdicts below the width and head-size tables: (model, partner) pairs, the perplexity gap; the
 # head sizes against 16 (standard attention's w/4) and a head larger than the sequence (128 > 64) against one equal to it.
 PAIRED = {
     "width": [(f"fixed p={HEAD_SIZE} w={w} h={h}", f"standard w={2 * w} h={2 * w // HEAD_SIZE}") for w, h in WIDTH_PAIRS.items()],
-    "head_size": [*((f"fixed p={p} w={WIDTH} h=4", f"fixed p={HEAD_SIZE} w={WIDTH} h=4") for p in (32, 64, 128)),
-                  (f"fixed p=128 w={WIDTH} h=4", f"fixed p=64 w={WIDTH} h=4")],
+    "head_size": [*((f"fixed p={p} w={WIDTH} h=4", f"fixed p={HEAD_SIZE} w={WIDTH} h=4") for p in HEAD_SIZES[1:]),
+                  (f"fixed p={HEAD_SIZES[-1]} w={WIDTH} h=4", f"fixed p={SEQUENCE_LENGTH} w={WIDTH} h=4")],
 }
 
 
@@ -441,9 +442,8 @@ def _errorbars(axes, series, x, name, marker, note=None):
     y = [p["perplexity"] for p in series]
     errors = [[p["perplexity"] - p["low"] for p in series], [p["high"] - p["perplexity"] for p in series]]
     axes.errorbar(x, y, yerr=errors, marker=marker, capsize=3, label=name)
-    for p, xi, yi in zip(series, x, y):
-        if note:
-            axes.annotate(note(p), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for p, xi, yi in zip(series, x, y) if note else ():
+        axes.annotate(note(p), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
 
 
 def _plot_pairs(axes, study, points):
