@@ -19,6 +19,7 @@ import sys
 
 from concise_attention.export import commit
 from concise_attention.export.savedmodels import GFileStore
+from concise_attention.export.savedmodels import POOLINGS
 from concise_attention.export.savedmodels import export_run
 from concise_attention.training.run import configs
 
@@ -34,7 +35,9 @@ def main(argv=None):
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
     parser.add_argument("--seq-length", type=int, help="sequence length of the preprocessor and serving model (default: a run's own training.sequence_length, else min(128, max))")
     parser.add_argument("--model-name", help="TF Serving model name (default: the run's config name)")
-    parser.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="serving embedding: mean of tokens or pooled [CLS]")
+    parser.add_argument("--pooling", choices=POOLINGS, default=None,
+                        help="the served `embedding` (and the TF-Hub encoder's): mean of the real tokens, that mean at unit length, or the "
+                             "pooled [CLS]; default: the sentence embedding the model was distilled to give (normalized_mean), else mean")
     parser.add_argument("--recover", action="store_true", help="only finish the commits of killed exports into OUT and remove their leftovers")
     args = parser.parse_args(argv)
     if not args.recover and not (args.run or args.hf_dir or args.preset):

@@ -37,6 +37,7 @@ import json
 import os
 import posixpath
 import re
+import shutil
 import tarfile
 import tempfile
 
@@ -61,6 +62,7 @@ from concise_attention.training.tasks import make_task
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 SAVE_OPTIONS = tf.saved_model.SaveOptions()
+POOLINGS = ("mean", "normalized_mean", "cls")
 WARMUP_TEXTS = ("The quick brown fox jumps over the lazy dog.", "", "Fixed head size attention keeps each head expressive.")
 
 
@@ -75,12 +77,29 @@ def inference(encoder):
     return tf.function(lambda inputs: encoder(inputs, training=False), input_signature=[_id_specs()], autograph=False)
 
 
-def _encoder_outputs(encoder, inputs, training, infer):
+def pooled(outputs, input_mask, pooling):
+    """The sentence embedding [batch, hidden] of the encoder's `outputs`: "cls", its pooled [CLS] output;
+    "mean", the mean of `sequence_output` over the real tokens (`input_mask`); "normalized_mean", that
+    mean scaled to unit length (sentence-transformers' Pooling + Normalize: what a distilled student gives)."""
+    if pooling == "cls":
+        return outputs["pooled_output"]
+    sequence = outputs["sequence_output"]
+    mask = tf.cast(input_mask, sequence.dtype)[:, :, None]
+    mean = tf.reduce_sum(sequence * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
+    return tf.math.l2_normalize(mean, axis=-1) if pooling == "normalized_mean" else mean
+
+
+def _encoder_outputs(encoder, inputs, training, infer, pooling="mean", sentence=False):
+    """The TF-Hub encoder's outputs, with `embedding` (`pooled` by `pooling`); a sentence encoder's
+    `pooled_output` and `default` are that embedding (its [CLS] pooler was never trained)."""
     inputs = {name: inputs[name] for name in ENCODER_INPUTS}
     outputs = encoder(inputs, training=True) if training else infer(inputs)
+    embedding = pooled(outputs, inputs["input_mask"], pooling)
+    summary = embedding if sentence else outputs["pooled_output"]
     return {
-        "pooled_output": outputs["pooled_output"],
-        "default": outputs["pooled_output"],
+        "pooled_output": summary,
+        "default": summary,
+        "embedding": embedding,
         "sequence_output": outputs["sequence_output"],
         "encoder_outputs": list(outputs["encoder_outputs"]),
     }
@@ -109,16 +128,17 @@ class _Reusable(tf.Module):
             self.__call__.get_concrete_function(input_specs, training=training)
 
 
-def hub_encoder(encoder, vocabulary, lowercase, pretrainer=None, infer=None):
+def hub_encoder(encoder, vocabulary, lowercase, pretrainer=None, infer=None, pooling="mean", sentence=False):
     """The TF-Hub encoder object of a `BertEncoder`; a `BertPretrainer` around it adds `.mlm`.
-    `infer`: the encoder's `inference` function, if the caller has one to share."""
+    `infer`: the encoder's `inference` function, if the caller has one to share; `pooling`, `sentence`:
+    its `embedding` output and whether it is a sentence encoder (`_encoder_outputs`)."""
     infer = infer or inference(encoder)
 
     def call(inputs, training=False):
-        return _encoder_outputs(encoder, inputs, training, infer)
+        return _encoder_outputs(encoder, inputs, training, infer, pooling, sentence)
 
     def call_mlm(inputs, training=False):
-        outputs = _encoder_outputs(encoder, inputs, training, infer)
+        outputs = _encoder_outputs(encoder, inputs, training, infer, pooling, sentence)
         outputs["mlm_logits"] = pretrainer.masked_lm_logits(outputs["sequence_output"], inputs["masked_lm_positions"])
         return outputs
 
@@ -129,7 +149,7 @@ def hub_encoder(encoder, vocabulary, lowercase, pretrainer=None, infer=None):
     root.do_lower_case = tf.Variable(lowercase, trainable=False, name="do_lower_case")
 
     def serve(inputs):
-        outputs = _encoder_outputs(encoder, inputs, False, infer)
+        outputs = _encoder_outputs(encoder, inputs, False, infer, pooling, sentence)
         outputs.pop("encoder_outputs")
         return outputs
 
@@ -192,13 +212,7 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
 
     def embed(inputs):
         outputs = infer({name: inputs[name] for name in ENCODER_INPUTS})
-        sequence = outputs["sequence_output"]
-        if pooling == "cls":
-            embedding = outputs["pooled_output"]
-        else:
-            mask = tf.cast(inputs["input_mask"], sequence.dtype)[:, :, None]
-            embedding = tf.reduce_sum(sequence * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
-        return {"embedding": embedding, "sequence_output": sequence}
+        return {"embedding": pooled(outputs, inputs["input_mask"], pooling), "sequence_output": outputs["sequence_output"]}
 
     def embed_text(text):  # length-sorted chunks, each padded to its own longest text: bounded memory
         return chunked([text], tokenizer, seq_length, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS)
@@ -346,8 +360,10 @@ def _export_settings(source, seq_length, model_name, pooling):
     if not tf.io.gfile.exists(source.vocabulary):
         raise ValueError(f"{source.path!r} has no vocab.txt.")
     read_vocabulary(source.vocabulary)  # fails now, before anything is written, if unusable
-    if pooling not in ("mean", "cls"):
-        raise ValueError(f"`pooling` must be 'mean' or 'cls'. Received: pooling={pooling!r}")
+    if pooling is None:  # the sentence embedding it was trained to give, else the mean of its tokens
+        pooling = source.embedding or "mean"
+    if pooling not in POOLINGS:
+        raise ValueError(f"`pooling` must be one of {', '.join(POOLINGS)}. Received: pooling={pooling!r}")
     max_length = source.model["max_sequence_length"]
     if seq_length is None:  # a run's own length (what it was trained and evaluated at), else 128
         seq_length = source.serving_length
@@ -357,7 +373,8 @@ def _export_settings(source, seq_length, model_name, pooling):
         raise ValueError(f"`model_name` must be 1-64 letters, digits and _.- (it goes into paths and models.config). "
                          f"Received: model_name={model_name!r}")
     default_name = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name or "model")[:64].lstrip(".") or "model"
-    return {"model_name": model_name or default_name, "seq_length": seq_length, "pooling": pooling, **source.tokenizer}
+    return {"model_name": model_name or default_name, "seq_length": seq_length, "pooling": pooling,
+            "sentence_encoder": source.embedding is not None, **source.tokenizer}
 
 
 def _fix_seed_states(model):
@@ -368,7 +385,7 @@ def _fix_seed_states(model):
         variable.assign(np.array([index + 1, 0], dtype=variable.dtype))
 
 
-def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling="mean", kind=None):
+def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling=None, kind=None):
     """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
     Args:
@@ -384,8 +401,11 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
             a run's own training.sequence_length, else min(128, max_sequence_length)).
         model_name: the TF Serving model name (default: the run's config name, or the
             Hugging Face folder's name).
-        pooling: the serving `embedding`: "mean" over non-padding tokens or "cls"
-            (the pooled output).
+        pooling: the `embedding` of the serving model and the TF-Hub encoder (`pooled`): "mean" over
+            the real tokens, "normalized_mean" (that mean at unit length) or "cls" (the pooled output);
+            default: the sentence embedding the source was trained to give (a distilled student's
+            "normalized_mean", whose TF-Hub `pooled_output` and `default` are then that embedding too),
+            else "mean".
         kind: "hf" or "run" to insist on one kind of source (`read_source`).
 
     Returns:
@@ -401,7 +421,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
     described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}
     with commit.export_version(out_dir, version, overwrite, store) as staged:
         export = {"version": staged.version, "export_id": staged.export_id, **settings, "source_kind": source.kind, "config": described}
-        _write_version(staged, encoder, model, source.vocabulary, export)
+        _write_version(staged, encoder, model, source, export)
     hub, serving = posixpath.join(staged.out, "hub", str(staged.version)), posixpath.join(staged.out, "serving", str(staged.version))
     return {
         "version": staged.version,
@@ -417,12 +437,18 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
     }
 
 
-def write_keras_preset(folder, model, vocabulary, lowercase, strip_accents):
-    """The Keras 3 preset (`models.presets`: keras-hub's layout) of `model` (the encoder, or the
-    task model around it) and its tokenizer settings and vocabulary."""
+def write_keras_preset(folder, model, vocabulary, source):
+    """The Keras 3 preset (`models.presets`: keras-hub's layout) of `model` (the encoder, or the task
+    model around it), with the tokenizer, trained length and sentence embedding `source` records, a
+    preset's model card (README.md) where it has one, and the manifest of every file's sha256."""
     presets.save_to_preset(model, folder)
     with tf.io.gfile.GFile(str(vocabulary), "r") as file:
-        presets.save_tokenizer(folder, file.read(), lowercase, strip_accents)
+        presets.save_tokenizer(folder, file.read(), source.tokenizer["lowercase"], source.tokenizer["strip_accents"],
+                               sequence_length=source.sequence_length, embedding=source.embedding)
+    card = os.path.join(source.path, "README.md")
+    if source.kind == "preset" and os.path.isfile(card):
+        shutil.copyfile(card, os.path.join(folder, "README.md"))
+    presets.write_manifest(folder)
 
 
 def _serving_signature(config, model):
@@ -440,25 +466,26 @@ def _save(build, arguments, path):
     tf.saved_model.save(root, path, signatures=signatures, options=SAVE_OPTIONS)
 
 
-def _write_version(staged, encoder, model, vocabulary, export):
+def _write_version(staged, encoder, model, source, export):
     """Writes hub/ (encoder, preprocess, tarball, keras), serving/ and models.config of a
-    version into `staged.folder` (local)."""
+    version of `source` into `staged.folder` (local)."""
     folder = staged.folder
     # The vocabulary is copied into the staging folder first so that the assets
     # point at a file that is still there after the source is deleted.
     vocab_copy = os.path.join(folder, "vocab.txt")
-    tf.io.gfile.copy(str(vocabulary), vocab_copy, overwrite=True)
+    tf.io.gfile.copy(str(source.vocabulary), vocab_copy, overwrite=True)
     tokenizer = WordPieceModule(vocab_copy, lowercase=export["lowercase"], strip_accents=export["strip_accents"])
     hub_dir, serving_dir = os.path.join(folder, "hub"), os.path.join(folder, "serving")
     pretrainer = model if hasattr(model, "masked_lm_logits") else None
     infer = inference(encoder)  # traced once, for the hub encoder and the serving model
-    _save(hub_encoder, (encoder, vocab_copy, export["lowercase"], pretrainer, infer), os.path.join(hub_dir, "encoder"))
+    _save(hub_encoder, (encoder, vocab_copy, export["lowercase"], pretrainer, infer, export["pooling"], export["sentence_encoder"]),
+          os.path.join(hub_dir, "encoder"))
     _save(hub_preprocessor, (tokenizer, export["seq_length"]), os.path.join(hub_dir, "preprocess"))
     # Level 1: float weights hardly compress, and level 9 takes several times as long on them.
     with tarfile.open(os.path.join(hub_dir, "hub.tar.gz"), "w:gz", compresslevel=1) as archive:
         for name in ("encoder", "preprocess"):
             archive.add(os.path.join(hub_dir, name), arcname=name)
-    write_keras_preset(os.path.join(hub_dir, "keras"), model or encoder, vocab_copy, export["lowercase"], export["strip_accents"])
+    write_keras_preset(os.path.join(hub_dir, "keras"), model or encoder, vocab_copy, source)
     signature = _serving_signature(export["config"], model) if model is not None else None
     if signature is None:  # no task model of its own to serve: the encoder's embeddings
         _save(serving_model, (encoder, tokenizer, export["seq_length"], export["pooling"], infer), serving_dir)

@@ -39,6 +39,8 @@ METADATA_FILE = "metadata.json"
 TOKENIZER_FILE = "tokenizer.json"
 VOCABULARY_ASSET = "assets/tokenizer/vocabulary.txt"
 MANIFEST_FILE = "manifest.json"
+# What a backbone's `from_preset(**kwargs)` may change: rates, dtype and naming, never the shape of a weight.
+OVERRIDABLE = ("dropout", "attention_dropout", "dtype", "name", "trainable")
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shipped")
 
 
@@ -51,12 +53,16 @@ def shipped_presets():
 
 
 def resolve(preset):
-    """The folder of `preset` (a folder, or a shipped preset's name), its manifest checked."""
+    """The folder of `preset` (a shipped preset's name, or a folder), its manifest checked. A shipped name
+    wins over a folder of that name in the working directory (as keras-hub's built-in names do): write
+    `./NAME` for the folder. A shipped preset without its manifest is refused."""
     path = str(preset)
-    if not os.path.isdir(path):
-        if path not in shipped_presets():
-            raise ValueError(f"{path!r} is neither a preset folder nor a shipped preset (shipped: {', '.join(shipped_presets()) or 'none'}).")
+    if path in shipped_presets():
         path = os.path.join(SHIPPED_DIR, path)
+        if not os.path.isfile(os.path.join(path, MANIFEST_FILE)):
+            raise ValueError(f"{os.path.join(path, MANIFEST_FILE)} is missing: the shipped preset cannot be checked; reinstall the package.")
+    elif not os.path.isdir(path):
+        raise ValueError(f"{path!r} is neither a preset folder nor a shipped preset (shipped: {', '.join(shipped_presets()) or 'none'}).")
     check_manifest(path)
     return path
 
@@ -155,7 +161,11 @@ class PresetMixin:
     @classmethod
     def from_preset(cls, preset, **kwargs):
         """The backbone of `preset`, weights loaded; `kwargs` change constructor arguments
-        that do not change the weights (e.g. `dropout=0.0`)."""
+        that do not change the weights (OVERRIDABLE: e.g. `dropout=0.1` for fine-tuning); any other is refused."""
+        refused = sorted(set(kwargs) - set(OVERRIDABLE))
+        if refused:
+            raise ValueError(f"`from_preset` takes only arguments that leave the weights as they are ({', '.join(OVERRIDABLE)}). "
+                             f"Received: {', '.join(f'{name}={kwargs[name]!r}' for name in refused)}")
         preset = resolve(preset)
         config = _read(preset, CONFIG_FILE)
         _check_class(config, cls, os.path.join(str(preset), CONFIG_FILE))
@@ -210,11 +220,19 @@ def trained_sequence_length(preset):
     return _read(resolve(preset), TOKENIZER_FILE).get("sequence_length")
 
 
-def save_tokenizer(preset, vocabulary_text, lowercase, strip_accents, sequence_length=None):
+def sentence_embedding(preset):
+    """The sentence embedding `preset` was trained to give (tokenizer.json's `embedding`, e.g.
+    "normalized_mean" for a distilled sentence encoder), or None for a plain encoder."""
+    return _read(resolve(preset), TOKENIZER_FILE).get("embedding")
+
+
+def save_tokenizer(preset, vocabulary_text, lowercase, strip_accents, sequence_length=None, embedding=None):
     """Writes tokenizer.json and the vocabulary asset of `preset`; `sequence_length`, when given, is the
-    length the encoder was trained at (what `SentenceEncoder.from_preset` and `concise-export` default to)."""
+    length the encoder was trained at (what `SentenceEncoder.from_preset` and `concise-export` default to);
+    `embedding`, the sentence embedding it was trained to give (what `concise-export` serves by default)."""
     os.makedirs(os.path.join(str(preset), os.path.dirname(VOCABULARY_ASSET)), exist_ok=True)
     with open(os.path.join(str(preset), VOCABULARY_ASSET), "w", encoding="utf-8") as file:
         file.write(vocabulary_text)
     settings = {"vocabulary": VOCABULARY_ASSET, "lowercase": lowercase, "strip_accents": strip_accents}
-    _write(preset, TOKENIZER_FILE, settings if sequence_length is None else {**settings, "sequence_length": sequence_length})
+    recorded = {"sequence_length": sequence_length, "embedding": embedding}
+    _write(preset, TOKENIZER_FILE, {**settings, **{key: value for key, value in recorded.items() if value is not None}})

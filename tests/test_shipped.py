@@ -41,8 +41,12 @@ def test_shipped_preset_is_small_float16_hashed_and_documented(name):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
-    """`concise-export --preset NAME`: the served embedding equals the Keras encoder's mean pooling (numpy)
-    on the same ids, for texts of mixed lengths, and, normalised, the preset's own `encode()`."""
+    """`concise-export --preset NAME`: the served embedding and the TF-Hub encoder's `default`, `pooled_output` and
+    `embedding` are the Keras encoder's mean pooling (numpy) on the same ids at unit length, for texts of mixed
+    lengths, and the preset's own `encode()`; the exported Keras preset keeps the trained length, the embedding,
+    the model card and a manifest, and encodes as the shipped one."""
+    import tensorflow_hub as hub
+
     from concise_attention.cli import export as export_cli
     from concise_attention.models.bert import BertEncoder
     from concise_attention.training.inference.embeddings import SentenceEncoder
@@ -55,10 +59,46 @@ def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
     encoder = BertEncoder.from_preset(name)
     sequence = np.asarray(encoder({key: value for key, value in inputs.items()}, training=False)["sequence_output"])
     mask = inputs["input_mask"].numpy()[:, :, None]
-    np.testing.assert_allclose(served, (sequence * mask).sum(1) / mask.sum(1), atol=2e-5)
-    assert served.shape[1] == encoder.hidden_size and os.path.isdir(tmp_path / "export" / "hub" / "1" / "encoder")
-    np.testing.assert_allclose(served / np.linalg.norm(served, axis=1, keepdims=True),
-                               SentenceEncoder.from_preset(name, sequence_length=mask.shape[1]).encode(texts), atol=2e-5)
+    mean = (sequence * mask).sum(1) / mask.sum(1)
+    unit = mean / np.linalg.norm(mean, axis=1, keepdims=True)
+    np.testing.assert_allclose(served, unit, atol=2e-5)
+    assert served.shape[1] == encoder.hidden_size
+    np.testing.assert_allclose(served, SentenceEncoder.from_preset(name, sequence_length=mask.shape[1]).encode(texts), atol=2e-5)
+    hub_outputs = hub.KerasLayer(str(tmp_path / "export" / "hub" / "1" / "encoder"))(dict(inputs))
+    for key in ("default", "pooled_output", "embedding"):
+        np.testing.assert_allclose(hub_outputs[key].numpy(), unit, atol=2e-5, err_msg=key)
+    keras_preset = tmp_path / "export" / "hub" / "1" / "keras"
+    assert presets.trained_sequence_length(keras_preset) == presets.trained_sequence_length(name)
+    assert presets.sentence_embedding(keras_preset) == "normalized_mean"
+    assert (keras_preset / "README.md").read_text() == (pathlib.Path(presets.SHIPPED_DIR) / name / "README.md").read_text()
+    long_text = ["word " * 300]
+    np.testing.assert_allclose(SentenceEncoder.from_preset(str(keras_preset)).encode(long_text),
+                               SentenceEncoder.from_preset(name).encode(long_text), atol=2e-5)
+    (keras_preset / presets.WEIGHTS_FILE).write_bytes(b"tampered")
+    with pytest.raises(ValueError, match="does not match the sha256"):
+        BertEncoder.from_preset(str(keras_preset))
+
+
+def test_from_preset_refuses_arguments_that_would_change_the_weights_or_are_misspelt():
+    """Only rates, dtype and naming may change; a misspelt or shape-changing argument is one ValueError naming it."""
+    from concise_attention.models.bert import BertEncoder
+
+    name = SHIPPED[0]
+    assert BertEncoder.from_preset(name, dropout=0.1, attention_dropout=0.1).get_config()["dropout"] == 0.1
+    for arguments in ({"droput": 0.1}, {"num_layers": 3}, {"max_sequence_length": 128}):
+        with pytest.raises(ValueError, match=f"Received: {next(iter(arguments))}="):
+            BertEncoder.from_preset(name, **arguments)
+
+
+def test_a_shipped_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch):
+    """keras-hub's rule for built-in names: an (empty) folder named like a shipped preset in the working
+    directory does not hide it; `./NAME` reads the folder."""
+    name = SHIPPED[0]
+    (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert presets.resolve(name) == os.path.join(presets.SHIPPED_DIR, name)
+    with pytest.raises(ValueError, match="not a preset directory"):
+        presets.trained_sequence_length(f"./{name}")
 
 
 @pytest.mark.parametrize("name", SHIPPED)

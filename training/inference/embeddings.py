@@ -10,6 +10,8 @@ that short texts cost little; the embedding is the mean of the token vectors ove
 (sentence-transformers' mean pooling), scaled to unit length unless `normalize=False`.
 """
 
+import collections.abc
+
 import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
@@ -56,6 +58,8 @@ class SentenceEncoder:
         progress bar's caption, None for none)."""
         if isinstance(texts, (str, bytes)):
             raise ValueError("`texts` must be a list of strings, not one string.")
+        if not isinstance(texts, collections.abc.Iterable):
+            raise ValueError(f"`texts` must be a list of strings. Received: texts={texts!r}")
         texts = [text.item() if isinstance(text, np.str_) else text for text in texts]  # a generator or numpy array too
         if not all(isinstance(text, str) for text in texts):
             raise ValueError("`texts` must be a list of strings.")

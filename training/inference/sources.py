@@ -28,6 +28,7 @@ from concise_attention.training.files import read_json
 from concise_attention.training.preprocessing.text import read_vocabulary
 
 DEFAULT_SERVING_LENGTH = 128
+DISTILLED_EMBEDDING = "normalized_mean"  # what a distill run's student is trained to give: its teacher's pooling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Source:
         (a finished run, or a conversion of one), else None.
     name: the run's config name, or the Hugging Face folder's name.
     sequence_length: the length a run (or a preset that records it) was trained at, else None.
+    embedding: the sentence embedding it was trained to give ("normalized_mean": a distill run, or a preset
+        that records it), else None (a plain encoder).
     """
 
     path: str
@@ -55,6 +58,7 @@ class Source:
     model_weights: str = None
     name: str = None
     sequence_length: int = None
+    embedding: str = None
 
     @property
     def serving_length(self):
@@ -99,7 +103,8 @@ def read_source(path, kind=None):
     return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
                   saved_tokenizer_settings(config, join(path, CONFIG)), config.get("task"),
                   model_weights=model_weights if tf.io.gfile.exists(model_weights) else None,
-                  name=config.get("name") or _basename(path), sequence_length=(config.get("training") or {}).get("sequence_length"))
+                  name=config.get("name") or _basename(path), sequence_length=(config.get("training") or {}).get("sequence_length"),
+                  embedding=DISTILLED_EMBEDDING if (config.get("task") or {}).get("name") == "distill" else None)
 
 
 def is_preset_folder(path):
@@ -112,7 +117,7 @@ def _read_preset(path):
     settings = presets.tokenizer_settings(path)
     return Source(path, "preset", "bert", model, join(path, presets.WEIGHTS_FILE), settings["path"],
                   {"lowercase": settings["lowercase"], "strip_accents": settings["strip_accents"]}, name=_basename(path),
-                  sequence_length=presets.trained_sequence_length(path))
+                  sequence_length=presets.trained_sequence_length(path), embedding=presets.sentence_embedding(path))
 
 
 def _read_hf_folder(path):
