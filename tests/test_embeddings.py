@@ -35,6 +35,7 @@ def test_encode_gives_the_reference_mean_embeddings_in_order(encoder, minilm_dir
 
 @pytest.mark.parametrize("texts, batch_size, message", [
     ("one string", 32, "list of strings"), ([b"bytes"], 32, "list of strings"), (["a"], 0, "batch_size"),
+    (None, 32, "list of strings"), (5, 32, "list of strings"),
 ])
 def test_bad_arguments_name_the_argument(encoder, texts, batch_size, message):
     with pytest.raises(ValueError, match=message):
