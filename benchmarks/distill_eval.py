@@ -149,15 +149,22 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
         projection = model.projection
         encoders.append(Encoder(f"student {run_name(run_dir)}", backbone, tokenizer,
                                 to_teacher=lambda pooled, layer=projection: np.asarray(layer(pooled))))
-        if not any(isinstance(encoder, PcaOfTeacher) and encoder.width == backbone.hidden_size for encoder in encoders):
-            encoders.append(PcaOfTeacher(teacher, fit_texts, backbone.hidden_size))
+        _with_pca(encoders, teacher, fit_texts, backbone.hidden_size)
         keras.utils.set_random_seed(config.training.seed)
         encoders.append(Encoder(f"random init, {run_name(run_dir)}", config.build_model(dtype="float32"), tokenizer))
     for preset in presets:  # named with its weights' sha256: which weights, even after a new student takes the name
         folder = shipped.resolve(preset)
         digest = json.loads(pathlib.Path(folder, shipped.MANIFEST_FILE).read_text())["sha256"][shipped.WEIGHTS_FILE]
-        encoders.append(Encoder(f"preset {preset} ({digest[:8]})", SentenceEncoder.from_preset(preset).backbone, tokenizer))
+        backbone = SentenceEncoder.from_preset(preset).backbone
+        encoders.append(Encoder(f"preset {preset} ({digest[:8]})", backbone, tokenizer))
+        _with_pca(encoders, teacher, fit_texts, backbone.hidden_size)
     return teacher, encoders
+
+
+def _with_pca(encoders, teacher, fit_texts, width):
+    """Appends the teacher's PCA projection to `width` unless `encoders` has it."""
+    if not any(isinstance(encoder, PcaOfTeacher) and encoder.width == width for encoder in encoders):
+        encoders.append(PcaOfTeacher(teacher, fit_texts, width))
 
 
 def quality(encoder, teacher_embeddings, texts, probes, pairs):
@@ -356,7 +363,8 @@ def main(argv=None):
     parser.add_argument("--texts", type=int, default=2048)
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--fit-texts", type=int, default=4096)
-    parser.add_argument("--presets", nargs="*", default=[], help="shipped presets to measure beside the runs (e.g. the one a run replaces)")
+    parser.add_argument("--presets", nargs="*", default=[], help="shipped presets to measure, alone or beside the runs (e.g. the one a run "
+                        "replaces); no cosine to the teacher: a preset does not ship its projection")
     parser.add_argument("--out", default=str(RESULTS / "distill_eval.json"))
     parser.add_argument("--markdown", nargs="+", metavar="JSON",
                         help="only print the table of results files (several: one table, see merge)")
@@ -380,15 +388,18 @@ def main(argv=None):
         if args.paired:
             print("\nMeans over seeds (the README's table):\n\n" + summary(rows, args.paired))
         return
-    if not (args.runs and args.data_dir):
-        parser.error("--runs and --data-dir are required (unless --markdown)")
+    if not ((args.runs or args.presets) and args.data_dir):
+        parser.error("--data-dir and --runs or --presets are required (unless --markdown)")
+    from concise_attention.models import presets as shipped
     from concise_attention.training import files
     from concise_attention.training.tasks.distill import default_teacher
 
+    args.runs = args.runs or []
     run_configs = {run_name(run): files.read_json(files.join(run, files.CONFIG)) for run in args.runs}  # what trained each
     lengths = {config["training"]["sequence_length"] for config in run_configs.values()}
+    lengths |= {shipped.trained_sequence_length(preset) for preset in args.presets if not args.runs}
     if len(lengths) != 1:
-        parser.error(f"the runs were distilled at different lengths {sorted(lengths)}: compare them in separate tables")
+        parser.error(f"the runs or presets were distilled at different lengths {sorted(lengths, key=str)}: compare them in separate tables")
     Encoder.sequence_length = lengths.pop()
     texts, pairs, fit_texts = heldout_data(args.data_dir, args.texts, args.pairs, args.fit_texts)
     probes = {key: (read_tsv(folder / "train.tsv"), read_tsv(folder / "dev.tsv")) for key, folder in PROBES.items()}

@@ -97,7 +97,8 @@ def model_card(name, source, config, results, run):
         + f", feed-forward {model['intermediate_size']}; {row.get('parameters', 0) / 1e6:.2f}M parameters, stored in float16. "
         "Embedding: the mean of the token vectors over the real tokens, scaled to unit length (the teacher's pooling). "
         f"Uncased WordPiece vocabulary of the teacher ({model['vocab_size']} entries). "
-        f"Distilled at {training['sequence_length']} tokens: longer texts are cut. "
+        f"Distilled at {training['sequence_length']} tokens: longer texts are cut, unless `from_preset(..., sequence_length=N)` "
+        "says otherwise (benchmarks/long_texts.py measures what a longer cut keeps of the teacher's similarities). "
         f"`concise-export --preset {name}` exports it like any other model: its TF-Hub encoder's `default`, `pooled_output` "
         "and `embedding` and its TF Serving model's `embedding` are this embedding (unit rows; the [CLS] pooler, never "
         "distilled, is not exposed).", "",

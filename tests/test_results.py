@@ -443,3 +443,17 @@ def test_a_row_is_clean_when_only_results_differ_from_its_commit(tmp_path, monke
     (tmp_path / "copy").mkdir()  # a copy of the tree without .git, inside another repository: not that one's commit
     monkeypatch.setattr(provenance, "ROOT", tmp_path / "copy")
     assert provenance.commit() == ("unknown", False)
+
+
+def test_readme_long_text_figures_are_the_committed_data():
+    """The README's Spearman figures for long texts are long_texts.json's, and its measure is SciPy's Spearman of
+    the two upper triangles of cosines, checked on a hand-made case where the rank order is known."""
+    long_texts = _benchmark_module("long_texts")
+    record = json.loads((ROOT / "benchmarks" / "results" / "long_texts.json").read_text())["spearman"]
+    quoted = (f"with Spearman {record['concise-minilm-d192 at 256']:.2f} at 256 against {record['concise-minilm-d192 at 64']:.2f} at its "
+              f"default 64 (the teacher itself cut to 64: {record['teacher at 64']:.2f};")
+    assert quoted in " ".join(README.split()), quoted
+    unit = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])  # cosines 0.8, 0.0, 0.6
+    flipped = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])  # cosines 0.0, 0.6, 0.8: the ranks 3,1,2 become 1,2,3
+    assert long_texts.spearman_of_similarities(unit, unit) == 1.0
+    assert abs(long_texts.spearman_of_similarities(unit, flipped) - (-0.5)) < 1e-12
