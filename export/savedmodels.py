@@ -440,8 +440,10 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
 def write_keras_preset(folder, model, vocabulary, source):
     """The Keras 3 preset (`models.presets`: keras-hub's layout) of `model` (the encoder, or the task
     model around it), with the tokenizer, trained length and sentence embedding `source` records, a
-    preset's model card (README.md) where it has one, and the manifest of every file's sha256."""
-    presets.save_to_preset(model, folder)
+    preset's model card (README.md) where it has one, and the manifest of every file's sha256; a preset's
+    float16 weights stay float16."""
+    half = source.kind == "preset" and model is getattr(model, "encoder", model) and presets.stored_dtype(source.path) == "float16"
+    presets.save_to_preset(model, folder, weights_dtype="float16" if half else None)
     with tf.io.gfile.GFile(str(vocabulary), "r") as file:
         presets.save_tokenizer(folder, file.read(), source.tokenizer["lowercase"], source.tokenizer["strip_accents"],
                                sequence_length=source.sequence_length, embedding=source.embedding)

@@ -198,6 +198,17 @@ class TaskPresetMixin:
     save_to_preset = save_to_preset
 
 
+def stored_dtype(preset):
+    """The dtype the backbone weights of `preset` are stored in ("float16" for a shipped preset), or None
+    where they mix dtypes."""
+    import h5py
+
+    dtypes = set()
+    with h5py.File(os.path.join(resolve(preset), WEIGHTS_FILE), "r") as weights:
+        weights.visititems(lambda _, item: dtypes.add(str(item.dtype)) if isinstance(item, h5py.Dataset) and item.dtype.kind == "f" else None)
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def backbone_arguments(preset, cls):
     """The constructor arguments of the `cls` (e.g. `BertEncoder`) saved in `preset`."""
     preset = resolve(preset)

@@ -30,10 +30,10 @@ def test_shipped_preset_is_small_float16_hashed_and_documented(name):
     assert sum(path.stat().st_size for path in files) <= LIMIT
     manifest = json.loads((folder / presets.MANIFEST_FILE).read_text())["sha256"]
     assert sorted(manifest) == sorted(str(path.relative_to(folder)) for path in files if path.name != presets.MANIFEST_FILE)
-    with h5py.File(folder / presets.WEIGHTS_FILE) as weights:
+    with h5py.File(folder / presets.WEIGHTS_FILE) as weights:  # read here with h5py, not with presets.stored_dtype
         dtypes = set()
         weights.visititems(lambda _, item: dtypes.add(str(item.dtype)) if isinstance(item, h5py.Dataset) and item.dtype.kind == "f" else None)
-    assert dtypes == {"float16"}
+    assert dtypes == {"float16"} and presets.stored_dtype(name) == "float16"
     card = (folder / "README.md").read_text()
     for section in ("## Model", "## Evaluation", "## Training", "## Data and licences", "## Intended use and limits"):
         assert section in card, section
@@ -71,6 +71,7 @@ def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
     assert presets.trained_sequence_length(keras_preset) == presets.trained_sequence_length(name)
     assert presets.sentence_embedding(keras_preset) == "normalized_mean"
     assert (keras_preset / "README.md").read_text() == (pathlib.Path(presets.SHIPPED_DIR) / name / "README.md").read_text()
+    assert presets.stored_dtype(keras_preset) == "float16" == presets.stored_dtype(name)
     long_text = ["word " * 300]
     np.testing.assert_allclose(SentenceEncoder.from_preset(str(keras_preset)).encode(long_text),
                                SentenceEncoder.from_preset(name).encode(long_text), atol=2e-5)
