@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 
+import h5py
 import keras
 
 CONFIG_FILE = "config.json"
@@ -201,8 +202,6 @@ class TaskPresetMixin:
 def stored_dtype(preset):
     """The dtype the backbone weights of `preset` are stored in ("float16" for a shipped preset), or None
     where they mix dtypes."""
-    import h5py
-
     dtypes = set()
     with h5py.File(os.path.join(resolve(preset), WEIGHTS_FILE), "r") as weights:
         weights.visititems(lambda _, item: dtypes.add(str(item.dtype)) if isinstance(item, h5py.Dataset) and item.dtype.kind == "f" else None)
