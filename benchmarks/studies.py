@@ -392,15 +392,15 @@ def paired_gaps(rows, label, baseline):
             for (name, seed), row in sorted(runs.items()) if name == label and (baseline, seed) in runs]
 
 
-def trend(rows, label):
+def trend(rows, label, steps=TREND_STEPS):
     """The gap of TREND_MODELS' `label` to TREND_BASELINE against tokens: {"points": [(tokens, seed, gap %)], "slope",
     "intercept" (gap % = intercept + slope * log10 tokens, least squares over the seed-paired points), their standard
     errors and covariance, "closes_at" (the tokens where the fitted line reaches 0, when it falls from above; else
-    None)}. The gap is 100 * (perplexity / the baseline's perplexity of the same seed and budget - 1)."""
+    None)}, over the budgets `steps`. The gap is 100 * (perplexity / the baseline's perplexity of the same seed and budget - 1)."""
     import numpy as np
 
-    points = [(tokens, seed, gap) for steps in TREND_STEPS
-              for seed, tokens, gap in paired_gaps(rows, f"{label} @{steps}", f"{TREND_BASELINE} @{steps}")]
+    points = [(tokens, seed, gap) for budget in steps
+              for seed, tokens, gap in paired_gaps(rows, f"{label} @{budget}", f"{TREND_BASELINE} @{budget}")]
     result = {"points": points, "slope": None, "intercept": None, "closes_at": None}
     if len({tokens for tokens, _, _ in points}) < 2 or len(points) < 4:
         return result  # a line through fewer points has no uncertainty
@@ -422,6 +422,9 @@ def _plot_trend(axes, rows):
             continue
         tokens, _, gaps = zip(*fit["points"])
         color = axes.scatter(tokens, gaps, marker=marker, label=f"{label} vs {TREND_BASELINE} (paired by seed)").get_facecolor()[0]
+        budgets = sorted(set(tokens))  # the seeds' mean at each budget, joined: where the straight line misleads, this shows it
+        axes.plot(budgets, [np.mean([g for t, g in zip(tokens, gaps) if t == budget]) for budget in budgets], color=color,
+                  linestyle=":", linewidth=1, label="mean over seeds")
         if fit["slope"] is not None:
             x = np.linspace(np.log10(min(tokens)) - 0.3, np.log10(max(tokens)) + 1.0, 50)
             line = fit["intercept"] + fit["slope"] * x
@@ -567,13 +570,25 @@ def _paired_verdict(rows, label, baseline):
 
 
 def _trend_verdict(rows, label):
+    import numpy as np
+
     fit = trend(rows, label)
     if fit["slope"] is None:
         return f"- {label}: {len(fit['points'])} paired points, too few for a trend."
     where = (f"the line reaches 0 at about {fit['closes_at']:.2g} tokens (extrapolated)" if fit["closes_at"] else
              "the line does not fall to 0 from above")
-    return (f"- {label} against {TREND_BASELINE}: gap {fit['intercept']:+.1f} % {fit['slope']:+.2f} ± {fit['slope_se']:.2f} % "
-            f"per decade of tokens ({len(fit['points'])} paired points); {where}.")
+    measured = [budget for budget in TREND_STEPS if paired_gaps(rows, f"{label} @{budget}", f"{TREND_BASELINE} @{budget}")]
+    means = [np.mean([gap for _, _, gap in paired_gaps(rows, f"{label} @{budget}", f"{TREND_BASELINE} @{budget}")]) for budget in measured]
+    line = (f"- {label} against {TREND_BASELINE}: gap {fit['intercept']:+.1f} % {fit['slope']:+.2f} ± {fit['slope_se']:.2f} % "
+            f"per decade of tokens ({len(fit['points'])} paired points); {where}. Mean gap at "
+            + ", ".join(f"{budget} steps {mean:+.1f}%" for budget, mean in zip(measured, means)))
+    recent = trend(rows, label, measured[-2:]) if len(measured) > 2 else {"slope": None}
+    if recent["slope"] is not None:
+        flat = abs(recent["slope"]) < 2 * recent["slope_se"]
+        line += (f"; over the last two budgets alone {recent['slope']:+.2f} ± {recent['slope_se']:.2f} % per decade"
+                 + (", not distinguishable from no change (within two standard errors)" if flat else
+                    f", reaching 0 at about {recent['closes_at']:.2g} tokens" if recent["closes_at"] else ""))
+    return line + "."
 
 
 def _pending(corpus, seeds, studies):

@@ -153,6 +153,13 @@ def test_the_gap_trend_is_a_least_squares_line_over_seed_paired_points():
                else row for row in rows]
     assert studies.trend(growing, "fixed p=16 w=64 h=32")["closes_at"] is None
     assert studies.trend(rows, "fixed p=64 w=64 h=8")["slope"] is None  # no points
+    assert studies.trend(rows, "fixed p=16 w=64 h=32", studies.TREND_STEPS[1:3])["slope"] == pytest.approx(-2.0)
+    verdict = studies._trend_verdict(rows, "fixed p=16 w=64 h=32")  # seeds at +-0.1 around the line: slope's se 0.141
+    assert "Mean gap at 400 steps +6.1%, 1500 steps +4.1%, 6000 steps +2.1%; over the last two budgets alone -2.00 ± 0.14 % " \
+           "per decade, reaching 0 at about 1.1e+08 tokens." in verdict, verdict
+    level = [{**row, "eval_subword_perplexity": str(102 + 0.2 * int(row["seed"]))} if row["label"].startswith("fixed") and "@400" not in row["label"]
+             else row for row in rows]  # the last two budgets level: no change to report
+    assert "not distinguishable from no change" in studies._trend_verdict(level, "fixed p=16 w=64 h=32")
 
     def parameters(study, label):
         preset, overrides = studies.STUDIES[study][label]
