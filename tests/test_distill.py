@@ -384,7 +384,7 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     assert "--name 'Bad/Name'" in capsys.readouterr().err
     assert ship.main([*arguments, "--name", "tiny-student"]) == 0
     card = (shipped / "tiny-student" / "README.md").read_text()
-    assert "| WordNet topics linear probe | 0.450 (50% of the teacher's) | 0.900 |" in card and "fixed` with head size 16" in card
+    assert "| WordNet topics linear probe | 0.450 (50.0% of the teacher's) | 0.900 |" in card and "fixed` with head size 16" in card
     assert "padded to a multiple of 8 tokens" in card and "chosen by 5-fold cross-validation" in card
     monkeypatch.setattr(presets, "SHIPPED_DIR", str(shipped))
     encoder = SentenceEncoder.from_preset("tiny-student")  # at the length it was distilled at, recorded by ship
