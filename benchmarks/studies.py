@@ -392,6 +392,13 @@ def paired_gaps(rows, label, baseline):
             for (name, seed), row in sorted(runs.items()) if name == label and (baseline, seed) in runs]
 
 
+def _budget_gaps(rows, label):
+    """{budget (steps): [(seed, tokens, gap %)]} of the TREND_STEPS budgets where `label` and TREND_BASELINE share a seed
+    (keyed by steps, not tokens: two builds of the corpus give one budget's seeds slightly different token counts)."""
+    gaps = {budget: paired_gaps(rows, f"{label} @{budget}", f"{TREND_BASELINE} @{budget}") for budget in TREND_STEPS}
+    return {budget: points for budget, points in gaps.items() if points}
+
+
 def trend(rows, label, steps=TREND_STEPS):
     """The gap of TREND_MODELS' `label` to TREND_BASELINE against tokens: {"points": [(tokens, seed, gap %)], "slope",
     "intercept" (gap % = intercept + slope * log10 tokens, least squares over the seed-paired points), their standard
@@ -422,9 +429,9 @@ def _plot_trend(axes, rows):
             continue
         tokens, _, gaps = zip(*fit["points"])
         color = axes.scatter(tokens, gaps, marker=marker, label=f"{label} vs {TREND_BASELINE} (paired by seed)").get_facecolor()[0]
-        budgets = sorted(set(tokens))  # the seeds' mean at each budget, joined: where the straight line misleads, this shows it
-        axes.plot(budgets, [np.mean([g for t, g in zip(tokens, gaps) if t == budget]) for budget in budgets], color=color,
-                  linestyle=":", linewidth=1, label="mean over seeds")
+        budgets = _budget_gaps(rows, label).values()  # the seeds' mean at each budget, joined: where the straight line misleads, this shows it
+        axes.plot([np.mean([t for _, t, _ in points]) for points in budgets], [np.mean([g for _, _, g in points]) for points in budgets],
+                  color=color, linestyle=":", linewidth=1, label="mean over seeds")
         if fit["slope"] is not None:
             x = np.linspace(np.log10(min(tokens)) - 0.3, np.log10(max(tokens)) + 1.0, 50)
             line = fit["intercept"] + fit["slope"] * x
@@ -577,12 +584,11 @@ def _trend_verdict(rows, label):
         return f"- {label}: {len(fit['points'])} paired points, too few for a trend."
     where = (f"the line reaches 0 at about {fit['closes_at']:.2g} tokens (extrapolated)" if fit["closes_at"] else
              "the line does not fall to 0 from above")
-    measured = [budget for budget in TREND_STEPS if paired_gaps(rows, f"{label} @{budget}", f"{TREND_BASELINE} @{budget}")]
-    means = [np.mean([gap for _, _, gap in paired_gaps(rows, f"{label} @{budget}", f"{TREND_BASELINE} @{budget}")]) for budget in measured]
+    means = {budget: np.mean([gap for _, _, gap in points]) for budget, points in _budget_gaps(rows, label).items()}
     line = (f"- {label} against {TREND_BASELINE}: gap {fit['intercept']:+.1f} % {fit['slope']:+.2f} ± {fit['slope_se']:.2f} % "
             f"per decade of tokens ({len(fit['points'])} paired points); {where}. Mean gap at "
-            + ", ".join(f"{budget} steps {mean:+.1f}%" for budget, mean in zip(measured, means)))
-    recent = trend(rows, label, measured[-2:]) if len(measured) > 2 else {"slope": None}
+            + ", ".join(f"{budget} steps {mean:+.1f}%" for budget, mean in means.items()))
+    recent = trend(rows, label, list(means)[-2:]) if len(means) > 2 else {"slope": None}
     if recent["slope"] is not None:
         flat = abs(recent["slope"]) < 2 * recent["slope_se"]
         line += (f"; over the last two budgets alone {recent['slope']:+.2f} ± {recent['slope_se']:.2f} % per decade"
