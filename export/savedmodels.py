@@ -446,7 +446,8 @@ def write_keras_preset(folder, model, vocabulary, source):
     presets.save_to_preset(model, folder, weights_dtype="float16" if half else None)
     with tf.io.gfile.GFile(str(vocabulary), "r") as file:
         presets.save_tokenizer(folder, file.read(), source.tokenizer["lowercase"], source.tokenizer["strip_accents"],
-                               sequence_length=source.sequence_length, embedding=source.embedding)
+                               sequence_length=source.sequence_length, embedding=source.embedding,
+                               serving_length=source.recorded_serving_length)
     card = os.path.join(source.path, "README.md")
     if source.kind == "preset" and os.path.isfile(card):
         shutil.copyfile(card, os.path.join(folder, "README.md"))

@@ -70,7 +70,7 @@ def _start(task):
     return "the teacher (models/shrink.py)" if task["student_init"] == "teacher" else "seeded random weights"
 
 
-def model_card(name, source, config, results, run):
+def model_card(name, source, config, results, run, serving_length):
     """README.md of a shipped preset (Markdown)."""
     row, teacher, rows = _student_row(results, run)
     model, task, training = config["model"], config["task"], config["training"]
@@ -97,8 +97,9 @@ def model_card(name, source, config, results, run):
         + f", feed-forward {model['intermediate_size']}; {row.get('parameters', 0) / 1e6:.2f}M parameters, stored in float16. "
         "Embedding: the mean of the token vectors over the real tokens, scaled to unit length (the teacher's pooling). "
         f"Uncased WordPiece vocabulary of the teacher ({model['vocab_size']} entries). "
-        f"Distilled at {training['sequence_length']} tokens: longer texts are cut, unless `from_preset(..., sequence_length=N)` "
-        "says otherwise (benchmarks/long_texts.py measures what a longer cut keeps of the teacher's similarities). "
+        f"Distilled at {training['sequence_length']} tokens; reads up to {serving_length} by default (longer texts are cut), "
+        "`from_preset(..., sequence_length=N)` sets another cut (benchmarks/long_texts.py measures what each cut keeps of "
+        "the teacher's similarities on long texts). "
         f"`concise-export --preset {name}` exports it like any other model: its TF-Hub encoder's `default`, `pooled_output` "
         "and `embedding` and its TF Serving model's `embedding` are this embedding (unit rows; the [CLS] pooler, never "
         "distilled, is not exposed).", "",
@@ -131,16 +132,21 @@ def model_card(name, source, config, results, run):
     ])
 
 
-def ship(run, name, results_path, shipped_dir=None):
-    """Writes the shipped preset `name` of the distill run `run`; returns its folder."""
+def ship(run, name, results_path, shipped_dir=None, serving_length=None):
+    """Writes the shipped preset `name` of the distill run `run`; returns its folder. `serving_length`: the
+    length it reads by default (None: the length it was distilled at)."""
     if not NAME.fullmatch(name):
         raise ValueError(f"--name {name!r}: use 1-64 lower-case letters, digits and _.- (starting with a letter or digit)")
     results = files.read_json(results_path)
     config = files.read_json(files.join(run, files.CONFIG))
     if config.get("task", {}).get("name") != "distill":
         raise ValueError(f"--run {run}: not a distill run (task {config.get('task', {}).get('name')!r})")
+    trained, limit = config["training"]["sequence_length"], config["model"]["max_sequence_length"]
+    if serving_length is not None and not trained <= serving_length <= limit:
+        raise ValueError(f"--serving-length {serving_length}: must be in [{trained}, {limit}] (the length it was distilled "
+                         "at, its position embeddings)")
     source, backbone, _ = runs.load_source(run, kind="run")
-    card = model_card(name, source, config, results, run)
+    card = model_card(name, source, config, results, run, serving_length or trained)
     shipped_dir = shipped_dir or presets.SHIPPED_DIR
     os.makedirs(shipped_dir, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{name}.", dir=shipped_dir)
@@ -148,7 +154,8 @@ def ship(run, name, results_path, shipped_dir=None):
         presets.save_to_preset(backbone, staging, weights_dtype="float16")
         with open(source.vocabulary, encoding="utf-8") as file:
             presets.save_tokenizer(staging, file.read(), source.tokenizer.get("lowercase", True), source.tokenizer.get("strip_accents"),
-                                   sequence_length=config["training"]["sequence_length"], embedding=source.embedding)
+                                   sequence_length=trained, embedding=source.embedding,
+                                   serving_length=serving_length if serving_length != trained else None)
         with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as file:
             file.write(card)
         presets.write_manifest(staging)
@@ -170,9 +177,11 @@ def main(argv=None):
     parser.add_argument("--name", required=True, help="the preset's name, e.g. concise-minilm-d192")
     parser.add_argument("--results", required=True, help="benchmarks/distill_eval.py's JSON with the run's row")
     parser.add_argument("--shipped-dir", help="where shipped presets live (default: models/shipped in the package)")
+    parser.add_argument("--serving-length", type=int, help="the length it reads by default (default: the length it was "
+                        "distilled at; the shipped concise-minilm-d192: 256, its teacher's, measured by benchmarks/long_texts.py)")
     args = parser.parse_args(argv)
     try:
-        target = ship(args.run, args.name, args.results, args.shipped_dir)
+        target = ship(args.run, args.name, args.results, args.shipped_dir, args.serving_length)
     except ValueError as error:
         print(f"ship: error: {error}", file=sys.stderr)
         return 2

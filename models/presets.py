@@ -230,19 +230,26 @@ def trained_sequence_length(preset):
     return _read(resolve(preset), TOKENIZER_FILE).get("sequence_length")
 
 
+def serving_length(preset):
+    """The length `preset` embeds and exports at by default (tokenizer.json's `serving_length`: a shipped
+    sentence encoder records its teacher's, 256), or None: then the length it was trained at."""
+    return _read(resolve(preset), TOKENIZER_FILE).get("serving_length")
+
+
 def sentence_embedding(preset):
     """The sentence embedding `preset` was trained to give (tokenizer.json's `embedding`, e.g.
     "normalized_mean" for a distilled sentence encoder), or None for a plain encoder."""
     return _read(resolve(preset), TOKENIZER_FILE).get("embedding")
 
 
-def save_tokenizer(preset, vocabulary_text, lowercase, strip_accents, sequence_length=None, embedding=None):
+def save_tokenizer(preset, vocabulary_text, lowercase, strip_accents, sequence_length=None, embedding=None, serving_length=None):
     """Writes tokenizer.json and the vocabulary asset of `preset`; `sequence_length`, when given, is the
-    length the encoder was trained at (what `SentenceEncoder.from_preset` and `concise-export` default to);
-    `embedding`, the sentence embedding it was trained to give (what `concise-export` serves by default)."""
+    length the encoder was trained at; `serving_length`, the length `SentenceEncoder.from_preset` and
+    `concise-export` default to where it differs (else they take `sequence_length`); `embedding`, the
+    sentence embedding it was trained to give (what `concise-export` serves by default)."""
     os.makedirs(os.path.join(str(preset), os.path.dirname(VOCABULARY_ASSET)), exist_ok=True)
     with open(os.path.join(str(preset), VOCABULARY_ASSET), "w", encoding="utf-8") as file:
         file.write(vocabulary_text)
     settings = {"vocabulary": VOCABULARY_ASSET, "lowercase": lowercase, "strip_accents": strip_accents}
-    recorded = {"sequence_length": sequence_length, "embedding": embedding}
+    recorded = {"sequence_length": sequence_length, "serving_length": serving_length, "embedding": embedding}
     _write(preset, TOKENIZER_FILE, {**settings, **{key: value for key, value in recorded.items() if value is not None}})

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -382,6 +383,12 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     arguments = ["--run", str(tmp_path / "run"), "--results", str(results), "--shipped-dir", str(shipped)]
     assert ship.main([*arguments, "--name", "Bad/Name"]) == 2 and not shipped.exists()
     assert "--name 'Bad/Name'" in capsys.readouterr().err
+    assert ship.main([*arguments, "--name", "tiny-student", "--serving-length", "2"]) == 2 and not shipped.exists()
+    assert "--serving-length 2: must be in [32, " in capsys.readouterr().err
+    assert ship.main([*arguments, "--name", "long-student", "--serving-length", "48"]) == 0
+    assert SentenceEncoder.from_preset(str(shipped / "long-student")).sequence_length == 48
+    assert "reads up to 48 by default" in (shipped / "long-student" / "README.md").read_text()
+    shutil.rmtree(shipped / "long-student")
     assert ship.main([*arguments, "--name", "tiny-student"]) == 0
     card = (shipped / "tiny-student" / "README.md").read_text()
     assert "| WordNet topics linear probe | 0.450 (50.0% of the teacher's) | 0.900 |" in card and "fixed` with head size 16" in card

@@ -69,6 +69,9 @@ def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
         np.testing.assert_allclose(hub_outputs[key].numpy(), unit, atol=2e-5, err_msg=key)
     keras_preset = tmp_path / "export" / "hub" / "1" / "keras"
     assert presets.trained_sequence_length(keras_preset) == presets.trained_sequence_length(name)
+    assert presets.serving_length(keras_preset) == presets.serving_length(name)
+    export_settings = json.loads((tmp_path / "export" / "serving" / "1" / "assets.extra" / "export.json").read_text())
+    assert export_settings["seq_length"] == SentenceEncoder.from_preset(name).sequence_length  # one default cut for both
     assert presets.sentence_embedding(keras_preset) == "normalized_mean"
     assert (keras_preset / "README.md").read_text() == (pathlib.Path(presets.SHIPPED_DIR) / name / "README.md").read_text()
     assert presets.stored_dtype(keras_preset) == "float16" == presets.stored_dtype(name)
@@ -153,7 +156,7 @@ def test_the_readmes_three_lines_print_the_shipped_encoders_embeddings(capsys):
     out = capsys.readouterr().out.strip()
     assert f"prints `{out}`" in readme, out
     name, texts = re.search(r'from_preset\("([^"]+)"\)', example).group(1), re.search(r"encode\((\[.*?\])\)", example).group(1)
-    assert namespace["encoder"].sequence_length == 64
+    assert namespace["encoder"].sequence_length == 256  # its teacher's cut, recorded by ship --serving-length
     vocabulary = pathlib.Path(presets.SHIPPED_DIR) / name / "assets" / "tokenizer" / "vocabulary.txt"
     pooled = keras_mean_pooled(BertEncoder.from_preset(name), hugging_face_ids(vocabulary, ast.literal_eval(texts), 64, strip_accents=True))
     unit = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)

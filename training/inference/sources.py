@@ -43,6 +43,8 @@ class Source:
         (a finished run, or a conversion of one), else None.
     name: the run's config name, or the Hugging Face folder's name.
     sequence_length: the length a run (or a preset that records it) was trained at, else None.
+    recorded_serving_length: the length a preset records to serve at (a shipped sentence encoder: its
+        teacher's), else None.
     embedding: the sentence embedding it was trained to give ("normalized_mean": a distill run, or a preset
         that records it), else None (a plain encoder).
     """
@@ -59,13 +61,15 @@ class Source:
     name: str = None
     sequence_length: int = None
     embedding: str = None
+    recorded_serving_length: int = None
 
     @property
     def serving_length(self):
-        """The length to serve and embed at by default: the one it was trained at where it records one (a
-        run, a shipped preset), else DEFAULT_SERVING_LENGTH, never beyond its position embeddings."""
+        """The length to serve and embed at by default: the one a preset records for serving (a shipped
+        sentence encoder: its teacher's), else the one it was trained at where it records one (a run), else
+        DEFAULT_SERVING_LENGTH, never beyond its position embeddings."""
         limit = self.model.get("max_sequence_length", DEFAULT_SERVING_LENGTH)
-        return min(self.sequence_length or DEFAULT_SERVING_LENGTH, limit)
+        return min(self.recorded_serving_length or self.sequence_length or DEFAULT_SERVING_LENGTH, limit)
 
 
 def is_hf_folder(path):
@@ -117,7 +121,8 @@ def _read_preset(path):
     settings = presets.tokenizer_settings(path)
     return Source(path, "preset", "bert", model, join(path, presets.WEIGHTS_FILE), settings["path"],
                   {"lowercase": settings["lowercase"], "strip_accents": settings["strip_accents"]}, name=_basename(path),
-                  sequence_length=presets.trained_sequence_length(path), embedding=presets.sentence_embedding(path))
+                  sequence_length=presets.trained_sequence_length(path), embedding=presets.sentence_embedding(path),
+                  recorded_serving_length=presets.serving_length(path))
 
 
 def _read_hf_folder(path):
