@@ -137,8 +137,14 @@ HEAD_SIZES = (HEAD_SIZE, 32, SEQUENCE_LENGTH, 128)  # the head-size study's: w/4
 WIDTH_PAIRS = {32: 24, 64: 32, 128: 48}  # width w of the fixed model: its heads (its partner is standard at 2w)
 
 
+ONE_EPOCH_UP_TO = 6000  # budgets up to this many steps run as one epoch (their measured runs keep their directories)
+CHECKPOINT_STEPS = 2000  # longer ones checkpoint this often, so that a stopped session resumes them (an epoch end
+                         # changes no weight: the same run either way)
+
+
 def _budget(steps):
-    return [f"training.train_steps={steps}", f"training.steps_per_epoch={steps}", f"training.warmup_steps={steps // 10}"]
+    per_epoch = steps if steps <= ONE_EPOCH_UP_TO else CHECKPOINT_STEPS
+    return [f"training.train_steps={steps}", f"training.steps_per_epoch={per_epoch}", f"training.warmup_steps={steps // 10}"]
 
 
 STUDIES = {
