@@ -22,7 +22,8 @@ Measures, on data never trained on:
 - serving throughput (sentences/s of the encoder's forward pass over length-sorted batches, batch 1
   and 32, texts spread over the middle half of the held-out lengths) and its ratio to the teacher
   measured in the same run, interleaved;
-Every encoder reads texts cut to the length the students were distilled at (`training.sequence_length`).
+Every encoder reads texts cut to the length the students were distilled at (`training.sequence_length`), or to
+`--sequence-length` (256: how the shipped preset and its teacher read texts by default).
 - parameters, float16 size (2 bytes a parameter), embedding width, and each student's wall-clock minutes of
   training (`training_minutes`: its fit calls, read from the run's TensorBoard logs).
 Results: `--out` (JSON) and a Markdown table on stdout, with the machine and the date.
@@ -365,6 +366,8 @@ def main(argv=None):
     parser.add_argument("--fit-texts", type=int, default=4096)
     parser.add_argument("--presets", nargs="*", default=[], help="shipped presets to measure, alone or beside the runs (e.g. the one a run "
                         "replaces); no cosine to the teacher: a preset does not ship its projection")
+    parser.add_argument("--sequence-length", type=int, help="the cut every encoder reads texts at (default: the length the "
+                        "runs or presets were distilled at)")
     parser.add_argument("--out", default=str(RESULTS / "distill_eval.json"))
     parser.add_argument("--markdown", nargs="+", metavar="JSON",
                         help="only print the table of results files (several: one table, see merge)")
@@ -398,9 +401,12 @@ def main(argv=None):
     run_configs = {run_name(run): files.read_json(files.join(run, files.CONFIG)) for run in args.runs}  # what trained each
     lengths = {config["training"]["sequence_length"] for config in run_configs.values()}
     lengths |= {shipped.trained_sequence_length(preset) for preset in args.presets if not args.runs}
-    if len(lengths) != 1:
-        parser.error(f"the runs or presets were distilled at different lengths {sorted(lengths, key=str)}: compare them in separate tables")
-    Encoder.sequence_length = lengths.pop()
+    if args.sequence_length is not None and not 3 <= args.sequence_length <= 512:
+        parser.error(f"--sequence-length must be in [3, 512]. Received: {args.sequence_length}")
+    if len(lengths) != 1 and args.sequence_length is None:
+        parser.error(f"the runs or presets were distilled at different lengths {sorted(lengths, key=str)}: compare them in separate "
+                     "tables or name one --sequence-length")
+    Encoder.sequence_length = args.sequence_length or lengths.pop()
     texts, pairs, fit_texts = heldout_data(args.data_dir, args.texts, args.pairs, args.fit_texts)
     probes = {key: (read_tsv(folder / "train.tsv"), read_tsv(folder / "dev.tsv")) for key, folder in PROBES.items()}
     teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), fit_texts, args.presets)

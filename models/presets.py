@@ -233,7 +233,11 @@ def trained_sequence_length(preset):
 def serving_length(preset):
     """The length `preset` embeds and exports at by default (tokenizer.json's `serving_length`: a shipped
     sentence encoder records its teacher's, 256), or None: then the length it was trained at."""
-    return _read(resolve(preset), TOKENIZER_FILE).get("serving_length")
+    length = _read(resolve(preset), TOKENIZER_FILE).get("serving_length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 3):
+        raise ValueError(f"{os.path.join(str(resolve(preset)), TOKENIZER_FILE)}: `serving_length` must be an integer of at least 3. "
+                         f"Received: serving_length={length!r}")
+    return length
 
 
 def sentence_embedding(preset):

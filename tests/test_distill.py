@@ -388,6 +388,11 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     assert ship.main([*arguments, "--name", "long-student", "--serving-length", "48"]) == 0
     assert SentenceEncoder.from_preset(str(shipped / "long-student")).sequence_length == 48
     assert "reads up to 48 by default" in (shipped / "long-student" / "README.md").read_text()
+    tokenizer_file = shipped / "long-student" / "tokenizer.json"
+    tokenizer_file.write_text(tokenizer_file.read_text().replace('"serving_length": 48', '"serving_length": "48"'))
+    presets.write_manifest(shipped / "long-student")  # a hand-edited preset, hashed again
+    with pytest.raises(ValueError, match='tokenizer.json: `serving_length` must be an integer of at least 3. Received: serving_length=.48.'):
+        presets.serving_length(str(shipped / "long-student"))
     shutil.rmtree(shipped / "long-student")
     assert ship.main([*arguments, "--name", "tiny-student"]) == 0
     card = (shipped / "tiny-student" / "README.md").read_text()
