@@ -233,9 +233,10 @@ def trained_sequence_length(preset):
 def serving_length(preset):
     """The length `preset` embeds and exports at by default (tokenizer.json's `serving_length`: a shipped
     sentence encoder records its teacher's, 256), or None: then the length it was trained at."""
-    length = _read(resolve(preset), TOKENIZER_FILE).get("serving_length")
+    folder = resolve(preset)
+    length = _read(folder, TOKENIZER_FILE).get("serving_length")
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 3):
-        raise ValueError(f"{os.path.join(str(resolve(preset)), TOKENIZER_FILE)}: `serving_length` must be an integer of at least 3. "
+        raise ValueError(f"{os.path.join(folder, TOKENIZER_FILE)}: `serving_length` must be an integer of at least 3. "
                          f"Received: serving_length={length!r}")
     return length
 

@@ -140,7 +140,7 @@ def test_the_model_cards_probe_figure_holds_for_the_shipped_weights(name):
 def test_the_readmes_three_lines_print_the_shipped_encoders_embeddings(capsys):
     """The README's first example, run as written (`from concise_attention import SentenceEncoder`): what it prints
     is what it says, and its cosines are those of the shipped Keras encoder mean-pooled in numpy over Hugging Face
-    `tokenizers` ids (an independent tokenizer), cut to the 64 tokens the preset was distilled at."""
+    `tokenizers` ids (an independent tokenizer), cut to the 256 tokens the preset reads by default."""
     import ast
     import re
 
@@ -158,7 +158,7 @@ def test_the_readmes_three_lines_print_the_shipped_encoders_embeddings(capsys):
     name, texts = re.search(r'from_preset\("([^"]+)"\)', example).group(1), re.search(r"encode\((\[.*?\])\)", example).group(1)
     assert namespace["encoder"].sequence_length == 256  # its teacher's cut, recorded by ship --serving-length
     vocabulary = pathlib.Path(presets.SHIPPED_DIR) / name / "assets" / "tokenizer" / "vocabulary.txt"
-    pooled = keras_mean_pooled(BertEncoder.from_preset(name), hugging_face_ids(vocabulary, ast.literal_eval(texts), 64, strip_accents=True))
+    pooled = keras_mean_pooled(BertEncoder.from_preset(name), hugging_face_ids(vocabulary, ast.literal_eval(texts), 256, strip_accents=True))
     unit = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
     np.testing.assert_allclose(namespace["vectors"], unit, atol=2e-5)
     assert out == f"{unit.shape} float32 {(unit @ unit.T)[0].round(2)}"
