@@ -33,11 +33,14 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="export directory (versions already in it are kept)")
     parser.add_argument("--version", type=int, help="integer version (default: one above the highest present)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
-    parser.add_argument("--seq-length", type=int, help="sequence length of the preprocessor and serving model (default: a run's own training.sequence_length, else min(128, max))")
+    parser.add_argument("--seq-length", type=int, help="sequence length of the preprocessor and serving model (default: the length the model records for serving, "
+                             "a shipped preset's 256 or a sentence-transformers folder's max_seq_length, else a run's own "
+                             "training.sequence_length, else 128)")
     parser.add_argument("--model-name", help="TF Serving model name (default: the run's config name)")
     parser.add_argument("--pooling", choices=POOLINGS, default=None,
                         help="the served `embedding` (and the TF-Hub encoder's): mean of the real tokens, that mean at unit length, or the "
-                             "pooled [CLS]; default: the sentence embedding the model was distilled to give (normalized_mean), else mean")
+                             "pooled [CLS]; default: the sentence embedding the model was distilled to give, or its sentence-transformers "
+                             "pooling (normalized_mean or mean), else mean")
     parser.add_argument("--recover", action="store_true", help="only finish the commits of killed exports into OUT and remove their leftovers")
     args = parser.parse_args(argv)
     if not args.recover and not (args.run or args.hf_dir or args.preset):

@@ -53,6 +53,7 @@ from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
 from concise_attention.export.chunking import chunked
 from concise_attention.models import presets
+from concise_attention.training.inference import sources
 from concise_attention.training.preprocessing.text import WordPieceModule
 from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.run import configs
@@ -361,6 +362,7 @@ def _export_settings(source, seq_length, model_name, pooling):
         raise ValueError(f"{source.path!r} has no vocab.txt.")
     read_vocabulary(source.vocabulary)  # fails now, before anything is written, if unusable
     if pooling is None:  # the sentence embedding it was trained to give, else the mean of its tokens
+        sources.check_mean_pooling(source)
         pooling = source.embedding or "mean"
     if pooling not in POOLINGS:
         raise ValueError(f"`pooling` must be one of {', '.join(POOLINGS)}. Received: pooling={pooling!r}")
@@ -374,7 +376,7 @@ def _export_settings(source, seq_length, model_name, pooling):
                          f"Received: model_name={model_name!r}")
     default_name = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name or "model")[:64].lstrip(".") or "model"
     return {"model_name": model_name or default_name, "seq_length": seq_length, "pooling": pooling,
-            "sentence_encoder": source.embedding is not None, **source.tokenizer}
+            "sentence_encoder": source.embedding in ("mean", sources.DISTILLED_EMBEDDING), **source.tokenizer}
 
 
 def _fix_seed_states(model):
@@ -397,15 +399,17 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
         out_dir: the export directory, local or gs:// (created; other versions in it are kept).
         version: integer version; default: one above the highest present (1 if none).
         overwrite: replace an existing version instead of failing.
-        seq_length: sequence length of the preprocessor and of the serving model (default:
-            a run's own training.sequence_length, else min(128, max_sequence_length)).
+        seq_length: sequence length of the preprocessor and of the serving model (default: the length the
+            source records for serving, a shipped preset's 256 or a sentence-transformers folder's
+            max_seq_length, else a run's own training.sequence_length, else 128; never beyond
+            max_sequence_length: `sources.Source.serving_length`).
         model_name: the TF Serving model name (default: the run's config name, or the
             Hugging Face folder's name).
         pooling: the `embedding` of the serving model and the TF-Hub encoder (`pooled`): "mean" over
             the real tokens, "normalized_mean" (that mean at unit length) or "cls" (the pooled output);
-            default: the sentence embedding the source was trained to give (a distilled student's
-            "normalized_mean", whose TF-Hub `pooled_output` and `default` are then that embedding too),
-            else "mean".
+            default: the sentence embedding the source was trained to give (a distilled student's or a
+            sentence-transformers folder's "normalized_mean" or "mean", whose TF-Hub `pooled_output` and
+            `default` are then that embedding too; another sentence-transformers pooling is refused), else "mean".
         kind: "hf" or "run" to insist on one kind of source (`read_source`).
 
     Returns:

@@ -76,6 +76,22 @@ def minilm_dir():
 
 
 @pytest.fixture(scope="session")
+def cls_pooling_dir(minilm_dir, tmp_path_factory):
+    """all-MiniLM-L6-v2 with its sentence-transformers Pooling module set to the [CLS] token instead of the mean."""
+    import json
+
+    folder = tmp_path_factory.mktemp("cls_pooling") / "model"
+    folder.mkdir()
+    for path in minilm_dir.iterdir():
+        if path.name != "1_Pooling":
+            (folder / path.name).symlink_to(path)
+    (folder / "1_Pooling").mkdir()
+    pooling = json.loads((minilm_dir / "1_Pooling" / "config.json").read_text())
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling | {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}))
+    return folder
+
+
+@pytest.fixture(scope="session")
 def keras_hub_minilm_dir(minilm_dir, tmp_path_factory):
     """The same checkpoint under the key names keras-hub's BERT converter looks up.
 

@@ -224,6 +224,11 @@ def test_a_teacher_read_with_other_tokenizer_settings_is_refused(tmp_path):
         _task(tmp_path, "tokenizer.lowercase=false")
 
 
+def test_a_teacher_that_pools_otherwise_than_by_the_mean_is_refused(tmp_path, cls_pooling_dir):
+    with pytest.raises(ValueError, match="cls_token pooling"):
+        _task(tmp_path, f"task.teacher={cls_pooling_dir}")
+
+
 def test_another_vocabulary_or_a_length_beyond_the_teachers_positions_is_refused(tmp_path, minilm_dir):
     other = tmp_path / "vocab.txt"
     other.write_text((minilm_dir / "vocab.txt").read_text(encoding="utf-8").replace("[unused0]", "[mine]"), encoding="utf-8")

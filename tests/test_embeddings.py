@@ -33,13 +33,67 @@ def test_encode_gives_the_reference_mean_embeddings_in_order(encoder, minilm_dir
     np.testing.assert_allclose(encoder.encode(iter(TEXTS[:3])), expected[:3], atol=2e-5)  # a generator is read once
 
 
-@pytest.mark.parametrize("texts, batch_size, message", [
-    ("one string", 32, "list of strings"), ([b"bytes"], 32, "list of strings"), (["a"], 0, "batch_size"),
-    (None, 32, "list of strings"), (5, 32, "list of strings"),
+@pytest.mark.parametrize("texts, arguments, message", [
+    ("one string", {}, r"not one string: pass \[text\]"), (np.array("one string"), {}, r"pass \[text\]"),
+    (["a"], {"batch_size": 0}, "batch_size"), (None, {}, "list of strings"), (5, {}, "type int"),
+    ({"a": 1}, {}, "type dict"), (["a", None], {}, r"texts\[1\] of type NoneType"), (["a", "b", 3], {}, r"texts\[2\] of type int"),
+    ([b"ok", b"\xff"], {}, r"texts\[1\]` is bytes but not UTF-8"), (["a"], {"normalize": "no"}, "normalize"),
+    (["a"], {"progress": 3}, "progress"),
 ])
-def test_bad_arguments_name_the_argument(encoder, texts, batch_size, message):
+def test_bad_arguments_name_the_argument(encoder, texts, arguments, message):
     with pytest.raises(ValueError, match=message):
-        encoder.encode(texts, batch_size=batch_size)
+        encoder.encode(texts, **arguments)
+
+
+def test_bytes_string_tensors_and_numpy_integers_are_read_as_their_text(encoder):
+    import tensorflow as tf
+
+    expected = encoder.encode(TEXTS[:4])
+    np.testing.assert_array_equal(encoder.encode([text.encode("utf-8") for text in TEXTS[:4]]), expected)
+    np.testing.assert_array_equal(encoder.encode(tf.constant(TEXTS[:4])), expected)
+    np.testing.assert_array_equal(encoder.encode(np.array([text.encode("utf-8") for text in TEXTS[:4]], dtype=object)), expected)
+    np.testing.assert_allclose(encoder.encode(TEXTS[:4], batch_size=np.int64(3), progress=True), expected, atol=1e-6)
+
+
+def test_a_text_is_read_only_as_far_as_its_cut_needs(encoder, monkeypatch):
+    """Each text is tokenised from its first `sequence_length` words at most (the bounded reading the export's
+    preprocessor does), so a huge text costs what a long one does; the result equals its first words'."""
+    bounds = []
+    call = type(encoder.tokenizer).__call__
+    monkeypatch.setattr(type(encoder.tokenizer), "__call__", lambda self, text, max_length=None: bounds.append(max_length) or call(self, text, max_length))
+    head = "The cat sat on the mat. " * 20
+    huge, short = encoder.encode([head + "and a very long tail " * 500_000]), encoder.encode([head])
+    assert bounds == [64, 64]
+    np.testing.assert_allclose(huge, short, atol=1e-6)  # 120 words already fill the 64-token cut
+
+
+def test_a_sentence_transformers_folder_reads_its_max_seq_length_and_pooling(minilm_dir):
+    """all-MiniLM-L6-v2's sentence_bert_config.json says 256 tokens (read here from the file itself): the default
+    cut, checked against a numpy BERT on Hugging Face `tokenizers` ids cut there, for a text of over 300 tokens."""
+    length = json.loads((minilm_dir / "sentence_bert_config.json").read_text())["max_seq_length"]
+    assert length == 256
+    encoder = SentenceEncoder.from_preset(str(minilm_dir))
+    assert encoder.sequence_length == length
+    long_text = ["The cat sat on the mat, and then it walked away. " * 30]
+    ids = hugging_face_ids(minilm_dir / "vocab.txt", long_text, 100_000)
+    assert len(ids[0]) > 300
+    expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", long_text, length))
+    np.testing.assert_allclose(encoder.encode(long_text), expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=2e-5)
+
+
+def test_a_sentence_transformers_pooling_other_than_the_mean_is_refused(minilm_dir, cls_pooling_dir):
+    from concise_attention.export.savedmodels import _export_settings
+    from concise_attention.training.inference import sources
+
+    folder = cls_pooling_dir
+    with pytest.raises(ValueError, match="cls_token pooling"):
+        SentenceEncoder.from_preset(str(folder))
+    source = sources.read_source(str(folder))
+    with pytest.raises(ValueError, match="cls_token pooling"):
+        _export_settings(source, None, None, None)
+    assert _export_settings(source, None, None, "cls")["pooling"] == "cls"  # chosen explicitly: exported as asked
+    settings = _export_settings(sources.read_source(str(minilm_dir)), None, None, None)
+    assert (settings["seq_length"], settings["pooling"], settings["sentence_encoder"]) == (256, "normalized_mean", True)
 
 
 def test_a_sequence_length_beyond_the_encoders_positions_is_refused(encoder):

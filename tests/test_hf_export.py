@@ -152,7 +152,8 @@ def minilm_export(minilm_dir, tmp_path_factory):
 @pytest.mark.timeout(1800)
 def test_minilm_served_embeddings_equal_a_numpy_bert_on_the_tokenisation_corpus(minilm_dir, minilm_export):
     """The served tokenisation of all 4,661 lines equals HF `tokenizers`' ids; the served embeddings equal a
-    numpy BERT's on every 12th line and the 64 longest (truncated at 128): given equal ids, an embedding
+    numpy BERT's on every 12th line and the 64 longest (truncated at 256, the max_seq_length of its
+    sentence_bert_config.json, the export's default): given equal ids, an embedding
     depends on the ids' length and the chunk it is served in, which the subset spans (all 4,661 through
     MiniLM twice took 6 minutes of the suite)."""
     from test_text import build_corpus
@@ -168,9 +169,9 @@ def test_minilm_served_embeddings_equal_a_numpy_bert_on_the_tokenisation_corpus(
     assert result.returncode == 0, result.stderr[-4000:]
     served, details = np.load(out), json.loads(pathlib.Path(f"{out}.json").read_text())
     assert not details["tensorflow_text_imported"]
-    expected_ids = hugging_face_ids(minilm_dir / "vocab.txt", corpus, 128)
+    expected_ids = hugging_face_ids(minilm_dir / "vocab.txt", corpus, 256)
     assert details["ids"] == expected_ids
-    assert max(len(expected_ids[i]) for i in subset) == 128 and min(len(expected_ids[i]) for i in subset) <= 4
+    assert max(len(expected_ids[i]) for i in subset) == 256 and min(len(expected_ids[i]) for i in subset) <= 4
     similarity = cosines(served, reference_embeddings(minilm_dir, [expected_ids[i] for i in subset]))
     print(f"served vs numpy BERT on {len(subset)} of {len(corpus)} lines: cosine min {similarity.min():.8f}, mean {similarity.mean():.8f}")
     assert similarity.min() >= 0.99999, [corpus[subset[i]] for i in np.argsort(similarity)[:3]]
@@ -181,6 +182,7 @@ def test_minilm_export_holds_every_artifact(minilm_export):
     export = json.loads((out / "hub" / "1" / "export.json").read_text())
     assert export["source_kind"] == "hf" and export["config"]["task"] is None
     assert (export["lowercase"], export["strip_accents"], export["model_name"]) == (True, None, "minilm")
+    assert (export["seq_length"], export["pooling"]) == (256, "normalized_mean")  # its sentence-transformers settings
     assert not hasattr(__import__("tensorflow").saved_model.load(str(out / "hub" / "1" / "encoder")), "mlm")  # a BertModel: no MLM head
     for path in ("hub/1/encoder/saved_model.pb", "hub/1/preprocess/saved_model.pb", "hub/1/hub.tar.gz", "hub/1/keras/model.weights.h5",
                  "serving/1/saved_model.pb", "serving/1/assets.extra/tf_serving_warmup_requests", "serving/models.config"):

@@ -11,6 +11,7 @@ that short texts cost little; the embedding is the mean of the token vectors ove
 """
 
 import collections.abc
+import numbers
 
 import numpy as np
 import tensorflow as tf
@@ -26,10 +27,10 @@ class SentenceEncoder:
 
     def __init__(self, backbone, tokenizer, sequence_length=128):
         limit = getattr(backbone, "max_sequence_length", sequence_length)
-        if isinstance(sequence_length, bool) or not isinstance(sequence_length, int) or not 3 <= sequence_length <= limit:
+        if isinstance(sequence_length, bool) or not isinstance(sequence_length, numbers.Integral) or not 3 <= sequence_length <= limit:
             raise ValueError(f"`sequence_length` must be an integer in [3, the encoder's max_sequence_length={limit}]. "
                              f"Received: sequence_length={sequence_length!r}")
-        self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, sequence_length
+        self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, int(sequence_length)
 
         def forward(word_ids, mask):  # pooled in the graph: (B, D) comes back, not (B, T, D)
             inputs = {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": tf.zeros_like(word_ids)}
@@ -40,10 +41,12 @@ class SentenceEncoder:
     @classmethod
     def from_preset(cls, preset, sequence_length=None):
         """A shipped preset's name (`models.presets.shipped_presets()`), a Keras preset folder
-        (`concise-export`'s `keras/`), a run directory (local or gs://) or a Hugging Face BERT folder;
-        `sequence_length` defaults to the length it was trained at where it records one (a run, a shipped
-        preset), else 128."""
+        (`concise-export`'s `keras/`), a run directory (local or gs://) or a Hugging Face BERT folder (a
+        sentence-transformers one with mean pooling too); `sequence_length` defaults to the length the source
+        records for serving (a shipped preset: its teacher's, 256; a sentence-transformers folder: its
+        `max_seq_length`), else the length it was trained at (a run), else 128 (`sources.Source.serving_length`)."""
         source = sources.read_source(preset)
+        sources.check_mean_pooling(source)
         backbone = sources.load_backbone(source)
         tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
                                         strip_accents=source.tokenizer.get("strip_accents"))
@@ -54,20 +57,21 @@ class SentenceEncoder:
         return self.backbone.hidden_size
 
     def encode(self, texts, batch_size=32, normalize=True, progress=None):
-        """float32 (len(texts), width): one embedding per string, in the order given (`progress`: a
-        progress bar's caption, None for none)."""
-        if isinstance(texts, (str, bytes)):
-            raise ValueError("`texts` must be a list of strings, not one string.")
-        if not isinstance(texts, collections.abc.Iterable):
-            raise ValueError(f"`texts` must be a list of strings. Received: texts={texts!r}")
-        texts = [text.item() if isinstance(text, np.str_) else text for text in texts]  # a generator or numpy array too
-        if not all(isinstance(text, str) for text in texts):
-            raise ValueError("`texts` must be a list of strings.")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        """float32 (len(texts), width): one embedding per text, in the order given. texts: a list (or any
+        iterable, a numpy or 1-D string tensor) of str, or of bytes in UTF-8; `progress`: a progress bar's
+        caption (True: "encoding"), None or False for none."""
+        texts = _as_texts(texts)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}")
+        if not isinstance(normalize, (bool, np.bool_)):
+            raise ValueError(f"`normalize` must be True or False. Received: normalize={normalize!r}")
+        if progress is True:
+            progress = "encoding"
+        if not (progress is None or progress is False or isinstance(progress, str)):
+            raise ValueError(f"`progress` must be a caption (a string), True or None. Received: progress={progress!r}")
         if not texts:
             return np.zeros((0, self.width), np.float32)
-        pooled = self.pooled(texts, batch_size, progress)
+        pooled = self.pooled(texts, int(batch_size), progress or None)
         return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12) if normalize else pooled
 
     def pooled(self, texts, batch_size=32, progress=None):
@@ -82,6 +86,28 @@ class SentenceEncoder:
             word_ids, mask = padded([ids[row] for row in rows], pad)
             pooled[rows] = self._forward(tf.constant(word_ids), tf.constant(mask)).numpy()
         return pooled
+
+
+def _as_texts(texts):
+    """`encode`'s texts as a list of str; anything else is one ValueError naming the first bad element."""
+    if hasattr(texts, "numpy") and callable(texts.numpy):  # a TensorFlow string tensor
+        texts = texts.numpy()
+    if isinstance(texts, (str, bytes, np.str_, np.bytes_)) or (isinstance(texts, np.ndarray) and texts.ndim == 0):
+        raise ValueError("`texts` must be a list of strings, not one string: pass [text] for one embedding.")
+    if isinstance(texts, collections.abc.Mapping) or not isinstance(texts, collections.abc.Iterable):
+        raise ValueError(f"`texts` must be a list of strings. Received: texts of type {type(texts).__name__}")
+    texts = list(texts)  # a generator too
+    for index, text in enumerate(texts):
+        if isinstance(text, (bytes, np.bytes_)):
+            try:
+                texts[index] = bytes(text).decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"`texts[{index}]` is bytes but not UTF-8 ({error.reason} at byte {error.start}).") from None
+        elif isinstance(text, str):
+            texts[index] = str(text)  # numpy's str_ too
+        else:
+            raise ValueError(f"`texts` must be a list of strings. Received: texts[{index}] of type {type(text).__name__}: {text!r:.80}")
+    return texts
 
 
 def padded(rows, pad):
@@ -102,10 +128,12 @@ def bucket_lengths(seq_length, bucket, shortest=2):
 
 
 def token_ids(tokenizer, texts, sequence_length, chunk=1024):
-    """[CLS] text [SEP] ids of each text, as the student's packer makes them: pieces cut to sequence_length - 2."""
+    """[CLS] text [SEP] ids of each text, as the student's packer makes them: pieces cut to sequence_length - 2,
+    read from the first `sequence_length` words of each text only (as the export's preprocessor reads them), so
+    a text's cost is bounded whatever its size."""
     first, last = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     rows = []
     for start in range(0, len(texts), chunk):
-        pieces = tokenizer(tf.constant(texts[start:start + chunk]))
+        pieces = tokenizer(tf.constant(texts[start:start + chunk]), max_length=sequence_length)
         rows += [[first, *row[: sequence_length - 2], last] for row in pieces.to_list()]
     return rows

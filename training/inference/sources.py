@@ -6,6 +6,7 @@ export, conversion, `SentenceEncoder`) accepts all of them; a task model around 
 """
 
 import dataclasses
+import json
 import os
 
 import tensorflow as tf
@@ -44,9 +45,11 @@ class Source:
     name: the run's config name, or the Hugging Face folder's name.
     sequence_length: the length a run (or a preset that records it) was trained at, else None.
     recorded_serving_length: the length a preset records to serve at (a shipped sentence encoder: its
-        teacher's), else None.
-    embedding: the sentence embedding it was trained to give ("normalized_mean": a distill run, or a preset
-        that records it), else None (a plain encoder).
+        teacher's; a sentence-transformers folder: its max_seq_length), else None.
+    embedding: the sentence embedding it was trained to give ("normalized_mean": a distill run, a preset that
+        records it, a sentence-transformers folder with mean pooling and Normalize; "mean": one without
+        Normalize; anything else: a sentence-transformers pipeline `check_mean_pooling` refuses), else None (a
+        plain encoder).
     """
 
     path: str
@@ -128,8 +131,46 @@ def _read_preset(path):
 def _read_hf_folder(path):
     model, tokenizer = hf_bert_config(path), hf_tokenizer_settings(path)
     check_tokenizer_agrees(path, read_vocabulary(join(path, VOCABULARY)))
+    serving_length, embedding = sentence_transformers_settings(path)
     return Source(path, "hf", "bert", model, join(path, "model.safetensors"), join(path, VOCABULARY), tokenizer,
-                  name=_basename(path))
+                  name=_basename(path), embedding=embedding, recorded_serving_length=serving_length)
+
+
+def sentence_transformers_settings(path):
+    """(max_seq_length, embedding) of a sentence-transformers folder: its sentence_bert_config.json's
+    max_seq_length (None without the file) and, from the modules modules.json lists, "normalized_mean" (mean
+    pooling, then Normalize), "mean" (mean pooling alone) or a description of any other pipeline (CLS or
+    max pooling, a Dense layer...), which `check_mean_pooling` refuses; (None, None) for a plain Hugging Face
+    BERT folder. A file that says something else is one ValueError naming it."""
+    settings_file, modules_file = join(path, "sentence_bert_config.json"), join(path, "modules.json")
+    length = read_json(settings_file).get("max_seq_length") if tf.io.gfile.exists(settings_file) else None
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 3):
+        raise ValueError(f"{settings_file}: `max_seq_length` must be an integer of at least 3. Received: max_seq_length={length!r}")
+    if not tf.io.gfile.exists(modules_file):
+        return length, None
+    try:
+        with tf.io.gfile.GFile(modules_file, "r") as file:
+            modules = json.loads(file.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{modules_file} is not valid JSON ({error}).") from None
+    if not isinstance(modules, list) or not all(isinstance(module, dict) and isinstance(module.get("type"), str) for module in modules):
+        raise ValueError(f"{modules_file}: expected a list of modules, each with a `type`. Received: {modules!r:.200}")
+    kinds = [module["type"].rsplit(".", 1)[-1] for module in modules]
+    if kinds[:2] != ["Transformer", "Pooling"] or any(kind != "Normalize" for kind in kinds[2:]):
+        return length, " + ".join(kinds)
+    pooling_file = join(join(path, modules[1].get("path") or ""), "config.json")
+    modes = [key[len("pooling_mode_"):] for key, value in read_json(pooling_file).items() if key.startswith("pooling_mode_") and value is True]
+    if modes != ["mean_tokens"]:
+        return length, f"{' + '.join(modes) or 'no'} pooling"
+    return length, DISTILLED_EMBEDDING if "Normalize" in kinds else "mean"
+
+
+def check_mean_pooling(source):
+    """Refuses a source whose sentence embedding is not the mean of its token vectors (a sentence-transformers
+    folder with CLS or max pooling, or a Dense layer): `SentenceEncoder` and the exports compute mean pooling."""
+    if source.embedding not in (None, "mean", DISTILLED_EMBEDDING):
+        raise ValueError(f"{source.path}: its sentence-transformers modules give the sentence embedding by {source.embedding} "
+                         f"(modules.json), which this project does not compute: it pools by the mean of the token vectors.")
 
 
 def _basename(path):

@@ -93,10 +93,12 @@ class WordPieceTokenizer:
         self._tokens = read_vocabulary(module.vocab_file.asset_path.numpy().decode("utf-8"))
         self._ids = {token: token_id for token_id, token in enumerate(self._tokens)}
 
-    def __call__(self, text):
-        """string [B] (or a scalar) -> int32 ragged [B, (pieces)] ([(pieces)] for a scalar)."""
+    def __call__(self, text, max_length=None):
+        """string [B] (or a scalar) -> int32 ragged [B, (pieces)] ([(pieces)] for a scalar). max_length: read at
+        most this many words of each text (and BYTES_PER_WORD bytes a word: time and memory bounded whatever its
+        size, `training.preprocessing.text`); None: all of it."""
         text = tf.convert_to_tensor(text, tf.string)
-        ids = self.module.token_ids(tf.reshape(text, [-1]))  # the module's tokenisation is a traced tf.function
+        ids = self.module.token_ids(tf.reshape(text, [-1]), max_length)  # the module's tokenisation is a traced tf.function
         return ids[0] if text.shape.rank == 0 else ids
 
     def pack(self, texts, sequence_length):

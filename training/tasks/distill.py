@@ -241,6 +241,7 @@ class DistillTask(Task):
     def check(self):
         super().check()
         source = self.source
+        sources.check_mean_pooling(source)  # the teacher's embedding is the mean of its token vectors, as computed here
         teacher_settings = {"lowercase": source.tokenizer.get("lowercase", True),
                             "strip_accents": source.tokenizer.get("strip_accents")}
         teacher_settings["strip_accents"] = teacher_settings["lowercase"] if teacher_settings["strip_accents"] is None else teacher_settings["strip_accents"]
