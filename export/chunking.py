@@ -53,6 +53,11 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
     Returns:
         `run`'s output structure, every tensor [N, ...] in the request's order.
     """
+    if len(texts) > 1:  # a pair's two inputs side by side: one clear error where they differ in length
+        checks = [tf.debugging.assert_equal(tf.size(text), tf.size(texts[0]), message="text and text_b must hold as many strings")
+                  for text in texts[1:]]
+        with tf.control_dependencies(checks):
+            texts = [tf.identity(text) for text in texts]
     # Sorted by bytes, a proxy of the token count that costs no tokenisation: neighbours have similar lengths.
     order = tf.argsort(tf.add_n([tf.strings.length(text) for text in texts]), stable=True)
     rows = tf.shape(order)[0]

@@ -28,6 +28,7 @@ Example:
 import hashlib
 import json
 import os
+import warnings
 
 import h5py
 import keras
@@ -177,21 +178,30 @@ class PresetMixin:
     save_to_preset = save_to_preset
 
 
+HEAD_SHAPE = ("num_outputs",)  # task-head arguments that change the shape of its weights
+
+
 class TaskPresetMixin:
     """`from_preset` and `save_to_preset` for a task model around a backbone (`self.encoder`)."""
 
     @classmethod
     def from_preset(cls, preset, **kwargs):
-        """The task model saved in `preset` (task.json of this class, no `kwargs`), else a new
-        head of this class, built with `kwargs`, on the preset's backbone."""
+        """The task model saved in `preset` (task.json, of this class) with its trained head, `kwargs` that
+        leave the head's weights as they are applied to it (`dropout`, `activation`, or the saved `num_outputs`
+        again); else a new head of this class, built with `kwargs`, on the preset's backbone: for a preset
+        without such a task, or with a `num_outputs` other than the saved one (a warning says the trained head is
+        not loaded; keras-hub's `num_classes` also builds a new head)."""
         preset = resolve(preset)
-        task_path = os.path.join(str(preset), TASK_CONFIG_FILE)
-        if not kwargs and os.path.isfile(task_path):
-            config = _read(preset, TASK_CONFIG_FILE)
-            if config.get("registered_name") == keras.saving.get_registered_name(cls):
-                model = keras.saving.deserialize_keras_object(config)
+        saved = _read(preset, TASK_CONFIG_FILE) if os.path.isfile(os.path.join(str(preset), TASK_CONFIG_FILE)) else None
+        if saved is not None and saved.get("registered_name") == keras.saving.get_registered_name(cls):
+            changed = {name: value for name, value in kwargs.items() if name in HEAD_SHAPE and value != saved["config"].get(name)}
+            if not changed and set(kwargs) <= set(cls.head_arguments):
+                model = keras.saving.deserialize_keras_object({**saved, "config": {**saved["config"], **kwargs}})
                 model.load_weights(os.path.join(str(preset), TASK_WEIGHTS_FILE))
                 return model
+            if changed:
+                warnings.warn(f"{preset}: a new {cls.__name__} head for {changed} (its trained head has "
+                              f"{ {name: saved['config'].get(name) for name in changed} }): the trained head's weights are not loaded.")
         backbone = keras.saving.deserialize_keras_object(_read(preset, CONFIG_FILE))
         backbone.load_weights(os.path.join(str(preset), WEIGHTS_FILE))
         return cls(backbone, **kwargs)

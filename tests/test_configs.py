@@ -76,6 +76,18 @@ def test_overrides_and_inheritance():
     assert config.model.num_layers == 24  # inherited from bert_large through bert_d512_p128_h8
 
 
+def test_a_step_count_on_the_command_line_wins_over_the_files_epochs():
+    """glue_base derives its steps from train_epochs: 3 and its warm-up from warmup_fraction: 0.1; an override of
+    the count alone replaces the derivation (it used to be ignored silently), both overridden keep the epochs."""
+    assert configs.load_config("glue_base").training.train_epochs == 3
+    training = configs.load_config("glue_base", ["training.train_steps=4"]).training
+    assert (training.train_steps, training.train_epochs, training.warmup_fraction) == (4, None, 0.1)
+    training = configs.load_config("glue_base", ["training.warmup_steps=2"]).training
+    assert (training.warmup_steps, training.warmup_fraction, training.train_epochs) == (2, None, 3)
+    training = configs.load_config("glue_base", ["training.train_steps=4", "training.train_epochs=2"]).training
+    assert (training.train_steps, training.train_epochs) == (4, 2)
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import scipy.special
 import scipy.stats
 import sklearn.metrics
 
@@ -112,6 +113,9 @@ def test_mrpc_from_the_original_tsv_files_reports_accuracy_and_f1(tmp_path, caps
     assert metrics["eval_accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(labels, predicted), abs=1e-9)
     assert metrics["eval_f1"] == pytest.approx(sklearn.metrics.f1_score(labels, predicted), abs=1e-9)
     assert metrics["majority_class_accuracy"] == pytest.approx(7 / 13, abs=1e-9)
+    # the mean over the 13 dev pairs alone: the 3 empty rows that fill the second batch of 8 count for nothing
+    probabilities = scipy.special.softmax(evaluated[-1].astype("float64"), axis=-1)
+    assert metrics["eval_loss"] == pytest.approx(sklearn.metrics.log_loss(labels, probabilities, labels=[0, 1]), rel=1e-5)
 
 
 @pytest.mark.slow
@@ -126,6 +130,7 @@ def test_stsb_regression_reports_pearson_and_spearman(tmp_path, capsys, vocabula
     np.testing.assert_allclose(recorded, scores[:, 0], atol=1e-4)
     assert metrics["eval_pearson"] == pytest.approx(scipy.stats.pearsonr(labels, recorded)[0], abs=1e-5)
     assert metrics["eval_spearman"] == pytest.approx(scipy.stats.spearmanr(labels, recorded)[0], abs=1e-5)
+    assert len(labels) % 8 and metrics["eval_loss"] == pytest.approx(np.mean((np.asarray(labels) - recorded) ** 2), rel=1e-5)
 
 
 def test_a_label_the_task_does_not_know_names_the_file_and_line(tmp_path, capsys, vocabulary):
@@ -147,7 +152,13 @@ served = tf.saved_model.load(sys.argv[1])
 pairs = json.loads(sys.argv[2])
 outputs = served.signatures["serving_default"](text=tf.constant([a for a, _ in pairs]), text_b=tf.constant([b for _, b in pairs]))
 assert "tensorflow_text" not in sys.modules
-print(json.dumps({"probabilities": outputs["probabilities"].numpy().tolist(), "label": [x.decode() for x in outputs["label"].numpy()]}))
+try:
+    served.signatures["serving_default"](text=tf.constant(["a", "b"]), text_b=tf.constant(["c"]))
+    mismatch = None
+except tf.errors.InvalidArgumentError as error:
+    mismatch = error.message
+print(json.dumps({"probabilities": outputs["probabilities"].numpy().tolist(), "label": [x.decode() for x in outputs["label"].numpy()],
+                  "mismatch": mismatch}))
 """
 
 
@@ -172,6 +183,7 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
     np.testing.assert_allclose(np.array(served["probabilities"]), live, atol=1e-5)
     # the label is the served probabilities' own argmax (the live model's could differ on a near tie)
     assert served["label"] == [config.task.labels[i] for i in np.array(served["probabilities"]).argmax(-1)]
+    assert "text and text_b must hold as many strings" in served["mismatch"]  # one clear line, not a graph error
 
 
 @pytest.mark.parametrize("preset, texts", [("glue_mrpc", ("text", "text_b")), ("glue_sst2", ("text",)), ("glue_stsb", ("text", "text_b"))])
@@ -209,3 +221,15 @@ def test_a_task_without_a_serving_model_of_its_own_serves_the_encoder():
 
     config = configs.load_config("tiny_bert_fixed")
     assert make_task(config).serving_signature(config.build_model()) is None
+
+
+@pytest.mark.parametrize("labels, message", [
+    ("[neg, pos, pos]", "at least 2 distinct labels"), ("[pos]", "at least 2 distinct labels"),
+    ("[true, false]", "strings or integers"), ("pos", "task.labels"),
+])
+def test_task_labels_are_at_least_two_distinct_names(labels, message):
+    from concise_attention.training.run import configs
+
+    assert configs.load_config("glue_base", ["task.labels=[0, 1]"]).task.labels == ["0", "1"]  # as the TSV files hold them
+    with pytest.raises(ValueError, match=message):
+        configs.load_config("glue_base", [f"task.labels={labels}"])

@@ -121,7 +121,9 @@ def test_labels_come_from_the_training_split(tmp_path):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda tmp: glue.read_glue_tsv(tmp / "missing.tsv", "sst2"), "GLUE file not found"),
+        (lambda tmp: glue.read_glue_tsv(tmp / "missing.tsv", "sst2"), "TSV file not found"),
+        (lambda tmp: glue.label_vocabulary([TextExample("a", None, "pos")] * 3, "one/train.tsv"), r"one/train\.tsv: a classifier needs at least 2 labels. Received: \['pos'\]"),
+        (lambda tmp: glue.label_vocabulary([], "empty/train.tsv"), "empty/train.tsv: .* Received: no examples"),
         (lambda tmp: glue.read_glue_tsv(tmp / "x.tsv", "imdb"), "Unknown GLUE task"),
         (lambda tmp: glue.glue_examples("sst2", "test", tmp, "tsv"), "split must be one of"),
         (lambda tmp: glue.glue_examples("sst2", "train", tmp, "csv"), "source must be one of"),

@@ -319,6 +319,12 @@ def test_keras_preset_loads_and_fine_tunes_every_encoder_variable_with_adam(tiny
     np.testing.assert_array_equal(np.asarray(reloaded.predict(inputs, verbose=0)["logits"]), expected)
     classifier.save_to_preset(tmp_path / "tuned_preset")
     np.testing.assert_array_equal(np.asarray(BertClassifier.from_preset(tmp_path / "tuned_preset").predict(inputs, verbose=0)["logits"]), expected)
+    for same_head in ({"num_outputs": 2}, {"dropout": 0.3}):  # arguments that leave the trained head's weights as they are
+        tuned = BertClassifier.from_preset(tmp_path / "tuned_preset", **same_head)
+        np.testing.assert_array_equal(np.asarray(tuned.predict(inputs, verbose=0)["logits"]), expected)
+    assert tuned.head_dropout.rate == 0.3
+    with pytest.warns(UserWarning, match="trained head's weights are not loaded"):
+        assert BertClassifier.from_preset(tmp_path / "tuned_preset", num_outputs=3).predict(inputs, verbose=0)["logits"].shape == (5, 3)
 
 
 def _change_json(name, **changes):

@@ -115,7 +115,7 @@ def _tsv_rows(path):
     """(1-based line number, fields) of each non-blank line of a TSV file, as BERT splits it."""
     path = str(path)
     if not tf.io.gfile.exists(path):
-        raise ValueError(f"GLUE file not found. Received: path={path!r}")
+        raise ValueError(f"TSV file not found. Received: path={path!r}")
     with tf.io.gfile.GFile(path, "r") as file:
         # QUOTE_NONE: a quote is an ordinary character, as BERT's quotechar=None reads it.
         reader = csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -266,14 +266,15 @@ def glue_examples(task, split, data_dir, source):
     return read_glue_tsv(where, task)
 
 
-def label_vocabulary(examples):
-    """The sorted distinct labels (strings) of a training split: label id i is entry i."""
+def label_vocabulary(examples, source="the training split"):
+    """The sorted distinct labels (strings) of a training split (`source`, named in errors): label id i is
+    entry i. At least 2: a classifier of one class would learn nothing."""
     labels = {example.label for example in examples}
-    if not labels:
-        raise ValueError("label_vocabulary needs at least one example. Received: no examples")
     not_strings = sorted({repr(label) for label in labels if not isinstance(label, str)})
     if not_strings:
         raise ValueError(f"Classification labels must be strings (regression scores have no vocabulary). Received: {not_strings[:5]}")
+    if len(labels) < 2:
+        raise ValueError(f"{source}: a classifier needs at least 2 labels. Received: {sorted(labels) if labels else 'no examples'}")
     return sorted(labels)
 
 

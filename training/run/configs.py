@@ -371,8 +371,14 @@ def _to_dataclass(cls, values, prefix):
     return cls(**{key: _check_type(f"{prefix}.{key}", value, fields[key].type) for key, value in values.items()})
 
 
+# Counts a config may give directly or derive, the derivation winning where both are set: an override of the
+# count alone clears the file's derivation, so `--set training.train_steps=4` trains 4 steps whatever the file says.
+COUNT_DERIVATIONS = {("training", "train_steps"): "train_epochs", ("training", "warmup_steps"): "warmup_fraction"}
+
+
 def load_config(name_or_path, overrides=()):
-    """Reads a preset name or YAML path, applies `key=value` overrides, validates.
+    """Reads a preset name or YAML path, applies `key=value` overrides, validates. An override of
+    training.train_steps (warmup_steps) alone clears the file's train_epochs (warmup_fraction): `COUNT_DERIVATIONS`.
 
     Args:
         name_or_path: a preset name (see `preset_names()`) or a path to a YAML file.
@@ -381,7 +387,7 @@ def load_config(name_or_path, overrides=()):
     Returns:
         A frozen `ExperimentConfig`.
     """
-    raw = _read(name_or_path)
+    raw, overridden = _read(name_or_path), set()
     for text in overrides:
         keys, value = parse_override(text)
         target = raw
@@ -390,6 +396,11 @@ def load_config(name_or_path, overrides=()):
             if not isinstance(target, dict):
                 raise ValueError(f"Cannot override `{text}`: `{key}` is not a mapping.")
         target[keys[-1]] = value
+        overridden.add(tuple(keys))
+    for (section, count), derivation in COUNT_DERIVATIONS.items():
+        # a count named on the command line wins over the file's way to derive it (e.g. glue_base's train_epochs: 3)
+        if (section, count) in overridden and (section, derivation) not in overridden and isinstance(raw.get(section), dict):
+            raw[section][derivation] = None
     return config_from_dict(raw, pathlib.Path(str(name_or_path)).stem)
 
 

@@ -48,6 +48,8 @@ class SentenceSettings(TaskSettings):
                              f"tsv or one of {sorted(SHIPPED)}. Received: task.dataset={self.dataset!r}")
         if (kind == "glue_tsv" or self.dataset == "tsv") and not self.data_dir:
             raise ValueError(f"task.dataset={self.dataset!r} reads TSV files: set task.data_dir to their folder.")
+        if self.labels is not None:
+            object.__setattr__(self, "labels", _label_names(self.labels))
 
     def source(self):
         """(GLUE task name or "tsv", "tsv" | "tfds", data_dir)."""
@@ -57,6 +59,16 @@ class SentenceSettings(TaskSettings):
         if self.dataset == "tsv":
             return glue.GENERIC_TSV, "tsv", self.data_dir
         return task, ("tfds" if kind == "glue" else "tsv"), self.data_dir
+
+
+def _label_names(labels):
+    """task.labels as strings, the way the TSV files hold them (YAML reads `[0, 1]` as integers), distinct, at least 2."""
+    if not isinstance(labels, (list, tuple)) or any(isinstance(label, bool) or not isinstance(label, (str, int)) for label in labels):
+        raise ValueError(f"`task.labels` must be a list of label names (strings or integers). Received: task.labels={labels!r}")
+    names = [str(label) for label in labels]
+    if len(set(names)) != len(names) or len(names) < 2:
+        raise ValueError(f"`task.labels` must name at least 2 distinct labels. Received: task.labels={labels!r}")
+    return names
 
 
 class ClassificationTask(Task):
@@ -85,7 +97,7 @@ class ClassificationTask(Task):
 
     def _labels(self, examples, source):
         if self.settings.labels is None:
-            self.settings = dataclasses.replace(self.settings, labels=glue.label_vocabulary(self.train_examples))
+            self.settings = dataclasses.replace(self.settings, labels=glue.label_vocabulary(self.train_examples, source))
         return glue.encode_labels(examples, self.settings.labels, source)
 
     def num_train_examples(self):
@@ -95,7 +107,8 @@ class ClassificationTask(Task):
         return BertClassifier(backbone, num_outputs=1 if self.regression else len(self.settings.labels), dropout=self.settings.dropout)
 
     def compile_arguments(self):
-        return {"loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        # "mean_with_sample_weight": the held-out batches' padding rows (weight 0) do not dilute val_loss
+        return {"loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
                 "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]}
 
     def datasets(self, tokenizer, skip_batches):
@@ -129,11 +142,17 @@ class ClassificationTask(Task):
         logits = model.predict(eval_data, verbose=0)["logits"][: len(self.dev_examples)]
         return logits
 
+    def dev_loss(self, logits):
+        """The loss over the dev examples alone, a plain mean: the empty rows that fill the last batch, whose
+        weight is 0, count for nothing (`model.evaluate` weighs each batch by its size, padding included)."""
+        labels = self.dev_labels[:, None] if self.regression else self.dev_labels
+        return float(np.mean(keras.ops.convert_to_numpy(self.compile_arguments()["loss"].call(labels, logits))))
+
     def evaluate(self, model, eval_data, eval_steps):
-        loss = model.evaluate(self.eval_packed, verbose=0, return_dict=True)["loss"]
-        predicted = np.argmax(self.predictions(model, self.eval_packed), axis=-1)
+        logits = self.predictions(model, self.eval_packed)
+        predicted = np.argmax(logits, axis=-1)
         labels = self.dev_labels
-        results = {"eval_loss": loss, "eval_accuracy": metric_functions.accuracy(labels, predicted),
+        results = {"eval_loss": self.dev_loss(logits), "eval_accuracy": metric_functions.accuracy(labels, predicted),
                    "majority_class_accuracy": metric_functions.accuracy(labels, np.full_like(labels, np.bincount(self.train_labels).argmax()))}
         task, _, _ = self.settings.source()
         if task != glue.GENERIC_TSV and "f1" in glue.glue_task(task).metrics:
@@ -163,16 +182,16 @@ class RegressionTask(ClassificationTask):
         return BertClassifier(backbone, num_outputs=1, dropout=self.settings.dropout)
 
     def compile_arguments(self):
-        return {"loss": keras.losses.MeanSquaredError()}
+        return {"loss": keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")}
 
     def serving_signature(self, model):
         """`text` (and `text_b`) -> `score` [batch]."""
         return ServingSignature(self._serving_texts(), lambda inputs: {"score": model(inputs, training=False)["logits"][:, 0]})
 
     def evaluate(self, model, eval_data, eval_steps):
-        loss = model.evaluate(self.eval_packed, verbose=0, return_dict=True)["loss"]
-        scores = self.predictions(model, self.eval_packed)[:, 0]
-        return {"eval_loss": loss, "eval_pearson": metric_functions.pearson(self.dev_labels, scores),
+        logits = self.predictions(model, self.eval_packed)
+        scores = logits[:, 0]
+        return {"eval_loss": self.dev_loss(logits), "eval_pearson": metric_functions.pearson(self.dev_labels, scores),
                 "eval_spearman": metric_functions.spearman(self.dev_labels, scores)}
 
 
