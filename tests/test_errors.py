@@ -247,7 +247,7 @@ def test_a_model_error_leaves_nothing_written_and_the_corrected_command_trains(t
     assert train_cli.main([*argv, *standard, "--set", "model.num_heads=4"]) == 0
     capsys.readouterr()
     trained = sorted(path.name for path in run.iterdir())
-    _fails(capsys, train_cli.main, [*argv, *standard, "--set", "model.num_heads=8"], "holds a run with a different `model`")
+    _fails(capsys, train_cli.main, [*argv, *standard, "--set", "model.num_heads=8"], "holds a run with a different `model` (model.num_heads: 4 -> 8)")
     assert sorted(path.name for path in run.iterdir()) == trained
 
 
@@ -266,5 +266,5 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_a_changed_one_is_refus
     runs.RunDirectory(run).start(config.to_dict() | {"name": config.name})
     assert json.loads((run / "config.json").read_text())["task"]["length_bucket"] == 0
     changed = configs.load_config("distill_minilm_d192_fixed", ["task.length_bucket=8"])
-    with pytest.raises(ValueError, match="holds a run with a different `task`"):
+    with pytest.raises(ValueError, match=r"holds a run with a different `task` \(task.length_bucket: 0 -> 8\)"):
         runs.RunDirectory(run).start(changed.to_dict() | {"name": changed.name})

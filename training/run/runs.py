@@ -113,7 +113,8 @@ class RunDirectory:
             saved = _with_defaults(read_json(self.file(CONFIG)))
             differs = [section for section in ("model_type", "model", "task") if saved.get(section) != config_dict.get(section)]
             if differs and self.has_progress():
-                raise ValueError(f"{self.path} holds a run with a different `{differs[0]}`; use a new run directory.")
+                raise ValueError(f"{self.path} holds a run with a different `{differs[0]}` "
+                                 f"({_differences(differs[0], saved.get(differs[0]), config_dict.get(differs[0]))}); use a new run directory.")
             if not self.has_progress() and tf.io.gfile.exists(self.file(INPUTS)):  # an earlier command failed before
                 tf.io.gfile.remove(self.file(INPUTS))  # its first checkpoint: the corrected one starts afresh
         tf.io.gfile.makedirs(self.path)
@@ -226,3 +227,13 @@ def load_model(path):
         raise ValueError(f"A finished run directory has {CONFIG} and {MODEL_WEIGHTS}; {run.path!r} lacks {MODEL_WEIGHTS}.")
     load_weights(model, weights)
     return config, model, backbone, run.file(VOCABULARY)
+
+
+def _differences(name, saved, now, most=3):
+    """`name.key: saved -> now` for the first `most` keys where two config sections differ (the values themselves
+    where a section is not a mapping)."""
+    if not (isinstance(saved, dict) and isinstance(now, dict)):
+        return f"{name}: {saved!r} -> {now!r}"
+    keys = sorted(key for key in set(saved) | set(now) if saved.get(key) != now.get(key))
+    shown = [f"{name}.{key}: {saved.get(key)!r} -> {now.get(key)!r}" for key in keys[:most]]
+    return "; ".join(shown + ([f"{len(keys) - most} more"] if len(keys) > most else []))
