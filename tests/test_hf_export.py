@@ -177,13 +177,21 @@ def test_minilm_served_embeddings_equal_a_numpy_bert_on_the_tokenisation_corpus(
     assert similarity.min() >= 0.99999, [corpus[subset[i]] for i in np.argsort(similarity)[:3]]
 
 
-def test_minilm_export_holds_every_artifact(minilm_export):
+def test_minilm_export_holds_every_artifact(minilm_export, minilm_dir):
+    import tensorflow as tf
+
     out = minilm_export / "out"
     export = json.loads((out / "hub" / "1" / "export.json").read_text())
     assert export["source_kind"] == "hf" and export["config"]["task"] is None
     assert (export["lowercase"], export["strip_accents"], export["model_name"]) == (True, None, "minilm")
     assert (export["seq_length"], export["pooling"]) == (256, "normalized_mean")  # its sentence-transformers settings
-    assert not hasattr(__import__("tensorflow").saved_model.load(str(out / "hub" / "1" / "encoder")), "mlm")  # a BertModel: no MLM head
+    hub_encoder = tf.saved_model.load(str(out / "hub" / "1" / "encoder"))
+    assert not hasattr(hub_encoder, "mlm")  # a BertModel: no MLM head
+    ids = hugging_face_ids(minilm_dir / "vocab.txt", ["A man is playing a guitar.", "Stocks fell."], 24)
+    expected = reference_embeddings(minilm_dir, ids)
+    outputs = hub_encoder({name: tf.constant(value) for name, value in _padded(ids).items()}, training=False)
+    for name in ("pooled_output", "default", "embedding"):  # its sentence embedding, as sentence-transformers gives it
+        np.testing.assert_allclose(outputs[name].numpy(), expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=2e-5)
     for path in ("hub/1/encoder/saved_model.pb", "hub/1/preprocess/saved_model.pb", "hub/1/hub.tar.gz", "hub/1/keras/model.weights.h5",
                  "serving/1/saved_model.pb", "serving/1/assets.extra/tf_serving_warmup_requests", "serving/models.config"):
         assert (out / path).is_file(), path
