@@ -55,6 +55,16 @@ def test_bytes_string_tensors_and_numpy_integers_are_read_as_their_text(encoder)
     np.testing.assert_allclose(encoder.encode(TEXTS[:4], batch_size=np.int64(3), progress=True), expected, atol=1e-6)
 
 
+def test_texts_sorted_a_window_at_a_time_give_the_same_embeddings(encoder, monkeypatch):
+    """With a window of 3 texts (32,768 by default) the 7 texts are tokenised and sorted in 3 windows: same rows,
+    same order, as the single window gives (batches of other compositions: float noise only)."""
+    from concise_attention.training.inference import embeddings
+
+    whole = encoder.encode(TEXTS, batch_size=2)
+    monkeypatch.setattr(embeddings, "SORT_WINDOW", 3)
+    np.testing.assert_allclose(encoder.encode(TEXTS, batch_size=2, progress=True), whole, atol=1e-5)
+
+
 def test_a_text_is_read_only_as_far_as_its_cut_needs(encoder, monkeypatch):
     """Each text is tokenised from its first `sequence_length` words at most (the bounded reading the export's
     preprocessor does), so a huge text costs what a long one does; the result equals its first words'."""

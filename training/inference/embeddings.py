@@ -22,6 +22,9 @@ from concise_attention.training.inference import sources
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
 
+SORT_WINDOW = 32_768  # texts tokenised and length-sorted together (a multiple of the usual batch sizes)
+
+
 class SentenceEncoder:
     """A backbone (`BertEncoder`), its tokenizer and the pooling: `encode(texts)` -> numpy (N, width)."""
 
@@ -72,20 +75,31 @@ class SentenceEncoder:
         if not texts:
             return np.zeros((0, self.width), np.float32)
         pooled = self.pooled(texts, int(batch_size), progress or None)
-        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12) if normalize else pooled
+        return unit_rows(pooled) if normalize else pooled
 
-    def pooled(self, texts, batch_size=32, progress=None):
+    def pooled(self, texts, batch_size=32, progress=None, window=None):
         """The mean of the token vectors over each text's real tokens, float32 (N, width), computed in
-        length-sorted batches, each padded to its longest text ([CLS] text [SEP], cut to sequence_length)."""
-        ids = token_ids(self.tokenizer, texts, self.sequence_length)
+        length-sorted batches, each padded to its longest text ([CLS] text [SEP], cut to sequence_length). Texts
+        are tokenised and sorted `window` at a time (default SORT_WINDOW; 0: all at once), so the token ids
+        held at once do not grow with the number of texts (only the result does)."""
+        window = SORT_WINDOW if window is None else (window or max(1, len(texts)))
         pad = self.tokenizer.token_to_id("[PAD]")
-        order = np.argsort([len(row) for row in ids], kind="stable")
         pooled = np.zeros((len(texts), self.width), np.float32)
-        for first in tqdm(range(0, len(texts), batch_size), desc=progress, unit="batch", mininterval=2.0, disable=progress is None):
-            rows = order[first:first + batch_size]
-            word_ids, mask = padded([ids[row] for row in rows], pad)
-            pooled[rows] = self._forward(tf.constant(word_ids), tf.constant(mask)).numpy()
+        bar = tqdm(total=-(-len(texts) // batch_size), desc=progress, unit="batch", mininterval=2.0, disable=progress is None)
+        for start in range(0, len(texts), window):
+            ids = token_ids(self.tokenizer, texts[start:start + window], self.sequence_length)
+            order = np.argsort([len(row) for row in ids], kind="stable")
+            for first in range(0, len(ids), batch_size):
+                rows = order[first:first + batch_size]
+                word_ids, mask = padded([ids[row] for row in rows], pad)
+                pooled[start + rows] = self._forward(tf.constant(word_ids), tf.constant(mask)).numpy()
+                bar.update(1)
+        bar.close()
         return pooled
+
+
+def unit_rows(vectors):
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
 def _as_texts(texts):

@@ -465,4 +465,5 @@ def teacher_outputs(task, tokenizer, texts):
 def compute_teacher_embeddings(teacher, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH):
     """The unit mean embeddings of `texts` by `teacher`, an encoder (`training.inference.embeddings.SentenceEncoder`)."""
     encoder = embeddings.SentenceEncoder(teacher, tokenizer, sequence_length)
-    return encoder.encode(texts, batch_size, progress="teacher outputs")
+    # all texts sorted at once (window 0): the batches the cached outputs of every run so far were computed in
+    return embeddings.unit_rows(encoder.pooled(texts, batch_size, progress="teacher outputs", window=0))
