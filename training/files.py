@@ -89,8 +89,9 @@ def write_json_atomically(path, value):
     write_bytes_atomically(path, json.dumps(value, indent=1, sort_keys=True))
 
 
-def read_json(path):
-    """A JSON file as a dict; a missing, truncated or non-JSON file is an error naming it."""
+def read_json(path, kind=dict):
+    """A JSON file as a dict (or the `kind` it must hold, e.g. list); a missing, truncated or non-JSON file is
+    an error naming it."""
     path = str(path)
     if not tf.io.gfile.exists(path):
         raise ValueError(f"File not found: {path}")
@@ -99,8 +100,8 @@ def read_json(path):
             value = json.loads(file.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON ({error}).") from error
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} must hold a JSON object. Received: {type(value).__name__}")
+    if not isinstance(value, kind):
+        raise ValueError(f"{path} must hold a JSON {'object' if kind is dict else kind.__name__}. Received: {type(value).__name__}")
     return value
 
 

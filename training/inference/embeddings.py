@@ -85,8 +85,10 @@ class SentenceEncoder:
         window = SORT_WINDOW if window is None else (window or max(1, len(texts)))
         pad = self.tokenizer.token_to_id("[PAD]")
         pooled = np.zeros((len(texts), self.width), np.float32)
-        bar = tqdm(total=-(-len(texts) // batch_size), desc=progress, unit="batch", mininterval=2.0, disable=progress is None)
-        for start in range(0, len(texts), window):
+        starts = range(0, len(texts), window)
+        batches = sum(-(-min(window, len(texts) - start) // batch_size) for start in starts)  # each window's last batch may be short
+        bar = tqdm(total=batches, desc=progress, unit="batch", mininterval=2.0, disable=progress is None)
+        for start in starts:
             ids = token_ids(self.tokenizer, texts[start:start + window], self.sequence_length)
             order = np.argsort([len(row) for row in ids], kind="stable")
             for first in range(0, len(ids), batch_size):

@@ -6,7 +6,6 @@ export, conversion, `SentenceEncoder`) accepts all of them; a task model around 
 """
 
 import dataclasses
-import json
 import os
 
 import tensorflow as tf
@@ -148,12 +147,8 @@ def sentence_transformers_settings(path):
         raise ValueError(f"{settings_file}: `max_seq_length` must be an integer of at least 3. Received: max_seq_length={length!r}")
     if not tf.io.gfile.exists(modules_file):
         return length, None
-    try:
-        with tf.io.gfile.GFile(modules_file, "r") as file:
-            modules = json.loads(file.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{modules_file} is not valid JSON ({error}).") from None
-    if not isinstance(modules, list) or not all(isinstance(module, dict) and isinstance(module.get("type"), str) for module in modules):
+    modules = read_json(modules_file, kind=list)
+    if not all(isinstance(module, dict) and isinstance(module.get("type"), str) for module in modules):
         raise ValueError(f"{modules_file}: expected a list of modules, each with a `type`. Received: {modules!r:.200}")
     kinds = [module["type"].rsplit(".", 1)[-1] for module in modules]
     if kinds[:2] != ["Transformer", "Pooling"] or any(kind != "Normalize" for kind in kinds[2:]):
