@@ -139,6 +139,14 @@ def _check_class(config, cls, path):
         raise ValueError(f"{path} holds a {config.get('registered_name')!r}, not a {expected!r}.")
 
 
+def save_weights(model, path):
+    """The model's own weights into `path` (.weights.h5), never its optimizer's state: Keras' `save_weights` of a
+    compiled model also stores every optimizer variable (Adam: twice the weights), which a weights file does not
+    need (a run's checkpoint/ keeps what resuming needs) and which another optimizer could not use anyway."""
+    optimizer = getattr(model, "optimizer", None)
+    keras.saving.save_weights(model, str(path), objects_to_skip=None if optimizer is None else [optimizer])
+
+
 def save_to_preset(model, preset, weights_dtype=None):
     """Writes `model` (a backbone, or a task model with `.encoder`) as a preset into the folder `preset`;
     `weights_dtype="float16"` stores the backbone's weights at half size (they load into any dtype)."""
@@ -150,10 +158,10 @@ def save_to_preset(model, preset, weights_dtype=None):
         stored = backbone.__class__.from_config({**backbone.get_config(), "dtype": weights_dtype})
         for target, variable in zip(stored.weights, backbone.weights):
             target.assign(keras.ops.cast(variable, weights_dtype))
-    stored.save_weights(os.path.join(str(preset), WEIGHTS_FILE))
+    save_weights(stored, os.path.join(str(preset), WEIGHTS_FILE))
     if backbone is not model:
         _write(preset, TASK_CONFIG_FILE, keras.saving.serialize_keras_object(model))
-        model.save_weights(os.path.join(str(preset), TASK_WEIGHTS_FILE))
+        save_weights(model, os.path.join(str(preset), TASK_WEIGHTS_FILE))
     _write(preset, METADATA_FILE, {"keras_version": keras.version(), "parameter_count": backbone.count_params()})
 
 
@@ -244,10 +252,14 @@ def serving_length(preset):
     """The length `preset` embeds and exports at by default (tokenizer.json's `serving_length`: a shipped
     sentence encoder records its teacher's, 256), or None: then the length it was trained at."""
     folder = resolve(preset)
-    length = _read(folder, TOKENIZER_FILE).get("serving_length")
+    return checked_length(_read(folder, TOKENIZER_FILE).get("serving_length"), os.path.join(folder, TOKENIZER_FILE), "serving_length")
+
+
+def checked_length(length, path, field):
+    """A sequence length recorded in the file `path` under `field`: None, or an integer of at least 3 ([CLS] a
+    token [SEP]); anything else is one ValueError naming the file, the field and the value."""
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 3):
-        raise ValueError(f"{os.path.join(folder, TOKENIZER_FILE)}: `serving_length` must be an integer of at least 3. "
-                         f"Received: serving_length={length!r}")
+        raise ValueError(f"{path}: `{field}` must be an integer of at least 3. Received: {field}={length!r}")
     return length
 
 

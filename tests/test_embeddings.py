@@ -34,7 +34,6 @@ def test_encode_gives_the_reference_mean_embeddings_in_order(encoder, minilm_dir
 
 
 @pytest.mark.parametrize("texts, arguments, message", [
-    ("one string", {}, r"not one string: pass \[text\]"), (np.array("one string"), {}, r"pass \[text\]"),
     (["a"], {"batch_size": 0}, "batch_size"), (None, {}, "list of strings"), (5, {}, "type int"),
     ({"a": 1}, {}, "type dict"), (["a", None], {}, r"texts\[1\] of type NoneType"), (["a", "b", 3], {}, r"texts\[2\] of type int"),
     ([b"ok", b"\xff"], {}, r"texts\[1\]` is bytes but not UTF-8"), (["a"], {"normalize": "no"}, "normalize"),
@@ -53,6 +52,21 @@ def test_bytes_string_tensors_and_numpy_integers_are_read_as_their_text(encoder)
     np.testing.assert_array_equal(encoder.encode(tf.constant(TEXTS[:4])), expected)
     np.testing.assert_array_equal(encoder.encode(np.array([text.encode("utf-8") for text in TEXTS[:4]], dtype=object)), expected)
     np.testing.assert_allclose(encoder.encode(TEXTS[:4], batch_size=np.int64(3), progress=True), expected, atol=1e-6)
+
+
+def test_one_text_alone_gives_its_vector(encoder):
+    """As sentence-transformers' encode: a str (bytes, a 0-d array or tensor) gives one (width,) row, the row the
+    list [text] gives; arguments still checked."""
+    import tensorflow as tf
+
+    expected = encoder.encode(TEXTS[:1])[0]
+    for one in (TEXTS[0], TEXTS[0].encode("utf-8"), np.array(TEXTS[0]), np.str_(TEXTS[0]), tf.constant(TEXTS[0])):
+        vector = encoder.encode(one)
+        assert vector.shape == (384,) and vector.dtype == np.float32
+        np.testing.assert_array_equal(vector, expected)
+    np.testing.assert_array_equal(encoder.encode(TEXTS[0], normalize=False), encoder.encode(TEXTS[:1], normalize=False)[0])
+    with pytest.raises(ValueError, match="batch_size"):
+        encoder.encode(TEXTS[0], batch_size=0)
 
 
 def test_texts_sorted_a_window_at_a_time_give_the_same_embeddings(encoder, monkeypatch):
@@ -104,6 +118,16 @@ def test_a_sentence_transformers_pooling_other_than_the_mean_is_refused(minilm_d
     assert _export_settings(source, None, None, "cls")["pooling"] == "cls"  # chosen explicitly: exported as asked
     settings = _export_settings(sources.read_source(str(minilm_dir)), None, None, None)
     assert (settings["seq_length"], settings["pooling"], settings["sentence_encoder"]) == (256, "normalized_mean", True)
+
+
+@pytest.mark.parametrize("length", [2, "256", 256.0, True])
+def test_a_bad_max_seq_length_is_refused_naming_the_file(minilm_dir, tmp_path, length):
+    for path in minilm_dir.iterdir():
+        if path.name != "sentence_bert_config.json":
+            (tmp_path / path.name).symlink_to(path)
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": length, "do_lower_case": False}))
+    with pytest.raises(ValueError, match=r"sentence_bert_config.json: `max_seq_length` must be an integer of at least 3"):
+        SentenceEncoder.from_preset(str(tmp_path))
 
 
 def test_a_sequence_length_beyond_the_encoders_positions_is_refused(encoder):

@@ -15,6 +15,7 @@ import pytest
 
 from concise_attention.training.backends.trainer import train
 from concise_attention.training.run import configs
+from concise_attention.training.run import runs
 from concise_attention.training.run.strategy import choose_strategy
 from concise_attention.training.tasks.objectives import WarmupDecaySchedule
 
@@ -89,6 +90,13 @@ def test_training_lowers_the_loss_and_logs(tmp_path):
     assert list((tmp_path / "run" / "logs" / "validation").glob("events.out.tfevents.*"))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["model"]["hidden_size"] == 32 and saved["training"]["train_steps"] == 60
+    # The final weights files hold the model's variables alone, not Adam's two moments beside each (h5py's count).
+    config, model, _, _ = runs.load_model(tmp_path / "run")
+    with h5py.File(tmp_path / "run" / "model.weights.h5", "r") as file:
+        assert "optimizer" not in file
+        stored = []
+        file.visititems(lambda name, item: stored.append(item.size) if isinstance(item, h5py.Dataset) else None)
+    assert sum(stored) == model.count_params() > 0
 
 
 def test_two_steps_under_mirrored_strategy_on_two_cpus(tmp_path):

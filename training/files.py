@@ -13,6 +13,8 @@ import uuid
 
 import tensorflow as tf
 
+from concise_attention.models.presets import save_weights as weights_only
+
 CONFIG = "config.json"
 VOCABULARY = "vocab.txt"
 BACKBONE_WEIGHTS = "backbone.weights.h5"
@@ -106,10 +108,11 @@ def read_json(path, kind=dict):
 
 
 def save_weights(model, path):
-    """`model.save_weights` to any gfile path, through a local temporary file and a rename."""
+    """The model's weights (not its optimizer's state: `models.presets.save_weights`) to any gfile path, through a
+    local temporary file and a rename."""
     with tempfile.TemporaryDirectory() as local:
         local_path = os.path.join(local, "w.weights.h5")
-        model.save_weights(local_path)
+        weights_only(model, local_path)
         with open(local_path, "rb") as file:
             write_bytes_atomically(path, file.read())
 

@@ -61,8 +61,13 @@ class SentenceEncoder:
 
     def encode(self, texts, batch_size=32, normalize=True, progress=None):
         """float32 (len(texts), width): one embedding per text, in the order given. texts: a list (or any
-        iterable, a numpy or 1-D string tensor) of str, or of bytes in UTF-8; `progress`: a progress bar's
-        caption (True: "encoding"), None or False for none."""
+        iterable, a numpy or 1-D string tensor) of str, or of bytes in UTF-8; one text alone (a str, bytes, a
+        0-d array or tensor) gives its float32 (width,) vector, as sentence-transformers' `encode` does;
+        `progress`: a progress bar's caption (True: "encoding"), None or False for none."""
+        if hasattr(texts, "numpy") and callable(texts.numpy):  # a TensorFlow string tensor
+            texts = texts.numpy()
+        if isinstance(texts, (str, bytes, np.str_, np.bytes_)) or (isinstance(texts, np.ndarray) and texts.ndim == 0):
+            return self.encode([texts.item() if isinstance(texts, np.ndarray) else texts], batch_size, normalize, progress)[0]
         texts = _as_texts(texts)
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}")
@@ -106,10 +111,6 @@ def unit_rows(vectors):
 
 def _as_texts(texts):
     """`encode`'s texts as a list of str; anything else is one ValueError naming the first bad element."""
-    if hasattr(texts, "numpy") and callable(texts.numpy):  # a TensorFlow string tensor
-        texts = texts.numpy()
-    if isinstance(texts, (str, bytes, np.str_, np.bytes_)) or (isinstance(texts, np.ndarray) and texts.ndim == 0):
-        raise ValueError("`texts` must be a list of strings, not one string: pass [text] for one embedding.")
     if isinstance(texts, collections.abc.Mapping) or not isinstance(texts, collections.abc.Iterable):
         raise ValueError(f"`texts` must be a list of strings. Received: texts of type {type(texts).__name__}")
     texts = list(texts)  # a generator too

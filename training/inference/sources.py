@@ -143,8 +143,7 @@ def sentence_transformers_settings(path):
     BERT folder. A file that says something else is one ValueError naming it."""
     settings_file, modules_file = join(path, "sentence_bert_config.json"), join(path, "modules.json")
     length = read_json(settings_file).get("max_seq_length") if tf.io.gfile.exists(settings_file) else None
-    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 3):
-        raise ValueError(f"{settings_file}: `max_seq_length` must be an integer of at least 3. Received: max_seq_length={length!r}")
+    length = presets.checked_length(length, settings_file, "max_seq_length")
     if not tf.io.gfile.exists(modules_file):
         return length, None
     modules = read_json(modules_file, kind=list)
