@@ -119,10 +119,13 @@ class _Reusable(tf.Module):
     variables = None
     trainable_variables = None
 
-    def __init__(self, model, call, input_specs):
+    def __init__(self, model, call, input_specs, unused=()):
         super().__init__()
         self.variables = _variables(model)
-        self.trainable_variables = [variable.value for variable in model.trainable_variables]
+        # `unused`: variables no output reaches (a sentence encoder's [CLS] pooler), not offered for training: a
+        # trainable hub.KerasLayer would warn at every step that they have no gradients
+        left_out = {id(variable) for variable in unused}
+        self.trainable_variables = [variable.value for variable in model.trainable_variables if id(variable) not in left_out]
         self.regularization_losses = []
         self.__call__ = tf.function(call)
         for training in (False, True):
@@ -143,9 +146,10 @@ def hub_encoder(encoder, vocabulary, lowercase, pretrainer=None, infer=None, poo
         outputs["mlm_logits"] = pretrainer.masked_lm_logits(outputs["sequence_output"], inputs["masked_lm_positions"])
         return outputs
 
-    root = _Reusable(encoder, call, _id_specs())
+    unused = encoder.pooler.trainable_variables if sentence else ()
+    root = _Reusable(encoder, call, _id_specs(), unused)
     if pretrainer is not None:
-        root.mlm = _Reusable(pretrainer, call_mlm, _id_specs((*ENCODER_INPUTS, "masked_lm_positions")))
+        root.mlm = _Reusable(pretrainer, call_mlm, _id_specs((*ENCODER_INPUTS, "masked_lm_positions")), unused)
     root.vocab_file = tf.saved_model.Asset(str(vocabulary))
     root.do_lower_case = tf.Variable(lowercase, trainable=False, name="do_lower_case")
 

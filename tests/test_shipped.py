@@ -64,9 +64,17 @@ def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
     np.testing.assert_allclose(served, unit, atol=2e-5)
     assert served.shape[1] == encoder.hidden_size
     np.testing.assert_allclose(served, SentenceEncoder.from_preset(name, sequence_length=mask.shape[1]).encode(texts), atol=2e-5)
-    hub_outputs = hub.KerasLayer(str(tmp_path / "export" / "hub" / "1" / "encoder"))(dict(inputs))
+    layer = hub.KerasLayer(str(tmp_path / "export" / "hub" / "1" / "encoder"), trainable=True)
+    hub_outputs = layer(dict(inputs))
     for key in ("default", "pooled_output", "embedding"):
         np.testing.assert_allclose(hub_outputs[key].numpy(), unit, atol=2e-5, err_msg=key)
+    # Fine-tuning it in tf_keras: every variable offered for training has a gradient from the sentence embedding
+    # (the [CLS] pooler, which no output reaches, is not offered: no "Gradients do not exist" at every step).
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer(dict(inputs), training=True)["pooled_output"][:, 0])
+    gradients = tape.gradient(loss, layer.trainable_variables)
+    assert len(gradients) == len(encoder.trainable_variables) - len(encoder.pooler.trainable_variables)
+    assert [v.name for v, g in zip(layer.trainable_variables, gradients) if g is None] == []
     keras_preset = tmp_path / "export" / "hub" / "1" / "keras"
     assert presets.trained_sequence_length(keras_preset) == presets.trained_sequence_length(name)
     assert presets.serving_length(keras_preset) == presets.serving_length(name)
