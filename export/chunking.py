@@ -1,13 +1,14 @@
 """A served request in length-sorted chunks: bounded memory whatever the number of strings, and each
 chunk padded only to its own longest text, so short texts cost little.
 
-`chunked(texts, tokenizer, seq_length, run, names)` sorts a request's rows by length in bytes, cuts the
-order into chunks of at most `chunk_size` rows, and inside a `tf.while_loop` that holds one chunk at a time
-(`parallel_iterations=1`) tokenises the chunk, packs it to the smallest multiple of `bucket` that holds its
+`chunked(texts, tokenizer, seq_length, run, names)` sorts a request's rows by their number of tokens (counted
+a chunk at a time, `token_counts`: the request is tokenised twice, never whole), cuts the order into chunks of
+at most `chunk_size` rows, and inside a `tf.while_loop` that holds one chunk at a time (`parallel_iterations=1`)
+tokenises the chunk, packs it to the smallest multiple of `bucket` that holds its
 longest row (never beyond `seq_length`, where rows are truncated exactly as before; `bucket=1`, the default,
 pads to the longest row itself, as sentence-transformers does) and runs the model on it; every output
 row goes back to its place in the request. Nothing is held for the whole request but its strings, the
-order and the outputs. Padding is masked, so the answers are those of
+order, the token counts and the outputs. Padding is masked, so the answers are those of
 packing the whole request to `seq_length`, within float tolerance; the shapes the encoder sees are at
 most `chunk_size` x one of `bucket_lengths`. Core TF ops only: stock TF Serving runs it.
 
@@ -39,6 +40,29 @@ def _output_specs(run, names):
     return tf.function(run, autograph=False).get_concrete_function(specs).structured_outputs
 
 
+def _in_chunks(rows, chunk_size, step, arrays):
+    """`arrays` (TensorArrays) after `step(index, start, end, arrays)` for each chunk of `rows` in turn, one at a time."""
+    count = (rows + chunk_size - 1) // chunk_size
+
+    def body(index, arrays):
+        return index + 1, step(index, index * chunk_size, tf.minimum((index + 1) * chunk_size, rows), arrays)
+
+    return tf.while_loop(lambda index, _: index < count, body, (tf.constant(0), arrays), parallel_iterations=1)[1]
+
+
+def token_counts(texts, tokenizer, seq_length, chunk_size=CHUNK_SIZE):
+    """int32 [N]: each row's tokens (its texts' WordPieces, each text read to `seq_length` words at most), counted
+    a chunk at a time in the request's order (the ids are not kept): the key the rows are sorted by, so that a
+    chunk's rows have nearly the same number of tokens. Sorting by bytes, which costs no tokenisation, padded a
+    chunk of 64 mixed sentences to 1.46-1.53x their real tokens (1.06-1.09x sorted by tokens; 2026-11-28)."""
+    def step(index, start, end, arrays):
+        segments = [_flat(tokenizer.tokenize(text[start:end], max_length=seq_length)) for text in texts]
+        return [arrays[0].write(index, tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments]))]
+
+    counts = tf.TensorArray(tf.int32, size=0, dynamic_size=True, infer_shape=False, element_shape=[None])
+    return _in_chunks(tf.size(texts[0]), chunk_size, step, [counts])[0].concat()
+
+
 def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET):
     """Outputs of `run` for every row of `texts`, computed chunk by chunk (see the module docstring).
 
@@ -58,23 +82,21 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
                   for text in texts[1:]]
         with tf.control_dependencies(checks):
             texts = [tf.identity(text) for text in texts]
-    # Sorted by bytes, a proxy of the token count that costs no tokenisation: neighbours have similar lengths.
-    order = tf.argsort(tf.add_n([tf.strings.length(text) for text in texts]), stable=True)
+    order = tf.argsort(token_counts(texts, tokenizer, seq_length, chunk_size), stable=True)
     rows = tf.shape(order)[0]
     structure = _output_specs(run, names)
     specs = tf.nest.flatten(structure)
     arrays = [tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=spec.shape) for spec in specs]
 
-    def body(index, arrays):
-        chosen = order[index * chunk_size: tf.minimum((index + 1) * chunk_size, rows)]
+    def step(index, start, end, arrays):
+        chosen = order[start:end]
         segments = [_flat(tokenizer.tokenize(tf.gather(text, chosen), max_length=seq_length)) for text in texts]
         longest = tf.reduce_max(tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments])) + 1 + len(texts)
         padded = tf.minimum((longest + bucket - 1) // bucket * bucket, seq_length)
         outputs = tf.nest.flatten(run(tokenizer.pack(segments, padded)))
-        return index + 1, [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
+        return [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
 
-    count = (rows + chunk_size - 1) // chunk_size
-    _, arrays = tf.while_loop(lambda index, _: index < count, body, (tf.constant(0), arrays), parallel_iterations=1)
+    arrays = _in_chunks(rows, chunk_size, step, arrays)
     inverse = tf.math.invert_permutation(order)
     results = [tf.gather(array.concat(), inverse) for array in arrays]
     return tf.nest.pack_sequence_as(structure, results)
