@@ -5,7 +5,7 @@ sentence-transformers.
 
 For all-MiniLM-L6-v2 (exported by `concise-export --hf-dir`, the README's command) and every concise
 encoder shipped with the package, on short (~15 WordPieces), medium (~40) and long (~120) sentences of
-the shipped corpus, at batch 1, 32 and 1,024, interleaved round by round in one process:
+the shipped corpus and on mixed ones (3-126, in no order), at batch 1, 32 and 1,024, interleaved round by round in one process:
 
   (a) `export`       the exported TF Serving model's `serving_default` (text in): length-sorted chunks,
                      each padded to its own longest text (`export.chunking`);
@@ -46,7 +46,9 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.python.util import _pywrap_util_port  # noqa: E402  (IsMklEnabled: are oneDNN's kernels on)
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-LENGTHS = {"short": (12, 18), "medium": (36, 44), "long": (110, 126)}  # WordPieces, [CLS] and [SEP] excluded
+# WordPieces, [CLS] and [SEP] excluded; "mixed": every length up to the long texts', in no order (alphabetical), as
+# requests come: what sorting a request's texts by length is for (keras_ids pads each batch as it comes).
+LENGTHS = {"short": (12, 18), "medium": (36, 44), "long": (110, 126), "mixed": (3, 126)}
 BATCHES = (1, 32, 1024)
 SEQ_LENGTH = 128
 
@@ -76,7 +78,7 @@ def minilm_folder():
 
 
 def texts_by_length(tokenizer, count=1024):
-    """{short, medium, long}: `count` texts of the shipped corpus (sentences, and whole paragraphs for
+    """{short, medium, long, mixed}: `count` texts of the shipped corpus (sentences, and whole paragraphs for
     the long ones) whose WordPiece counts lie in LENGTHS, repeated in order if there are fewer."""
     from concise_attention.training.data.packing import read_lines
 
@@ -227,8 +229,9 @@ def benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir):
     functions = variants(written["serving"], backbone, tokenizer)
     rows = []
     for length, texts in texts_by_length(tokenizer, args.count).items():
-        tokens = float(np.mean(tokenizer.token_ids(tf.constant(texts), max_length=SEQ_LENGTH).row_lengths().numpy())) + 2
-        flops = encoder_flops(backbone, tokens)
+        each = tokenizer.token_ids(tf.constant(texts), max_length=SEQ_LENGTH).row_lengths().numpy() + 2
+        tokens = float(np.mean(each))
+        flops = float(np.mean([encoder_flops(backbone, count) for count in each]))  # attention grows as a square
         for batch in args.batches:
             count = min(len(texts), max(batch * 4, 64)) if batch < 1024 else len(texts)
             chosen = texts[:count]
