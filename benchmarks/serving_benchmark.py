@@ -252,13 +252,13 @@ def benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir):
 
 
 def table(result):
-    variants_seen = list(result["rows"][0]["sentences_per_s"])
+    variants_seen = list(dict.fromkeys(key for row in result["rows"] for key in row["sentences_per_s"]))  # a student has no sentence_transformers
     lines = ["| encoder | texts | batch | " + " | ".join(variants_seen) + " | export / fixed_length | export, share of matmul rate |",
              "|---|---|---:|" + "---:|" * (len(variants_seen) + 2)]
     for row in result["rows"]:
         rates = row["sentences_per_s"]
         lines.append(f"| {row['encoder']} | {row['length']} ({row['tokens']:.0f} tokens) | {row['batch']} | "
-                     + " | ".join(f"{rates[key]:.0f}" for key in variants_seen)
+                     + " | ".join(f"{rates[key]:.0f}" if key in rates else "" for key in variants_seen)
                      + f" | {rates['export'] / rates['fixed_length']:.1f}x | {row['share_of_matmul_rate']['export']:.0%} |")
     return "\n".join(lines)
 

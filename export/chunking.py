@@ -40,13 +40,13 @@ def _output_specs(run, names):
     return tf.function(run, autograph=False).get_concrete_function(specs).structured_outputs
 
 
-def _in_chunks(rows, chunk_size, step, arrays):
-    """`arrays` (TensorArrays) after `step(index, start, end, arrays)` for each chunk of `rows` in turn, one at a time."""
-    count = (rows + chunk_size - 1) // chunk_size
-
+def _in_chunks(bounds, step, arrays):
+    """`arrays` (TensorArrays) after `step(index, start, end, arrays)` for each chunk [bounds[i], bounds[i + 1]) in
+    turn, one at a time."""
     def body(index, arrays):
-        return index + 1, step(index, index * chunk_size, tf.minimum((index + 1) * chunk_size, rows), arrays)
+        return index + 1, step(index, bounds[index], bounds[index + 1], arrays)
 
+    count = tf.size(bounds) - 1
     return tf.while_loop(lambda index, _: index < count, body, (tf.constant(0), arrays), parallel_iterations=1)[1]
 
 
@@ -60,10 +60,11 @@ def token_counts(texts, tokenizer, seq_length, chunk_size=CHUNK_SIZE):
         return [arrays[0].write(index, tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments]))]
 
     counts = tf.TensorArray(tf.int32, size=0, dynamic_size=True, infer_shape=False, element_shape=[None])
-    return _in_chunks(tf.size(texts[0]), chunk_size, step, [counts])[0].concat()
+    bounds = embeddings.batch_bounds(tf.zeros_like(texts[0], tf.int32), chunk_size, ratio=None)  # chunk_size at a time
+    return _in_chunks(bounds, step, [counts])[0].concat()
 
 
-def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET):
+def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET, ratio=embeddings.LENGTH_RATIO):
     """Outputs of `run` for every row of `texts`, computed chunk by chunk (see the module docstring).
 
     Args:
@@ -82,8 +83,10 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
                   for text in texts[1:]]
         with tf.control_dependencies(checks):
             texts = [tf.identity(text) for text in texts]
-    order = tf.argsort(token_counts(texts, tokenizer, seq_length, chunk_size), stable=True)
-    rows = tf.shape(order)[0]
+    counts = token_counts(texts, tokenizer, seq_length, chunk_size)
+    order = tf.argsort(counts, stable=True)
+    # at most chunk_size rows of one length class (`embeddings.batch_bounds`, as `encode` batches), in packed tokens
+    bounds = embeddings.batch_bounds(tf.minimum(tf.gather(counts, order) + 1 + len(texts), seq_length), chunk_size, ratio)
     structure = _output_specs(run, names)
     specs = tf.nest.flatten(structure)
     arrays = [tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=spec.shape) for spec in specs]
@@ -96,7 +99,7 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
         outputs = tf.nest.flatten(run(tokenizer.pack(segments, padded)))
         return [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
 
-    arrays = _in_chunks(rows, chunk_size, step, arrays)
+    arrays = _in_chunks(bounds, step, arrays)
     inverse = tf.math.invert_permutation(order)
     results = [tf.gather(array.concat(), inverse) for array in arrays]
     return tf.nest.pack_sequence_as(structure, results)

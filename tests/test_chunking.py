@@ -69,14 +69,30 @@ def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model, bucket):
     real = _reference(encoder, tokenizer, TEXTS)[1].sum((1, 2))
     np.testing.assert_array_equal(out["real"], real)  # each row back in its place, truncated as before
     assert (out["rows"] <= 4).all()
-    # Sorted by tokens (numpy on the reference's counts): chunks of 4 consecutive rows of that order, each padded
-    # to the bucket of its longest row: the least padding any cut into chunks of 4 gives.
-    chunk_longest = np.repeat([chunk.max() for chunk in np.array_split(np.sort(real), range(4, len(real), 4))], 4)[:len(real)]
-    expected = np.minimum(-(-chunk_longest // bucket) * bucket, SEQ_LENGTH)
+    # Sorted by tokens (numpy on the reference's counts), cut 4 at a time within each class floor(log_1.5 length),
+    # each chunk padded to the bucket of its longest row.
+    lengths = np.sort(real)
+    classes = np.floor(np.log(np.maximum(lengths, 1)) / np.log(1.5)).astype(int)
+    expected = []
+    for members in (lengths[classes == value] for value in np.unique(classes)):
+        for first in range(0, len(members), 4):
+            chunk = members[first:first + 4]
+            expected += [min(-(-chunk.max() // bucket) * bucket, SEQ_LENGTH)] * len(chunk)
     np.testing.assert_array_equal(np.sort(out["length"]), np.sort(expected))
     assert (out["length"] >= real).all() and set(out["length"]) <= set(chunking.bucket_lengths(SEQ_LENGTH, bucket=bucket))
     for length in set(out["length"]):  # each chunk is padded to the bucket of its own longest row, no further
         assert length == min(-(-real[out["length"] == length].max() // bucket) * bucket, SEQ_LENGTH)
+
+
+@pytest.mark.parametrize("lengths, size, ratio, bounds", [
+    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 2, 1.5, [0, 2, 4, 5, 6, 8, 9]),  # classes 2 2 3 3 4 5 7 7 11 (hand-computed)
+    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 4, None, [0, 4, 8, 9]),           # no classes: 4 at a time
+    ([5, 5, 5, 5, 5], 2, 1.5, [0, 2, 4, 5]), ([], 4, 1.5, [0]), ([0, 1, 1], 8, 1.5, [0, 3]),
+])
+def test_batch_bounds_cut_sorted_lengths_by_size_and_class(lengths, size, ratio, bounds):
+    from concise_attention.training.inference.embeddings import batch_bounds
+
+    assert batch_bounds(np.array(lengths, np.int32), size, ratio).numpy().tolist() == bounds
 
 
 def test_task_models_chunk_pairs_alike(model, monkeypatch):

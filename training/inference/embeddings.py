@@ -23,6 +23,10 @@ from concise_attention.training.preprocessing.tokenizer import wordpiece_tokeniz
 
 
 SORT_WINDOW = 32_768  # texts tokenised and length-sorted together (a multiple of the usual batch sizes)
+# Rows sorted by length are cut into batches (served: chunks) of at most batch_size rows that also keep to one class of
+# a geometric grid of lengths of this ratio (`batch_bounds`), so a batch padded to its longest row pads little even
+# when a request's texts differ widely in length; rows of like lengths still go batch_size at a time.
+LENGTH_RATIO = 1.5
 
 
 class SentenceEncoder:
@@ -82,25 +86,26 @@ class SentenceEncoder:
         pooled = self.pooled(texts, int(batch_size), progress or None)
         return unit_rows(pooled) if normalize else pooled
 
-    def pooled(self, texts, batch_size=32, progress=None, window=None):
+    def pooled(self, texts, batch_size=32, progress=None, window=None, ratio=LENGTH_RATIO):
         """The mean of the token vectors over each text's real tokens, float32 (N, width), computed in
-        length-sorted batches, each padded to its longest text ([CLS] text [SEP], cut to sequence_length). Texts
+        length-sorted batches (`batch_bounds`: at most `batch_size` texts of one length class of `ratio`; None:
+        `batch_size` at a time), each padded to its longest text ([CLS] text [SEP], cut to sequence_length). Texts
         are tokenised and sorted `window` at a time (default SORT_WINDOW; 0: all at once), so the token ids
         held at once do not grow with the number of texts (only the result does)."""
         window = SORT_WINDOW if window is None else (window or max(1, len(texts)))
         pad = self.tokenizer.token_to_id("[PAD]")
         pooled = np.zeros((len(texts), self.width), np.float32)
-        starts = range(0, len(texts), window)
-        batches = sum(-(-min(window, len(texts) - start) // batch_size) for start in starts)  # each window's last batch may be short
-        bar = tqdm(total=batches, desc=progress, unit="batch", mininterval=2.0, disable=progress is None)
-        for start in starts:
+        bar = tqdm(total=len(texts), desc=progress, unit="text", mininterval=2.0, disable=progress is None)
+        for start in range(0, len(texts), window):
             ids = token_ids(self.tokenizer, texts[start:start + window], self.sequence_length)
-            order = np.argsort([len(row) for row in ids], kind="stable")
-            for first in range(0, len(ids), batch_size):
-                rows = order[first:first + batch_size]
+            lengths = np.array([len(row) for row in ids])
+            order = np.argsort(lengths, kind="stable")
+            bounds = batch_bounds(lengths[order], batch_size, ratio).numpy()
+            for first, last in zip(bounds[:-1], bounds[1:]):
+                rows = order[first:last]
                 word_ids, mask = padded([ids[row] for row in rows], pad)
                 pooled[start + rows] = self._forward(tf.constant(word_ids), tf.constant(mask)).numpy()
-                bar.update(1)
+                bar.update(len(rows))
         bar.close()
         return pooled
 
@@ -135,6 +140,25 @@ def padded(rows, pad):
     for line, row in enumerate(rows):
         word_ids[line, :len(row)], mask[line, :len(row)] = row, 1
     return word_ids, mask
+
+
+def batch_bounds(sorted_lengths, batch_size, ratio=LENGTH_RATIO):
+    """int32 [batches + 1]: where rows sorted by length (ascending) are cut into batches of at most `batch_size`
+    rows, each within one class floor(log(length) / log(ratio)) of lengths (ratio None: one class), so no batch
+    mixes rows of lengths more than `ratio` apart; TensorFlow ops, the same for `encode` and the served chunks.
+    Rows of one class are cut `batch_size` at a time from the class's first row."""
+    lengths = tf.cast(tf.maximum(tf.convert_to_tensor(sorted_lengths), 1), tf.float32)
+    rows = tf.size(lengths)
+    if ratio is None:
+        classes = tf.zeros([rows], tf.int32)
+    else:
+        classes = tf.cast(tf.floor(tf.math.log(lengths) / np.log(ratio)), tf.int32)
+    first_of_class = tf.not_equal(classes, tf.concat([[-1], classes], 0)[:-1])
+    segment = tf.cumsum(tf.cast(first_of_class, tf.int32)) - 1
+    index = tf.range(rows)
+    within = index - tf.gather(tf.math.segment_min(index, segment), segment)
+    starts = tf.cast(tf.where(tf.equal(within % batch_size, 0))[:, 0], tf.int32)
+    return tf.concat([starts, [rows]], 0)
 
 
 def bucket_lengths(seq_length, bucket, shortest=2):

@@ -465,5 +465,6 @@ def teacher_outputs(task, tokenizer, texts):
 def compute_teacher_embeddings(teacher, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH):
     """The unit mean embeddings of `texts` by `teacher`, an encoder (`training.inference.embeddings.SentenceEncoder`)."""
     encoder = embeddings.SentenceEncoder(teacher, tokenizer, sequence_length)
-    # all texts sorted at once (window 0): the batches the cached outputs of every run so far were computed in
-    return embeddings.unit_rows(encoder.pooled(texts, batch_size, progress="teacher outputs", window=0))
+    # all texts sorted at once (window 0), batch_size at a time (ratio None): the batches the cached outputs of every
+    # run so far were computed in, so that outputs computed again equal them bit for bit
+    return embeddings.unit_rows(encoder.pooled(texts, batch_size, progress="teacher outputs", window=0, ratio=None))
