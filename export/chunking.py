@@ -40,14 +40,16 @@ def _output_specs(run, names):
     return tf.function(run, autograph=False).get_concrete_function(specs).structured_outputs
 
 
-def _in_chunks(bounds, step, arrays):
-    """`arrays` (TensorArrays) after `step(index, start, end, arrays)` for each chunk [bounds[i], bounds[i + 1]) in
-    turn, one at a time."""
-    def body(index, arrays):
-        return index + 1, step(index, bounds[index], bounds[index + 1], arrays)
+def _in_chunks(sorted_lengths, chunk_size, ratio, step, arrays):
+    """`arrays` (TensorArrays) after `step(index, start, end, arrays)` for each chunk in turn, one at a time: the
+    rows [start, end) that `embeddings.batch_end` gives, from the first row on."""
+    def body(index, start, arrays):
+        end = embeddings.batch_end(sorted_lengths, start, chunk_size, ratio)
+        return index + 1, end, step(index, start, end, arrays)
 
-    count = tf.size(bounds) - 1
-    return tf.while_loop(lambda index, _: index < count, body, (tf.constant(0), arrays), parallel_iterations=1)[1]
+    rows = tf.size(sorted_lengths)
+    return tf.while_loop(lambda index, start, _: start < rows, body, (tf.constant(0), tf.constant(0), arrays),
+                         parallel_iterations=1)[2]
 
 
 def token_counts(texts, tokenizer, seq_length, chunk_size=CHUNK_SIZE):
@@ -60,8 +62,7 @@ def token_counts(texts, tokenizer, seq_length, chunk_size=CHUNK_SIZE):
         return [arrays[0].write(index, tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments]))]
 
     counts = tf.TensorArray(tf.int32, size=0, dynamic_size=True, infer_shape=False, element_shape=[None])
-    bounds = embeddings.batch_bounds(tf.zeros_like(texts[0], tf.int32), chunk_size, ratio=None)  # chunk_size at a time
-    return _in_chunks(bounds, step, [counts])[0].concat()
+    return _in_chunks(tf.zeros_like(texts[0], tf.int32), chunk_size, None, step, [counts])[0].concat()  # chunk_size at a time
 
 
 def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET, ratio=embeddings.LENGTH_RATIO):
@@ -85,8 +86,9 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
             texts = [tf.identity(text) for text in texts]
     counts = token_counts(texts, tokenizer, seq_length, chunk_size)
     order = tf.argsort(counts, stable=True)
-    # at most chunk_size rows of one length class (`embeddings.batch_bounds`, as `encode` batches), in packed tokens
-    bounds = embeddings.batch_bounds(tf.minimum(tf.gather(counts, order) + 1 + len(texts), seq_length), chunk_size, ratio)
+    # chunks of at most chunk_size rows, none longer than `ratio` times the first (`embeddings.batch_end`, as `encode`
+    # batches), lengths in packed tokens
+    sorted_lengths = tf.minimum(tf.gather(counts, order) + 1 + len(texts), seq_length)
     structure = _output_specs(run, names)
     specs = tf.nest.flatten(structure)
     arrays = [tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=spec.shape) for spec in specs]
@@ -99,7 +101,7 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
         outputs = tf.nest.flatten(run(tokenizer.pack(segments, padded)))
         return [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
 
-    arrays = _in_chunks(bounds, step, arrays)
+    arrays = _in_chunks(sorted_lengths, chunk_size, ratio, step, arrays)
     inverse = tf.math.invert_permutation(order)
     results = [tf.gather(array.concat(), inverse) for array in arrays]
     return tf.nest.pack_sequence_as(structure, results)

@@ -69,15 +69,13 @@ def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model, bucket):
     real = _reference(encoder, tokenizer, TEXTS)[1].sum((1, 2))
     np.testing.assert_array_equal(out["real"], real)  # each row back in its place, truncated as before
     assert (out["rows"] <= 4).all()
-    # Sorted by tokens (numpy on the reference's counts), cut 4 at a time within each class floor(log_1.5 length),
-    # each chunk padded to the bucket of its longest row.
-    lengths = np.sort(real)
-    classes = np.floor(np.log(np.maximum(lengths, 1)) / np.log(1.5)).astype(int)
-    expected = []
-    for members in (lengths[classes == value] for value in np.unique(classes)):
-        for first in range(0, len(members), 4):
-            chunk = members[first:first + 4]
-            expected += [min(-(-chunk.max() // bucket) * bucket, SEQ_LENGTH)] * len(chunk)
+    # Sorted by tokens (numpy on the reference's counts), cut after 4 rows or before a row longer than 1.5 times the
+    # chunk's first, each chunk padded to the bucket of its longest row.
+    lengths, expected, first = np.sort(real), [], 0
+    while first < len(lengths):
+        chunk = lengths[first:first + 4][lengths[first:first + 4] <= np.floor(1.5 * max(lengths[first], 1))]
+        expected += [min(-(-chunk.max() // bucket) * bucket, SEQ_LENGTH)] * len(chunk)
+        first += len(chunk)
     np.testing.assert_array_equal(np.sort(out["length"]), np.sort(expected))
     assert (out["length"] >= real).all() and set(out["length"]) <= set(chunking.bucket_lengths(SEQ_LENGTH, bucket=bucket))
     for length in set(out["length"]):  # each chunk is padded to the bucket of its own longest row, no further
@@ -85,14 +83,18 @@ def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model, bucket):
 
 
 @pytest.mark.parametrize("lengths, size, ratio, bounds", [
-    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 2, 1.5, [0, 2, 4, 5, 6, 8, 9]),  # classes 2 2 3 3 4 5 7 7 11 (hand-computed)
-    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 4, None, [0, 4, 8, 9]),           # no classes: 4 at a time
-    ([5, 5, 5, 5, 5], 2, 1.5, [0, 2, 4, 5]), ([], 4, 1.5, [0]), ([0, 1, 1], 8, 1.5, [0, 3]),
+    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 2, 1.5, [0, 2, 4, 6, 8, 9]),  # by hand: batches end at 2 rows, or past 1.5x the first
+    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 4, 1.5, [0, 3, 5, 6, 8, 9]),
+    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 4, None, [0, 4, 8, 9]),      # no ratio: 4 at a time
+    ([5, 5, 5, 5, 5], 2, 1.5, [0, 2, 4, 5]), ([14, 16, 18, 20], 32, 1.5, [0, 4]), ([0, 1, 1], 8, 1.5, [0, 3]),
 ])
-def test_batch_bounds_cut_sorted_lengths_by_size_and_class(lengths, size, ratio, bounds):
-    from concise_attention.training.inference.embeddings import batch_bounds
+def test_batches_end_at_the_size_or_past_ratio_times_their_first_row(lengths, size, ratio, bounds):
+    from concise_attention.training.inference.embeddings import batch_end
 
-    assert batch_bounds(np.array(lengths, np.int32), size, ratio).numpy().tolist() == bounds
+    found, lengths = [0], tf.constant(lengths, tf.int32)
+    while found[-1] < len(lengths):
+        found.append(int(batch_end(lengths, found[-1], size, ratio)))
+    assert found == bounds
 
 
 def test_task_models_chunk_pairs_alike(model, monkeypatch):

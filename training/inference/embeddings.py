@@ -23,9 +23,9 @@ from concise_attention.training.preprocessing.tokenizer import wordpiece_tokeniz
 
 
 SORT_WINDOW = 32_768  # texts tokenised and length-sorted together (a multiple of the usual batch sizes)
-# Rows sorted by length are cut into batches (served: chunks) of at most batch_size rows that also keep to one class of
-# a geometric grid of lengths of this ratio (`batch_bounds`), so a batch padded to its longest row pads little even
-# when a request's texts differ widely in length; rows of like lengths still go batch_size at a time.
+# Rows sorted by length are cut into batches (served: chunks) of at most batch_size rows, none longer than this
+# ratio times the batch's first (`batch_end`), so a batch padded to its longest row pads little even when a
+# request's texts differ widely in length; rows of like lengths still go batch_size at a time.
 LENGTH_RATIO = 1.5
 
 
@@ -88,8 +88,8 @@ class SentenceEncoder:
 
     def pooled(self, texts, batch_size=32, progress=None, window=None, ratio=LENGTH_RATIO):
         """The mean of the token vectors over each text's real tokens, float32 (N, width), computed in
-        length-sorted batches (`batch_bounds`: at most `batch_size` texts of one length class of `ratio`; None:
-        `batch_size` at a time), each padded to its longest text ([CLS] text [SEP], cut to sequence_length). Texts
+        length-sorted batches (`batch_end`: at most `batch_size` texts, none longer than `ratio` times the batch's
+        shortest; None: `batch_size` at a time), each padded to its longest text ([CLS] text [SEP], cut to sequence_length). Texts
         are tokenised and sorted `window` at a time (default SORT_WINDOW; 0: all at once), so the token ids
         held at once do not grow with the number of texts (only the result does)."""
         window = SORT_WINDOW if window is None else (window or max(1, len(texts)))
@@ -100,9 +100,10 @@ class SentenceEncoder:
             ids = token_ids(self.tokenizer, texts[start:start + window], self.sequence_length)
             lengths = np.array([len(row) for row in ids])
             order = np.argsort(lengths, kind="stable")
-            bounds = batch_bounds(lengths[order], batch_size, ratio).numpy()
-            for first, last in zip(bounds[:-1], bounds[1:]):
-                rows = order[first:last]
+            ordered, first = tf.constant(lengths[order], tf.int32), 0
+            while first < len(ids):
+                last = int(batch_end(ordered, first, batch_size, ratio))
+                rows, first = order[first:last], last
                 word_ids, mask = padded([ids[row] for row in rows], pad)
                 pooled[start + rows] = self._forward(tf.constant(word_ids), tf.constant(mask)).numpy()
                 bar.update(len(rows))
@@ -142,23 +143,18 @@ def padded(rows, pad):
     return word_ids, mask
 
 
-def batch_bounds(sorted_lengths, batch_size, ratio=LENGTH_RATIO):
-    """int32 [batches + 1]: where rows sorted by length (ascending) are cut into batches of at most `batch_size`
-    rows, each within one class floor(log(length) / log(ratio)) of lengths (ratio None: one class), so no batch
-    mixes rows of lengths more than `ratio` apart; TensorFlow ops, the same for `encode` and the served chunks.
-    Rows of one class are cut `batch_size` at a time from the class's first row."""
-    lengths = tf.cast(tf.maximum(tf.convert_to_tensor(sorted_lengths), 1), tf.float32)
-    rows = tf.size(lengths)
+def batch_end(sorted_lengths, start, batch_size, ratio=LENGTH_RATIO):
+    """Where the batch that starts at row `start` of rows sorted by length (ascending, int32 [N]) ends: after at
+    most `batch_size` rows, none longer than `ratio` times its first (ratio None: `batch_size` rows). TensorFlow
+    ops, one rule for `encode`'s batches and the served chunks; a request of like lengths (all within `ratio` of
+    its shortest) is cut `batch_size` at a time, as without the rule."""
+    end = tf.minimum(start + batch_size, tf.size(sorted_lengths))
     if ratio is None:
-        classes = tf.zeros([rows], tf.int32)
-    else:
-        classes = tf.cast(tf.floor(tf.math.log(lengths) / np.log(ratio)), tf.int32)
-    first_of_class = tf.not_equal(classes, tf.concat([[-1], classes], 0)[:-1])
-    segment = tf.cumsum(tf.cast(first_of_class, tf.int32)) - 1
-    index = tf.range(rows)
-    within = index - tf.gather(tf.math.segment_min(index, segment), segment)
-    starts = tf.cast(tf.where(tf.equal(within % batch_size, 0))[:, 0], tf.int32)
-    return tf.concat([starts, [rows]], 0)
+        return end
+    first = tf.cast(tf.maximum(sorted_lengths[start], 1), tf.float32)
+    limit = tf.cast(tf.floor(first * ratio), sorted_lengths.dtype)
+    within = tf.searchsorted(sorted_lengths[None], limit[None, None], side="right")[0, 0]
+    return tf.minimum(end, tf.maximum(within, start + 1))
 
 
 def bucket_lengths(seq_length, bucket, shortest=2):
