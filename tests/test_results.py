@@ -231,7 +231,7 @@ def test_readme_retrieval_table_is_the_committed_data():
         assert expected in README, expected
 
 
-@pytest.mark.parametrize("name", ["serving_benchmark", "serving_student"])
+@pytest.mark.parametrize("name", ["serving_benchmark", "serving_student", "serving_classes"])
 def test_the_serving_tables_are_the_committed_data(name, monkeypatch):
     """The docs' serving tables are `serving_benchmark.py --markdown` of the committed files, and the shipped
     student's served speed-ups over its teacher are those files' ratios (the same run, batch 32 and 1)."""
