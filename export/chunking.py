@@ -3,7 +3,8 @@ chunk padded only to its own longest text, so short texts cost little.
 
 `chunked(texts, tokenizer, seq_length, run, names)` sorts a request's rows by their number of tokens (counted
 a chunk at a time, `token_counts`: the request is tokenised twice, never whole), cuts the order into chunks of
-at most `chunk_size` rows, and inside a `tf.while_loop` that holds one chunk at a time (`parallel_iterations=1`)
+at most `chunk_size` rows, none longer than `ratio` (1.5) times its chunk's first (`embeddings.batch_end`, the rule
+`encode` batches by: the ratio adds at most one chunk per 1.5x of length a request spans), and inside a `tf.while_loop` that holds one chunk at a time (`parallel_iterations=1`)
 tokenises the chunk, packs it to the smallest multiple of `bucket` that holds its
 longest row (never beyond `seq_length`, where rows are truncated exactly as before; `bucket=1`, the default,
 pads to the longest row itself, as sentence-transformers does) and runs the model on it; every output
