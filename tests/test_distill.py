@@ -340,7 +340,7 @@ def _h5_variables(path):
     with h5py.File(path, "r") as file:
         found = []
         file["layers"].visititems(lambda name, item: found.append((name, item.shape)) if isinstance(item, h5py.Dataset) else None)
-    return sorted(found)  # the model's variables (a trained run's file holds its optimizer's too)
+    return sorted(found)  # the model's variables (a weights file holds no optimizer state)
 
 
 @pytest.mark.slow

@@ -147,7 +147,7 @@ def initialize_model(model, backbone, source, task_settings):
                  and (source.task or {}).get("labels") == getattr(task_settings, "labels", None))
     if head_fits:
         with warnings.catch_warnings():
-            # The file also holds the source's optimizer state: this run starts a fresh optimizer.
+            # Files of runs before 2026-11-28 also hold the source's optimizer state: this run starts a fresh optimizer.
             warnings.filterwarnings("ignore", message=r"Skipping variable loading for optimizer")
             files.load_weights(model, source.model_weights)
         return "model"
