@@ -81,15 +81,17 @@ def canary_losses(tmp_path_factory):
 
 @pytest.mark.parametrize("study", ["heads", "collaborative", "depth", "head_size", "width"])
 def test_study_table_still_reproduces_with_todays_code(study, canary_losses):
-    """The table's first row, re-run from scratch by `studies.py --corpus corpus --check`, gave its committed
-    perplexity within 0.5%; and a few of the table's models, trained 10 steps on the shipped sample, give
+    """The table's first row, re-run from scratch by `studies.py --corpus corpus --check` on the same build of the
+    corpus, gave its committed perplexity within 0.5% (re-run on another build, whose held-out split differs, it is
+    recorded and quoted, not compared: the heads and collaborative tables, 2026-11-28); and a few of the table's models, trained 10 steps on the shipped sample, give
     today the losses recorded by that check: any change of the tokenisation, data, model or trainer that moves
     the numbers fails here until the check is run again (issue 27)."""
     studies = _benchmark_module("studies")
     check = json.loads((studies.LARGE_STUDIES_DIR / "check.json").read_text())[study]
     first = studies.read_rows(study, studies.LARGE_STUDIES_DIR)[0]
     assert (check["label"], check["seed"], check["committed"]) == (first["label"], int(first["seed"]), float(first["eval_subword_perplexity"]))
-    assert check["reproduced"] and abs(check["rerun"] / check["committed"] - 1) <= studies.CHECK_TOLERANCE, check
+    if check["train_split_tokens"] == check["committed_train_split_tokens"]:  # the same build of the corpus
+        assert check["reproduced"] and abs(check["rerun"] / check["committed"] - 1) <= studies.CHECK_TOLERANCE, check
     assert f"| {first['label']} | {check['committed']:.3f} | {check['rerun']:.3f} |" in README, "docs/results.md misquotes check.json"
     assert set(check["canaries"]) == set(studies.CANARIES[study])
     today_by_label = canary_losses(study)
