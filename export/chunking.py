@@ -97,7 +97,7 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
     def step(index, start, end, arrays):
         chosen = order[start:end]
         segments = [_flat(tokenizer.tokenize(tf.gather(text, chosen), max_length=seq_length)) for text in texts]
-        longest = tf.reduce_max(tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments])) + 1 + len(texts)
+        longest = sorted_lengths[end - 1]  # the chunk's last row, sorted: its longest (token_counts counted it)
         padded = tf.minimum((longest + bucket - 1) // bucket * bucket, seq_length)
         outputs = tf.nest.flatten(run(tokenizer.pack(segments, padded)))
         return [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
