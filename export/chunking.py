@@ -53,6 +53,21 @@ def _in_chunks(sorted_lengths, chunk_size, ratio, step, arrays):
                          parallel_iterations=1)[2]
 
 
+def checked_texts(texts, names):
+    """`texts` (string tensors, one per input named in `names`) behind run-time checks: each a list of strings (rank 1),
+    a pair's two as long as each other; else one InvalidArgument naming the input. TF Serving does not check a request
+    against the signature's shapes: a scalar `text` had reached the tokenizer as "Attempting to slice scalar input".
+    The raw `Rank` op is not folded to the signature's static rank, as `tf.rank` would be (checking nothing)."""
+    checks = []
+    for name, text in zip(names, texts):
+        rank = tf.raw_ops.Rank(input=text)
+        checks.append(tf.debugging.Assert(tf.equal(rank, 1), [f"{name} must be a list of strings, one per row (rank 1); got rank", rank]))
+    checks += [tf.debugging.assert_equal(tf.size(text), tf.size(texts[0]), message=f"{names[0]} and {name} must hold as many strings")
+               for name, text in zip(names[1:], texts[1:])]
+    with tf.control_dependencies(checks):
+        return [tf.identity(text) for text in texts]
+
+
 def token_counts(texts, tokenizer, seq_length, chunk_size=CHUNK_SIZE):
     """int32 [N]: each row's tokens (its texts' WordPieces, each text read to `seq_length` words at most), counted
     a chunk at a time in the request's order (the ids are not kept): the key the rows are sorted by, so that a
@@ -66,7 +81,8 @@ def token_counts(texts, tokenizer, seq_length, chunk_size=CHUNK_SIZE):
     return _in_chunks(tf.zeros_like(texts[0], tf.int32), chunk_size, None, step, [counts])[0].concat()  # chunk_size at a time
 
 
-def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET, ratio=embeddings.LENGTH_RATIO):
+def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET, ratio=embeddings.LENGTH_RATIO,
+            text_names=("text", "text_b")):
     """Outputs of `run` for every row of `texts`, computed chunk by chunk (see the module docstring).
 
     Args:
@@ -77,14 +93,11 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
         seq_length: the export's sequence length (the most a chunk is padded to).
         run: `inputs dict -> nest of tensors [n, ...]` (the model and its pooling or head).
         names: the input names `run` reads.
+        text_names: the names of `texts` (the signature's), for the error a malformed request gets.
     Returns:
         `run`'s output structure, every tensor [N, ...] in the request's order.
     """
-    if len(texts) > 1:  # a pair's two inputs side by side: one clear error where they differ in length
-        checks = [tf.debugging.assert_equal(tf.size(text), tf.size(texts[0]), message="text and text_b must hold as many strings")
-                  for text in texts[1:]]
-        with tf.control_dependencies(checks):
-            texts = [tf.identity(text) for text in texts]
+    texts = checked_texts(texts, text_names)
     counts = token_counts(texts, tokenizer, seq_length, chunk_size)
     order = tf.argsort(counts, stable=True)
     # chunks of at most chunk_size rows, none longer than `ratio` times the first (`embeddings.batch_end`, as `encode`

@@ -51,6 +51,7 @@ from tensorflow.python.saved_model import save_context
 
 from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
+from concise_attention.export.chunking import checked_texts
 from concise_attention.export.chunking import chunked
 from concise_attention.models import presets
 from concise_attention.training.inference import sources
@@ -233,7 +234,8 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
 
     root.serve_token_ids = tf.function(embed_ids, input_signature=None)
     root.tokenize = tf.function(
-        lambda text: tokenizer.encode(text, seq_length), input_signature=[tf.TensorSpec([None], tf.string, name="text")]
+        lambda text: tokenizer.encode(checked_texts([text], ["text"])[0], seq_length),
+        input_signature=[tf.TensorSpec([None], tf.string, name="text")],
     )
     signatures = {
         "serving_default": root.serve_text.get_concrete_function(),
@@ -252,7 +254,7 @@ def task_serving_model(model, tokenizer, seq_length, signature):
 
     def predict(*texts):  # length-sorted chunks, each padded to its own longest pair: bounded memory
         return chunked(list(texts), tokenizer, seq_length, lambda inputs: signature.outputs({name: inputs[name] for name in ENCODER_INPUTS}),
-                       ENCODER_INPUTS)
+                       ENCODER_INPUTS, text_names=signature.texts)
 
     root.serve_text = tf.function(predict, input_signature=[tf.TensorSpec([None], tf.string, name=name) for name in signature.texts])
     return root, {"serving_default": root.serve_text.get_concrete_function()}

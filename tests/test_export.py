@@ -736,3 +736,23 @@ def test_token_ids_outside_the_vocabulary_are_refused(exported):
         bad[name] = tf.constant(np.full_like(ids, value))
         with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name} must be {message}"):
             serving(**bad)
+
+
+def _run_as_tf_serving_does(path, signature_name, value):
+    """The signature's outputs for `value` fed to its graph unchecked: TF Serving checks no shape of a request
+    against the signature (the Python session's own check is what `Session._do_run` skips)."""
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as session:
+        signature = tf.compat.v1.saved_model.loader.load(session, ["serve"], path).signature_def[signature_name]
+        fetches = [graph.get_tensor_by_name(output.name) for output in signature.outputs.values()]
+        feed = {graph.get_tensor_by_name(signature.inputs["text"].name).ref(): np.array(value, object)}
+        return session._do_run(None, [], fetches, feed, None, None)
+
+
+@pytest.mark.parametrize("signature_name", ["serving_default", "tokenize"])
+def test_a_text_that_is_not_a_list_of_strings_is_refused_by_name(exported, signature_name):
+    path = exported["written"]["serving"]
+    rows = _run_as_tf_serving_does(path, signature_name, ["one text", "two texts here"])
+    assert all(len(output) == 2 for output in rows)
+    for value, rank in (("one text", 0), ([["one text", "two"]], 2)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=rf"text must be a list of strings, one per row \(rank 1\); got rank\] \[{rank}\]"):
+            _run_as_tf_serving_does(path, signature_name, value)
