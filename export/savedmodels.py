@@ -178,9 +178,10 @@ def hub_preprocessor(tokenizer, seq_length):
     root = _holding(tokenizer)
     text_spec = tf.TensorSpec([None], tf.string, name="text")
 
-    root.__call__ = tf.function(lambda text: tokenizer.encode(text, seq_length), input_signature=[text_spec])
+    # Served, a request's `text` reaches the graph unchecked (TF Serving checks no shape): `checked_texts` refuses it by name.
+    root.__call__ = tf.function(lambda text: tokenizer.encode(checked_texts([text], ["text"])[0], seq_length), input_signature=[text_spec])
     root.tokenize = _holding(tokenizer)
-    root.tokenize.__call__ = tf.function(tokenizer.tokenize, input_signature=[text_spec])
+    root.tokenize.__call__ = tf.function(lambda text: tokenizer.tokenize(checked_texts([text], ["text"])[0]), input_signature=[text_spec])
     root.tokenize.get_special_tokens_dict = _holding(tokenizer)
     # The keys of tf-models-official's BertTokenizer.get_special_tokens_dict (what BertPackInputs takes).
     special = {"start_of_sequence_id": "[CLS]", "end_of_segment_id": "[SEP]", "padding_id": "[PAD]", "mask_id": "[MASK]"}

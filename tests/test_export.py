@@ -748,9 +748,9 @@ def _run_as_tf_serving_does(path, signature_name, value):
         return session._do_run(None, [], fetches, feed, None, None)
 
 
-@pytest.mark.parametrize("signature_name", ["serving_default", "tokenize"])
-def test_a_text_that_is_not_a_list_of_strings_is_refused_by_name(exported, signature_name):
-    path = exported["written"]["serving"]
+@pytest.mark.parametrize("model, signature_name", [("serving", "serving_default"), ("serving", "tokenize"), ("preprocess", "serving_default")])
+def test_a_text_that_is_not_a_list_of_strings_is_refused_by_name(exported, model, signature_name):
+    path = exported["written"][model]  # the TF Serving model and the TF-Hub preprocessor (servable too)
     rows = _run_as_tf_serving_does(path, signature_name, ["one text", "two texts here"])
     assert all(len(output) == 2 for output in rows)
     for value, rank in (("one text", 0), ([["one text", "two"]], 2)):
