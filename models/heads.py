@@ -1,7 +1,7 @@
 """Fine-tuning heads on a `BertEncoder`: sentence(-pair) prediction and answer spans.
 
 As tf-models-official's BertClassifier and BertSpanLabeler: the classifier reads the
-pooled [CLS] output through dropout and a dense layer (N classes, or 1 output for a
+pooled [CLS] output (or its mean token vector: `pooling`) through dropout and a dense layer (N classes, or 1 output for a
 regression score); the span labeler maps every token to a start and an end logit.
 """
 
@@ -13,6 +13,9 @@ from keras import ops
 
 from concise_attention.models.bert import BertEncoder
 from concise_attention.models.bert import EncoderHead
+
+
+POOLINGS = ("cls", "mean", "normalized_mean")
 
 
 def _check_encoder(encoder):
@@ -28,16 +31,24 @@ class BertClassifier(EncoderHead):
         encoder: a `BertEncoder`.
         num_outputs: classes (a regression head has 1).
         dropout: dropout rate on the pooled output (default: the encoder's).
+        pooling: what the head reads (POOLINGS): "cls", the encoder's pooled [CLS] output (BERT's); "mean", the
+            mean of its token vectors over the real tokens; "normalized_mean", that mean at unit length (the
+            sentence embedding of a distilled sentence encoder, whose [CLS] pooler was never trained: its
+            pooler reads less, docs/tasks.md). The head of a sentence encoder reads "mean" (`presets.head_pooling`): at
+            BERT's learning rates a unit-length input keeps the logits near 0. The encoder's pooler, which no
+            output then reaches, is left out of the trainable weights.
 
     Output: `logits` (B, num_outputs), float32.
     """
 
-    head_arguments = ("num_outputs", "dropout")
+    head_arguments = ("num_outputs", "dropout", "pooling")
 
-    def __init__(self, encoder, num_outputs, dropout=None, **kwargs):
+    def __init__(self, encoder, num_outputs, dropout=None, pooling="cls", **kwargs):
         _check_encoder(encoder)
         if isinstance(num_outputs, bool) or not isinstance(num_outputs, int) or num_outputs < 1:
             raise ValueError(f"`num_outputs` must be a positive integer. Received: num_outputs={num_outputs!r}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"`pooling` must be one of {', '.join(POOLINGS)}. Received: pooling={pooling!r}")
         self.encoder = encoder
         rate = encoder.dropout if dropout is None else dropout
         self.head_dropout = keras.layers.Dropout(rate, name="head_dropout")
@@ -46,10 +57,20 @@ class BertClassifier(EncoderHead):
             dtype=encoder.dtype_policy, name="classifier",
         )
         inputs = dict(encoder.input)
-        pooled = encoder(inputs)["pooled_output"]
-        logits = ops.cast(self.classifier(self.head_dropout(pooled)), "float32")
+        logits = ops.cast(self.classifier(self.head_dropout(sentence_vector(encoder, inputs, pooling))), "float32")
         super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
-        self.num_outputs, self.dropout = num_outputs, dropout
+        self.num_outputs, self.dropout, self.pooling = num_outputs, dropout, pooling
+
+
+def sentence_vector(encoder, inputs, pooling):
+    """The vector of `inputs` a head reads, by `pooling` (see BertClassifier); with a mean, the encoder's [CLS]
+    pooler no output reaches is made untrainable (it would get no gradient: Keras warns at every trace)."""
+    outputs = encoder(inputs)
+    if pooling == "cls":
+        return outputs["pooled_output"]
+    encoder.pooler.trainable = False
+    mean = mean_pooled(outputs["sequence_output"], inputs["input_mask"])
+    return unit(mean) if pooling == "normalized_mean" else mean
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")

@@ -212,6 +212,8 @@ class TaskPresetMixin:
                               f"{ {name: saved['config'].get(name) for name in changed} }): the trained head's weights are not loaded.")
         backbone = keras.saving.deserialize_keras_object(_read(preset, CONFIG_FILE))
         backbone.load_weights(os.path.join(str(preset), WEIGHTS_FILE))
+        if "pooling" in cls.head_arguments:  # the saved head's, else a sentence encoder's mean (`head_pooling`)
+            kwargs = {"pooling": (saved or {}).get("config", {}).get("pooling") or head_pooling(sentence_embedding(preset)), **kwargs}
         return cls(backbone, **kwargs)
 
     save_to_preset = save_to_preset
@@ -263,10 +265,19 @@ def checked_length(length, path, field):
     return length
 
 
+def head_pooling(embedding):
+    """The pooling a new head reads from an encoder trained to give the sentence `embedding` (a preset's or a
+    run's: "mean", "normalized_mean" or None): its mean token vector, not normalised ("mean"), else "cls".
+    Measured fine-tuning the shipped student on WordNet topics (docs/tasks.md): a unit-length input kept the
+    loss near ln(classes) after 3 epochs at lr 2e-5 (the served probabilities nearly uniform)."""
+    return "mean" if embedding in ("mean", "normalized_mean") else "cls"
+
+
 def sentence_embedding(preset):
     """The sentence embedding `preset` was trained to give (tokenizer.json's `embedding`, e.g.
-    "normalized_mean" for a distilled sentence encoder), or None for a plain encoder."""
-    return _read(resolve(preset), TOKENIZER_FILE).get("embedding")
+    "normalized_mean" for a distilled sentence encoder), or None for a plain encoder or one saved without a tokenizer."""
+    preset = resolve(preset)
+    return _read(preset, TOKENIZER_FILE).get("embedding") if os.path.isfile(os.path.join(str(preset), TOKENIZER_FILE)) else None
 
 
 def save_tokenizer(preset, vocabulary_text, lowercase, strip_accents, sequence_length=None, embedding=None, serving_length=None):

@@ -233,3 +233,29 @@ def test_task_labels_are_at_least_two_distinct_names(labels, message):
     assert configs.load_config("glue_base", ["task.labels=[0, 1]"]).task.labels == ["0", "1"]  # as the TSV files hold them
     with pytest.raises(ValueError, match=message):
         configs.load_config("glue_base", [f"task.labels={labels}"])
+
+
+@pytest.mark.slow
+def test_a_head_on_the_shipped_sentence_encoder_reads_its_mean_and_exports_it_as_the_pooled_output(tmp_path, capsys):
+    """task.init a sentence encoder: the head reads its mean token vector (its [CLS] pooler was never trained), the run
+    records it, and the fine-tuned TF-Hub encoder's pooled_output is that vector (what a tf_keras head would read)."""
+    import tensorflow as tf
+
+    from concise_attention.export.savedmodels import export_run
+
+    argv = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", "task.init=concise-minilm-d192",
+            *(item for override in SHORT for item in ("--set", override))]
+    assert cli.main(argv) == 0
+    config, model, backbone, _ = runs.load_model(tmp_path / "run")
+    assert config.task.pooling == "mean" and model.pooling == "mean"
+    written = export_run(tmp_path / "run", tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "hub" / "1" / "export.json").read_text())["pooling"] == "mean"
+    ids = np.array([[101, 2023, 2003, 1037, 3231, 102, 0, 0]], "int32")
+    inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": np.zeros_like(ids)}
+    hub = tf.saved_model.load(written["encoder"])(inputs, training=False)
+    mean = np.asarray(backbone(inputs)["sequence_output"])[0, :6].mean(0)  # numpy: over the real tokens
+    np.testing.assert_allclose(np.asarray(hub["pooled_output"])[0], mean, rtol=1e-4, atol=1e-5)
+    capsys.readouterr()
+    explicit = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "cls"), "--quiet", "--set", "task.init=concise-minilm-d192",
+                "--set", "task.pooling=cls", *(item for override in SHORT for item in ("--set", override))]
+    assert cli.main(explicit) == 0 and runs.load_model(tmp_path / "cls")[1].pooling == "cls"

@@ -26,6 +26,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from concise_attention.models import presets
 from concise_attention.models.hf_import import load_hf_weights
 from concise_attention.training import files
 from concise_attention.training.inference import sources
@@ -93,7 +94,10 @@ def resolve_config(config):
             raise ValueError(f"tokenizer.{field}={value!r} disagrees with the model of task.init={config.task.init!r}, "
                              f"which was trained with {field}={theirs[field]!r}.")
     tokenizer = dataclasses.replace(config.tokenizer, **inherited)
-    return dataclasses.replace(config, tokenizer=tokenizer), source
+    task = config.task
+    if getattr(task, "pooling", "") is None and source.embedding:  # a head on a sentence encoder reads its mean token vector
+        task = dataclasses.replace(task, pooling=presets.head_pooling(source.embedding))
+    return dataclasses.replace(config, tokenizer=tokenizer, task=task), source
 
 
 def _check_same_architecture(config, source):

@@ -110,7 +110,15 @@ def read_source(path, kind=None):
                   saved_tokenizer_settings(config, join(path, CONFIG)), config.get("task"),
                   model_weights=model_weights if tf.io.gfile.exists(model_weights) else None,
                   name=config.get("name") or _basename(path), sequence_length=(config.get("training") or {}).get("sequence_length"),
-                  embedding=DISTILLED_EMBEDDING if (config.get("task") or {}).get("name") == "distill" else None)
+                  embedding=_run_embedding(config.get("task") or {}))
+
+
+def _run_embedding(task):
+    """The sentence embedding a run's encoder gives: a distill run's student its teacher's pooling; a head trained on
+    the mean token vector (`task.pooling`) that mean; else None (a plain encoder: its [CLS] pooled output)."""
+    if task.get("name") == "distill":
+        return DISTILLED_EMBEDDING
+    return task.get("pooling") if task.get("pooling") in ("mean", "normalized_mean") else None
 
 
 def is_preset_folder(path):

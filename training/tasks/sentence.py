@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models.heads import POOLINGS
 from concise_attention.models.heads import BertClassifier
 from concise_attention.training.data import glue
 from concise_attention.training.tasks import metrics as metric_functions
@@ -33,15 +34,20 @@ SHIPPED = {"wordnet_topics": pathlib.Path(__file__).parent.parent / "data" / "wo
 class SentenceSettings(TaskSettings):
     """dataset: see the module docstring; labels: class names in id order (default: the sorted
     labels of the training split); text_pairs: whether inputs are pairs (default: read off the
-    data); dropout: on the pooled output (default: the encoder's)."""
+    data); dropout: on the pooled output (default: the encoder's); pooling: what the head reads
+    (`BertClassifier`: "cls", "mean" or "normalized_mean"; default: the sentence embedding task.init was
+    trained to give, a distill run's or a sentence encoder preset's, else "cls")."""
 
     dataset: str = "glue/mrpc"
     data_dir: typing.Optional[str] = None
     labels: typing.Optional[list] = None
     text_pairs: typing.Optional[bool] = None
     dropout: typing.Optional[float] = None
+    pooling: typing.Optional[str] = None
 
     def __post_init__(self):
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ValueError(f"`task.pooling` must be one of {', '.join(POOLINGS)}. Received: task.pooling={self.pooling!r}")
         kind, _, task = self.dataset.partition("/")
         if not (kind in ("glue", "glue_tsv") and task in glue.GLUE_TASKS) and self.dataset not in ("tsv", *SHIPPED):
             raise ValueError(f"`task.dataset` must be glue/<task>, glue_tsv/<task> (task one of {sorted(glue.GLUE_TASKS)}), "
@@ -104,7 +110,8 @@ class ClassificationTask(Task):
         return len(self.train_examples)
 
     def build_model(self, backbone):
-        return BertClassifier(backbone, num_outputs=1 if self.regression else len(self.settings.labels), dropout=self.settings.dropout)
+        return BertClassifier(backbone, num_outputs=1 if self.regression else len(self.settings.labels), dropout=self.settings.dropout,
+                              pooling=self.settings.pooling or "cls")
 
     def compile_arguments(self):
         # "mean_with_sample_weight": the held-out batches' padding rows (weight 0) do not dilute val_loss
@@ -179,7 +186,7 @@ class RegressionTask(ClassificationTask):
         return np.asarray(scores, "float32")
 
     def build_model(self, backbone):
-        return BertClassifier(backbone, num_outputs=1, dropout=self.settings.dropout)
+        return BertClassifier(backbone, num_outputs=1, dropout=self.settings.dropout, pooling=self.settings.pooling or "cls")
 
     def compile_arguments(self):
         return {"loss": keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")}
