@@ -53,11 +53,18 @@ def _in_chunks(sorted_lengths, chunk_size, ratio, step, arrays):
                          parallel_iterations=1)[2]
 
 
+def text_input(name):
+    """A served text input's spec: strings of any rank, so that `checked_texts` can check the rank when the graph runs.
+    Declared [None], the rank is folded to 1 by graph optimisation (TensorFlow's, in a loaded SavedModel's signature
+    call), and a bare string passed it unchecked to the tokenizer ("Attempting to slice scalar input")."""
+    return tf.TensorSpec(None, tf.string, name=name)
+
+
 def checked_texts(texts, names):
     """`texts` (string tensors, one per input named in `names`) behind run-time checks: each a list of strings (rank 1),
-    a pair's two as long as each other; else one InvalidArgument naming the input. TF Serving does not check a request
-    against the signature's shapes: a scalar `text` had reached the tokenizer as "Attempting to slice scalar input".
-    The raw `Rank` op is not folded to the signature's static rank, as `tf.rank` would be (checking nothing)."""
+    a pair's two as long as each other; else one InvalidArgument naming the input; each then of static shape [None].
+    TF Serving does not check a request against the signature's shapes: a scalar `text` had reached the tokenizer as
+    "Attempting to slice scalar input". The inputs are of unknown rank (`text_input`): no check is folded away."""
     checks = []
     for name, text in zip(names, texts):
         rank = tf.raw_ops.Rank(input=text)
@@ -65,7 +72,7 @@ def checked_texts(texts, names):
     checks += [tf.debugging.assert_equal(tf.size(text), tf.size(texts[0]), message=f"{names[0]} and {name} must hold as many strings")
                for name, text in zip(names[1:], texts[1:])]
     with tf.control_dependencies(checks):
-        return [tf.identity(text) for text in texts]
+        return [tf.reshape(tf.identity(text), [-1]) for text in texts]  # static shape [None], once checked
 
 
 def token_counts(texts, tokenizer, seq_length, chunk_size=CHUNK_SIZE):

@@ -53,6 +53,7 @@ from concise_attention.export import commit
 from concise_attention.export.chunking import bucket_lengths
 from concise_attention.export.chunking import checked_texts
 from concise_attention.export.chunking import chunked
+from concise_attention.export.chunking import text_input
 from concise_attention.models import presets
 from concise_attention.training.inference import sources
 from concise_attention.training.preprocessing.text import WordPieceModule
@@ -176,7 +177,7 @@ def _holding(tokenizer):
 def hub_preprocessor(tokenizer, seq_length):
     """The TF-Hub preprocessor: string [batch] -> encoder inputs at `seq_length`."""
     root = _holding(tokenizer)
-    text_spec = tf.TensorSpec([None], tf.string, name="text")
+    text_spec = text_input("text")
 
     # Served, a request's `text` reaches the graph unchecked (TF Serving checks no shape): `checked_texts` refuses it by name.
     root.__call__ = tf.function(lambda text: tokenizer.encode(checked_texts([text], ["text"])[0], seq_length), input_signature=[text_spec])
@@ -224,7 +225,7 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
     def embed_text(text):  # length-sorted chunks, each padded to its own longest text: bounded memory
         return chunked([text], tokenizer, seq_length, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS)
 
-    root.serve_text = tf.function(embed_text, input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    root.serve_text = tf.function(embed_text, input_signature=[text_input("text")])
     def embed_ids(**inputs):  # ids as sent: outside the vocabulary or the segment types is an InvalidArgument
         vocabulary, types = encoder.get_config()["vocab_size"], encoder.get_config()["type_vocab_size"]
         checks = [tf.debugging.assert_non_negative(inputs[name], message=f"{name} must be >= 0") for name in ENCODER_INPUTS]
@@ -236,7 +237,7 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
     root.serve_token_ids = tf.function(embed_ids, input_signature=None)
     root.tokenize = tf.function(
         lambda text: tokenizer.encode(checked_texts([text], ["text"])[0], seq_length),
-        input_signature=[tf.TensorSpec([None], tf.string, name="text")],
+        input_signature=[text_input("text")],
     )
     signatures = {
         "serving_default": root.serve_text.get_concrete_function(),
@@ -257,7 +258,7 @@ def task_serving_model(model, tokenizer, seq_length, signature):
         return chunked(list(texts), tokenizer, seq_length, lambda inputs: signature.outputs({name: inputs[name] for name in ENCODER_INPUTS}),
                        ENCODER_INPUTS, text_names=signature.texts)
 
-    root.serve_text = tf.function(predict, input_signature=[tf.TensorSpec([None], tf.string, name=name) for name in signature.texts])
+    root.serve_text = tf.function(predict, input_signature=[text_input(name) for name in signature.texts])
     return root, {"serving_default": root.serve_text.get_concrete_function()}
 
 

@@ -25,15 +25,18 @@ class ArgumentsAreConfig:
         return tuple(name for name in inspect.signature(cls.__init__).parameters if name not in NOT_CONFIG)
 
     def _keep_arguments(self, arguments):
-        """Stores the hyper-parameters (call after `keras.Model.__init__`)."""
+        """Stores the hyper-parameters (call after `keras.Model.__init__`), and the `dtype` its layers were built with,
+        which a functional model's constructor drops: without it `get_config` recorded float32, and a mixed-precision
+        model saved and loaded again came back in float32."""
         for name in self.config_arguments():
             setattr(self, name, arguments[name])
+        self._layers_dtype = arguments.get("dtype")
 
     def get_config(self):
         return {
             "name": self.name,
             "trainable": self.trainable,
-            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            "dtype": keras.dtype_policies.serialize(keras.dtype_policies.get(getattr(self, "_layers_dtype", None) or self.dtype_policy)),
             # Keras wraps dict attributes (the nested attention config) in a TrackedDict.
             **{name: _plain(getattr(self, name)) for name in self.config_arguments()},
         }

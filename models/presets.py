@@ -163,6 +163,20 @@ def save_to_preset(model, preset, weights_dtype=None):
         _write(preset, TASK_CONFIG_FILE, keras.saving.serialize_keras_object(model))
         save_weights(model, os.path.join(str(preset), TASK_WEIGHTS_FILE))
     _write(preset, METADATA_FILE, {"keras_version": keras.version(), "parameter_count": backbone.count_params()})
+    _carry_tokenizer(getattr(backbone, "loaded_from_preset", None), preset)
+
+
+def _carry_tokenizer(source, preset):
+    """A backbone loaded by `from_preset` saves with the tokenizer of the preset it came from (tokenizer.json and its
+    vocabulary), as keras-hub's presets carry theirs: `SentenceEncoder.from_preset`, `concise-export --preset` and
+    `task.init` then read the saved preset. Nothing is copied where `preset` has a tokenizer or is `source` itself."""
+    if source is None or os.path.isfile(os.path.join(str(preset), TOKENIZER_FILE)) or not os.path.isfile(os.path.join(source, TOKENIZER_FILE)):
+        return
+    settings = _read(source, TOKENIZER_FILE)
+    with open(os.path.join(source, settings.get("vocabulary", VOCABULARY_ASSET)), encoding="utf-8") as file:
+        vocabulary = file.read()
+    recorded = {key: settings.get(key) for key in ("sequence_length", "embedding", "serving_length")}
+    save_tokenizer(preset, vocabulary, settings.get("lowercase", True), settings.get("strip_accents"), **recorded)
 
 
 class PresetMixin:
@@ -181,6 +195,7 @@ class PresetMixin:
         _check_class(config, cls, os.path.join(str(preset), CONFIG_FILE))
         model = cls.from_config({**config["config"], **kwargs})
         model.load_weights(os.path.join(str(preset), WEIGHTS_FILE))
+        model.loaded_from_preset = str(preset)  # its tokenizer goes with it into `save_to_preset`
         return model
 
     save_to_preset = save_to_preset
@@ -206,12 +221,14 @@ class TaskPresetMixin:
             if not changed and set(kwargs) <= set(cls.head_arguments):
                 model = keras.saving.deserialize_keras_object({**saved, "config": {**saved["config"], **kwargs}})
                 model.load_weights(os.path.join(str(preset), TASK_WEIGHTS_FILE))
+                model.encoder.loaded_from_preset = str(preset)
                 return model
             if changed:
                 warnings.warn(f"{preset}: a new {cls.__name__} head for {changed} (its trained head has "
                               f"{ {name: saved['config'].get(name) for name in changed} }): the trained head's weights are not loaded.")
         backbone = keras.saving.deserialize_keras_object(_read(preset, CONFIG_FILE))
         backbone.load_weights(os.path.join(str(preset), WEIGHTS_FILE))
+        backbone.loaded_from_preset = str(preset)
         if "pooling" in cls.head_arguments:  # the saved head's, else a sentence encoder's mean (`head_pooling`)
             kwargs = {"pooling": (saved or {}).get("config", {}).get("pooling") or head_pooling(sentence_embedding(preset)), **kwargs}
         return cls(backbone, **kwargs)

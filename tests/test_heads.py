@@ -64,6 +64,20 @@ def test_a_new_head_on_the_shipped_sentence_encoder_reads_its_mean_token_vector(
     classifier.save_to_preset(tmp_path / "tuned")
     with pytest.warns(UserWarning, match="a new BertClassifier head"):
         assert BertClassifier.from_preset(tmp_path / "tuned", num_outputs=3).pooling == "mean"
+    # ... and carries the tokenizer it was loaded with: the saved preset encodes texts as the shipped one does
+    np.testing.assert_allclose(SentenceEncoder.from_preset(tmp_path / "tuned").encode(["this is a test"]), embedding, atol=1e-5)
+
+
+def test_a_mixed_precision_classifier_saves_and_loads_with_its_policies(tmp_path):
+    encoder = configs.load_config("tiny_bert_fixed").build_model()
+    encoder = type(encoder).from_config({**encoder.get_config(), "dtype": "mixed_float16"})
+    classifier = BertClassifier(encoder, num_outputs=3)
+    classifier.save(tmp_path / "c.keras")
+    reloaded = keras.saving.load_model(tmp_path / "c.keras")
+    for model in (classifier, reloaded):  # the encoder's layers compute in float16, before saving and after
+        assert {layer.dtype_policy.name for layer in model.encoder.layers if layer.weights} == {"mixed_float16"}
+        assert model.encoder.get_config()["dtype"]["config"]["name"] == "mixed_float16"
+    np.testing.assert_array_equal(np.asarray(reloaded(_inputs())["logits"]), np.asarray(classifier(_inputs())["logits"]))
 
 
 def test_span_labeler_scores_every_real_token_and_masks_padding(tmp_path):
