@@ -35,8 +35,8 @@ class SentenceSettings(TaskSettings):
     """dataset: see the module docstring; labels: class names in id order (default: the sorted
     labels of the training split); text_pairs: whether inputs are pairs (default: read off the
     data); dropout: on the pooled output (default: the encoder's); pooling: what the head reads
-    (`BertClassifier`: "cls", "mean" or "normalized_mean"; default: the sentence embedding task.init was
-    trained to give, a distill run's or a sentence encoder preset's, else "cls")."""
+    (`BertClassifier`: "cls", "mean" or "normalized_mean"; default: "mean" where task.init records a sentence
+    embedding, a distill run, a sentence encoder preset or sentence-transformers folder; else "cls")."""
 
     dataset: str = "glue/mrpc"
     data_dir: typing.Optional[str] = None
