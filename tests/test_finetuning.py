@@ -255,7 +255,9 @@ def test_a_head_on_the_shipped_sentence_encoder_reads_its_mean_and_exports_it_as
     hub = tf.saved_model.load(written["encoder"])(inputs, training=False)
     mean = np.asarray(backbone(inputs)["sequence_output"])[0, :6].mean(0)  # numpy: over the real tokens
     np.testing.assert_allclose(np.asarray(hub["pooled_output"])[0], mean, rtol=1e-4, atol=1e-5)
-    capsys.readouterr()
-    explicit = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "cls"), "--quiet", "--set", "task.init=concise-minilm-d192",
-                "--set", "task.pooling=cls", *(item for override in SHORT for item in ("--set", override))]
-    assert cli.main(explicit) == 0 and runs.load_model(tmp_path / "cls")[1].pooling == "cls"
+    from concise_attention.training.backends.trainer import resolve_config
+    from concise_attention.training.run import configs
+
+    for chosen, resolved in ((None, "mean"), ("cls", "cls")):  # task.pooling chosen stays as chosen
+        overrides = ["task.init=concise-minilm-d192"] + ([f"task.pooling={chosen}"] if chosen else [])
+        assert resolve_config(configs.load_config("wordnet_topics", overrides))[0].task.pooling == resolved
