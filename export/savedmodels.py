@@ -55,6 +55,7 @@ from concise_attention.export.chunking import checked_texts
 from concise_attention.export.chunking import chunked
 from concise_attention.export.chunking import text_input
 from concise_attention.models import presets
+from concise_attention.models.heads import POOLINGS
 from concise_attention.training.inference import sources
 from concise_attention.training.preprocessing.text import WordPieceModule
 from concise_attention.training.preprocessing.text import read_vocabulary
@@ -65,7 +66,6 @@ from concise_attention.training.tasks import make_task
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 SAVE_OPTIONS = tf.saved_model.SaveOptions()
-POOLINGS = ("mean", "normalized_mean", "cls")
 WARMUP_TEXTS = ("The quick brown fox jumps over the lazy dog.", "", "Fixed head size attention keeps each head expressive.")
 
 

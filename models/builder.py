@@ -36,7 +36,7 @@ class ArgumentsAreConfig:
         return {
             "name": self.name,
             "trainable": self.trainable,
-            "dtype": keras.dtype_policies.serialize(keras.dtype_policies.get(getattr(self, "_layers_dtype", None) or self.dtype_policy)),
+            "dtype": keras.dtype_policies.serialize(keras.dtype_policies.get(self._layers_dtype or self.dtype_policy)),
             # Keras wraps dict attributes (the nested attention config) in a TrackedDict.
             **{name: _plain(getattr(self, name)) for name in self.config_arguments()},
         }

@@ -15,7 +15,7 @@ from concise_attention.models.bert import BertEncoder
 from concise_attention.models.bert import EncoderHead
 
 
-POOLINGS = ("cls", "mean", "normalized_mean")
+POOLINGS = ("mean", "normalized_mean", "cls")  # also what an export serves as its embedding (export.savedmodels)
 
 
 def _check_encoder(encoder):

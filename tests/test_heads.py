@@ -42,7 +42,7 @@ def test_classifier_reads_the_mean_token_vector_when_asked_and_round_trips(tmp_p
     reloaded = keras.saving.load_model(tmp_path / "c.keras")
     assert reloaded.pooling == pooling
     np.testing.assert_allclose(np.asarray(reloaded(inputs)["logits"]), logits, atol=1e-6)
-    with pytest.raises(ValueError, match="`pooling` must be one of cls, mean, normalized_mean. Received: pooling='max'"):
+    with pytest.raises(ValueError, match="`pooling` must be one of mean, normalized_mean, cls. Received: pooling='max'"):
         BertClassifier(configs.load_config("tiny_bert_fixed").build_model(), num_outputs=3, pooling="max")
 
 
