@@ -2,15 +2,20 @@
 
     concise-evaluate --run runs/topics
     concise-evaluate --run converted/ --output converted_metrics.json
+    concise-evaluate --run runs/mine --data-dir ~/data/mine
 
 Evaluates RUN/model.weights.h5 (the task model of a finished run, or of a `concise-collaborative`
 conversion of one) on its task's evaluation split with the run's own settings (sequence length,
 batch size, evaluation batches), exactly as the trainer's final evaluation does, and prints the
-metrics as JSON (--output also writes them to a file). The run directory is only read.
+metrics as JSON (--output also writes them to a file). The run directory is only read. A run records
+`task.data_dir` as it was given: a relative folder is found from where the run started, and `--data-dir`
+names it from here (or another copy of the same data).
 """
 
 import argparse
+import dataclasses
 import json
+import os
 import pathlib
 import sys
 
@@ -23,10 +28,14 @@ from concise_attention.training.run import runs
 from concise_attention.training.tasks import make_task
 
 
-def evaluate_run(path):
+def evaluate_run(path, data_dir=None):
     """The metrics of the task model saved in run directory `path` (a dict: the task's name and
-    its evaluation, e.g. eval_loss, eval_accuracy, majority_class_accuracy)."""
+    its evaluation, e.g. eval_loss, eval_accuracy, majority_class_accuracy); `data_dir` (a folder, or a list
+    of folders for a task that reads several) replaces the run's `task.data_dir`."""
     config, model, _, vocabulary = runs.load_model(path)
+    if data_dir is not None:
+        config = _with_data_dir(config, path, data_dir)
+    _check_data_dir(config, path, data_dir is not None)
     if config.training is None:
         raise ValueError(f"{files.join(path, files.CONFIG)} has no `training` section: it does not say how to evaluate "
                          "(sequence length, batch size).")
@@ -37,6 +46,26 @@ def evaluate_run(path):
     _, eval_data = task.datasets(wordpiece_tokenizer(vocabulary, **tokenizer_settings(config)), skip_batches=0)
     eval_data, eval_steps = cached_eval(eval_data, config.training)
     return {"task": config.task.name, **task.evaluate(model, eval_data, eval_steps)}
+
+
+def _with_data_dir(config, path, data_dir):
+    """`config` reading its data from `data_dir` instead: only a run that read a data folder takes one."""
+    recorded = getattr(config.task, "data_dir", None)
+    if recorded is None:
+        raise ValueError(f"--data-dir {data_dir!r}: the run in {path!r} (task {config.task.name!r}, task.dataset="
+                         f"{getattr(config.task, 'dataset', None)!r}) reads no data folder.")
+    if isinstance(recorded, list) != isinstance(data_dir, list) or (isinstance(data_dir, list) and len(data_dir) != len(recorded)):
+        raise ValueError(f"--data-dir {data_dir!r}: the run in {path!r} read task.data_dir={recorded!r}; give as many folders.")
+    return dataclasses.replace(config, task=dataclasses.replace(config.task, data_dir=data_dir))
+
+
+def _check_data_dir(config, path, given):
+    """Each local folder of task.data_dir exists from here; else one line says where it was looked for."""
+    folders = getattr(config.task, "data_dir", None)
+    for folder in folders if isinstance(folders, list) else [folders]:
+        if folder is not None and "://" not in str(folder) and not os.path.isdir(folder):
+            where = "--data-dir" if given else f"the task.data_dir the run in {path!r} recorded (give --data-dir: where it is from here)"
+            raise ValueError(f"{where}: no folder {folder!r} under {os.getcwd()!r}.")
 
 
 def _check_output(output):
@@ -54,10 +83,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="concise-evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="a finished run directory, or a concise-collaborative output of one")
     parser.add_argument("--output", help="also write the metrics to this JSON file")
+    parser.add_argument("--data-dir", nargs="+", help="the run's data folder(s) as seen from here, replacing the task.data_dir it "
+                        "recorded (which may be relative to where it started)")
     args = parser.parse_args(argv)
     with configs.one_line_errors(parser, "concise-evaluate"):
         _check_output(args.output)  # before the evaluation: a bad --output must not cost one
-        metrics = evaluate_run(args.run)
+        data_dir = args.data_dir if args.data_dir is None or len(args.data_dir) > 1 else args.data_dir[0]
+        metrics = evaluate_run(args.run, data_dir)
         if args.output:
             files.write_json_atomically(args.output, metrics)
     print(json.dumps(metrics, indent=1))

@@ -12,6 +12,7 @@ import scipy.special
 import scipy.stats
 import sklearn.metrics
 
+from concise_attention.cli import evaluate as evaluate_cli
 from concise_attention.cli import train as cli
 from concise_attention.training.run import runs
 
@@ -103,10 +104,10 @@ def _write_mrpc(directory):
 
 
 @pytest.mark.slow
-def test_mrpc_from_the_original_tsv_files_reports_accuracy_and_f1(tmp_path, capsys, vocabulary, evaluated):
+def test_mrpc_from_the_original_tsv_files_reports_accuracy_and_f1(tmp_path, capsys, vocabulary, evaluated, monkeypatch):
     rows = _write_mrpc(tmp_path / "MRPC")
-    metrics = _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc",
-                     f"task.data_dir={tmp_path / 'MRPC'}")
+    monkeypatch.chdir(tmp_path)  # the data folder given relative to here, as users type it
+    metrics = _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc", "task.data_dir=MRPC")
     _, logits = _dev_predictions(tmp_path / "run", [(row[3], row[4]) for row in rows])
     np.testing.assert_allclose(evaluated[-1], logits, atol=1e-4)
     labels, predicted = [int(row[0]) for row in rows], evaluated[-1].argmax(-1)
@@ -116,6 +117,16 @@ def test_mrpc_from_the_original_tsv_files_reports_accuracy_and_f1(tmp_path, caps
     # the mean over the 13 dev pairs alone: the 3 empty rows that fill the second batch of 8 count for nothing
     probabilities = scipy.special.softmax(evaluated[-1].astype("float64"), axis=-1)
     assert metrics["eval_loss"] == pytest.approx(sklearn.metrics.log_loss(labels, probabilities, labels=[0, 1]), rel=1e-5)
+    # concise-evaluate from another folder: the recorded relative folder is not found there, --data-dir names it
+    monkeypatch.chdir(tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_cli.main(["--run", "."])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "'MRPC'" in error and "--data-dir" in error and "Traceback" not in error
+    assert evaluate_cli.main(["--run", ".", "--data-dir", "../MRPC"]) == 0
+    out = capsys.readouterr().out
+    evaluated_again = json.loads(out[out.index("{"):])
+    assert evaluated_again["eval_accuracy"] == metrics["eval_accuracy"] and evaluated_again["eval_f1"] == metrics["eval_f1"]
 
 
 @pytest.mark.slow
