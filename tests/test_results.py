@@ -283,6 +283,25 @@ def test_readme_distillation_table_is_the_committed_data():
     assert distill_eval.recall_at_10(queries, np.vstack([own, tied[:9]])) == 1.0
 
 
+def test_the_least_squares_cosine_scores_scikit_learn_s_ridge_predictions():
+    """distill_eval's cosine through a least-squares map: scikit-learn's Ridge (the same penalty) fitted on one set
+    of texts, its predictions on the others scored by cosine to the teacher's rows; an exact linear image of the
+    teacher's embeddings maps back to them."""
+    from sklearn.linear_model import Ridge
+
+    distill_eval = _benchmark_module("distill_eval")
+    rng = np.random.default_rng(0)
+    teacher = distill_eval.unit(rng.normal(size=(600, 8)))
+    student = teacher[:, :5] @ rng.normal(size=(5, 5)) + 0.3 * rng.normal(size=(600, 5))  # part of the teacher, and noise
+    centred = student[:400] - student[:400].mean(0)
+    ridge = Ridge(alpha=1e-3 * np.trace(centred.T @ centred) / 5).fit(student[:400], teacher[:400])
+    expected = np.mean(np.sum(distill_eval.unit(ridge.predict(student[400:])) * teacher[400:], axis=1))
+    measured = distill_eval.least_squares_cosine((student[:400], teacher[:400]), student[400:], teacher[400:])
+    assert measured == pytest.approx(expected, abs=1e-9) and 0.3 < measured < 0.95
+    image = teacher @ np.linalg.qr(rng.normal(size=(8, 8)))[0] * np.linspace(1, 2, 8)  # well conditioned
+    assert distill_eval.least_squares_cosine((image[:400], teacher[:400]), image[400:], teacher[400:]) > 0.999
+
+
 def test_the_distillation_table_in_the_docs_is_every_committed_run():
     """docs/distillation.md shows `distill_eval.py --markdown` of every run scripts/distill_table.sh measured
     (benchmarks/results/distill_table_3000/, one file per run) and their differences paired by seed."""
