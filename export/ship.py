@@ -75,7 +75,9 @@ def model_card(name, source, config, results, run, serving_length):
     row, teacher, rows = _student_row(results, run)
     model, task, training = config["model"], config["task"], config["training"]
     pca, half = (next((value for key, value in rows.items() if key.startswith(prefix)), {}) for prefix in ("teacher, PCA", "teacher, 3 of"))
-    measures = [("cosine to the teacher (held-out corpus texts)", "cosine_to_teacher"), ("similarity Spearman", "similarity_spearman"),
+    measures = [("cosine to the teacher (held-out corpus texts)", "cosine_to_teacher"),
+                ("cosine to the teacher, least-squares map (fitted on training texts)", "cosine_least_squares"),
+                ("similarity Spearman", "similarity_spearman"),
                 ("WordNet topics linear probe", "probe_accuracy"), ("Debian sections linear probe", "debian_probe_accuracy"),
                 ("recall@10 (first sentence -> rest of its paragraph)", "recall_at_10"),
                 ("sentences/s, batch 1", "sentences_per_s_batch_1"), ("sentences/s, batch 32", "sentences_per_s_batch_32")]
