@@ -60,6 +60,11 @@ def read_tsv(path):
     return list(texts), list(labels)
 
 
+def read_probes():
+    """{result key: ((train texts, labels), (dev texts, labels))} of the labelled sets (`PROBES`)."""
+    return {key: (read_tsv(folder / "train.tsv"), read_tsv(folder / "dev.tsv")) for key, folder in PROBES.items()}
+
+
 def heldout_data(data_dir, texts, pairs, fit_texts):
     """(held-out texts, (queries, documents), training texts for the PCA and least-squares fits), drawn with seed 1."""
     from concise_attention.training.data.pipeline import corpus_splits
@@ -190,13 +195,31 @@ def quality(encoder, teacher_embeddings, texts, probes, pairs, mapped):
             "recall_at_10": recall_at_10(encoder.embed(queries), encoder.embed(documents))}
 
 
-def least_squares_cosine(mapped, own, teacher_embeddings):
+def ridge_map(inputs, targets, ridge=None):
+    """`distill.ridge_map`: its penalty `RIDGE` unless `ridge`."""
+    from concise_attention.training.tasks import distill
+
+    return distill.ridge_map(inputs, targets, distill.RIDGE if ridge is None else ridge)
+
+
+def least_squares_cosine(mapped, own, teacher_embeddings, ridge=None):
     """Mean cos between `teacher_embeddings` (unit rows) and the rows of `own` mapped into the teacher's space by the
     ridge least-squares map (`distill.ridge_map`) fitted on `mapped`: (inputs, targets) of other texts."""
-    from concise_attention.training.tasks.distill import ridge_map
-
-    kernel, bias = ridge_map(*mapped)
+    kernel, bias = ridge_map(*mapped, ridge=ridge)
     return float(np.mean(np.sum(unit(own @ kernel + bias) * teacher_embeddings, axis=1)))
+
+
+def measure_quality(teacher, encoders, texts, pairs, map_texts):
+    """{encoder name: its width, parameters and `quality`} for the teacher and `encoders`."""
+    probes = read_probes()
+    teacher_embeddings, map_targets = teacher.embed(texts), teacher.embed(map_texts)
+    rows = {}
+    for encoder in [teacher, *encoders]:
+        mapped = (map_targets if encoder is teacher else encoder.embed(map_texts), map_targets)
+        rows[encoder.name] = {"width": encoder.width, "parameters": int(encoder.parameters),
+                              **quality(encoder, teacher_embeddings, texts, probes, pairs, mapped)}
+        print(encoder.name, rows[encoder.name], flush=True)
+    return rows
 
 
 # The probe's inverse L2 strengths, one chosen per encoder and labelled set by 5-fold cross-validation on the
@@ -424,20 +447,12 @@ def main(argv=None):
         parser.error(f"the runs or presets were distilled at different lengths {sorted(lengths, key=str)}: compare them in separate "
                      "tables or name one --sequence-length")
     Encoder.sequence_length = args.sequence_length or lengths.pop()
-    texts, pairs, map_texts = heldout_data(args.data_dir, args.texts, args.pairs, max(args.fit_texts, args.map_texts))
-    fit_texts = map_texts[:args.fit_texts]  # the same draw: its first texts
-    probes = {key: (read_tsv(folder / "train.tsv"), read_tsv(folder / "dev.tsv")) for key, folder in PROBES.items()}
-    teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), fit_texts, args.presets)
-    teacher_embeddings, map_targets = teacher.embed(texts), teacher.embed(map_texts)
-    rows = {}
-    for encoder in [teacher, *encoders]:
-        mapped = (map_targets if encoder is teacher else encoder.embed(map_texts), map_targets)
-        rows[encoder.name] = {"width": encoder.width, "parameters": int(encoder.parameters),
-                              **quality(encoder, teacher_embeddings, texts, probes, pairs, mapped)}
-        print(encoder.name, rows[encoder.name], flush=True)
+    texts, pairs, drawn = heldout_data(args.data_dir, args.texts, args.pairs, max(args.fit_texts, args.map_texts))
+    teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), drawn[:args.fit_texts], args.presets)
+    rows = measure_quality(teacher, encoders, texts, pairs, drawn[:args.map_texts])  # one draw: its first texts for each fit
     for run in args.runs:
         rows[f"student {run_name(run)}"]["train_minutes"] = training_minutes(run)
-    rows["bag of words (TF-IDF)"] = bag_of_words(probes, pairs)
+    rows["bag of words (TF-IDF)"] = bag_of_words(read_probes(), pairs)
     timed = [encoder for encoder in [teacher, *encoders] if type(encoder) is Encoder and not encoder.name.startswith("random")]
     by_length = sorted(texts, key=len)
     for (name, batch_size), value in throughput(timed, by_length[len(by_length) // 4: 3 * len(by_length) // 4]).items():

@@ -30,12 +30,11 @@ from concise_attention.training.tasks import make_task
 
 def evaluate_run(path, data_dir=None):
     """The metrics of the task model saved in run directory `path` (a dict: the task's name and
-    its evaluation, e.g. eval_loss, eval_accuracy, majority_class_accuracy); `data_dir` (a folder, or a list
-    of folders for a task that reads several) replaces the run's `task.data_dir`."""
+    its evaluation, e.g. eval_loss, eval_accuracy, majority_class_accuracy); `data_dir` (a list of folders, one for
+    most tasks) replaces the run's `task.data_dir`."""
+    _check_data_dir(_with_data_dir(runs.read_run_config(path), path, data_dir), path, data_dir is not None)  # before the weights load
     config, model, _, vocabulary = runs.load_model(path)
-    if data_dir is not None:
-        config = _with_data_dir(config, path, data_dir)
-    _check_data_dir(config, path, data_dir is not None)
+    config = _with_data_dir(config, path, data_dir)
     if config.training is None:
         raise ValueError(f"{files.join(path, files.CONFIG)} has no `training` section: it does not say how to evaluate "
                          "(sequence length, batch size).")
@@ -49,21 +48,28 @@ def evaluate_run(path, data_dir=None):
 
 
 def _with_data_dir(config, path, data_dir):
-    """`config` reading its data from `data_dir` instead: only a run that read a data folder takes one."""
+    """`config` reading its data from `data_dir` (the --data-dir folders, a list) instead, as many as it recorded;
+    `config` itself without them."""
+    if data_dir is None:
+        return config
     recorded = getattr(config.task, "data_dir", None)
     if recorded is None:
-        raise ValueError(f"--data-dir {data_dir!r}: the run in {path!r} (task {config.task.name!r}, task.dataset="
+        raise ValueError(f"--data-dir {' '.join(data_dir)}: the run in {path!r} (task {config.task.name!r}, task.dataset="
                          f"{getattr(config.task, 'dataset', None)!r}) reads no data folder.")
-    if isinstance(recorded, list) != isinstance(data_dir, list) or (isinstance(data_dir, list) and len(data_dir) != len(recorded)):
-        raise ValueError(f"--data-dir {data_dir!r}: the run in {path!r} read task.data_dir={recorded!r}; give as many folders.")
-    return dataclasses.replace(config, task=dataclasses.replace(config.task, data_dir=data_dir))
+    folders = recorded if isinstance(recorded, list) else [recorded]
+    if len(data_dir) != len(folders):
+        raise ValueError(f"--data-dir {' '.join(data_dir)}: the run in {path!r} read task.data_dir={recorded!r}; give as many folders.")
+    return dataclasses.replace(config, task=dataclasses.replace(config.task, data_dir=data_dir if isinstance(recorded, list) else data_dir[0]))
 
 
 def _check_data_dir(config, path, given):
-    """Each local folder of task.data_dir exists from here; else one line says where it was looked for."""
+    """Each relative folder of task.data_dir exists from here (where a run started elsewhere does not find it); else one
+    line says where it was looked for. Absolute, ~ and gs:// folders, and the shipped `sample`, are left to the task."""
     folders = getattr(config.task, "data_dir", None)
+    if getattr(config.task, "dataset", None) == "sample":
+        return
     for folder in folders if isinstance(folders, list) else [folders]:
-        if folder is not None and "://" not in str(folder) and not os.path.isdir(folder):
+        if folder is not None and not os.path.isabs(os.path.expanduser(folder)) and "://" not in folder and not os.path.isdir(folder):
             where = "--data-dir" if given else f"the task.data_dir the run in {path!r} recorded (give --data-dir: where it is from here)"
             raise ValueError(f"{where}: no folder {folder!r} under {os.getcwd()!r}.")
 
@@ -88,8 +94,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with configs.one_line_errors(parser, "concise-evaluate"):
         _check_output(args.output)  # before the evaluation: a bad --output must not cost one
-        data_dir = args.data_dir if args.data_dir is None or len(args.data_dir) > 1 else args.data_dir[0]
-        metrics = evaluate_run(args.run, data_dir)
+        metrics = evaluate_run(args.run, args.data_dir)
         if args.output:
             files.write_json_atomically(args.output, metrics)
     print(json.dumps(metrics, indent=1))

@@ -272,3 +272,29 @@ def test_a_head_on_the_shipped_sentence_encoder_reads_its_mean_and_exports_it_as
     for chosen, resolved in ((None, "mean"), ("cls", "cls")):  # task.pooling chosen stays as chosen
         overrides = ["task.init=concise-minilm-d192"] + ([f"task.pooling={chosen}"] if chosen else [])
         assert resolve_config(configs.load_config("wordnet_topics", overrides))[0].task.pooling == resolved
+
+
+def test_evaluate_data_dir_is_checked_against_the_run_before_its_weights_load(tmp_path, capsys, monkeypatch):
+    """--data-dir gives as many folders as the run recorded (a list of one too), only to a run that read folders; a
+    recorded relative folder missing from here is named. Each is refused before the (absent) weights are read."""
+    from concise_attention.training.run import configs
+
+    def refused(config, *flags):
+        run = tmp_path / "run"
+        run.mkdir(exist_ok=True)
+        (run / "config.json").write_text(json.dumps(config.to_dict()))
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate_cli.main(["--run", str(run), *flags])
+        error = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "Traceback" not in error
+        return error
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here").mkdir()
+    two = configs.load_config("distill_minilm_d192_fixed")  # task.data_dir: [corpus, general]
+    assert "give as many folders" in refused(two, "--data-dir", "here")
+    assert "'corpus' under" in refused(two) and "--data-dir" in refused(two)
+    assert "model.weights.h5" in refused(two, "--data-dir", "here", "here")  # accepted: on to the weights
+    one = configs.load_config("distill_minilm_d192_fixed", ["task.data_dir=[corpus]"])
+    assert "model.weights.h5" in refused(one, "--data-dir", "here")
+    assert "reads no data folder" in refused(configs.load_config("tiny_bert_standard"), "--data-dir", "here")

@@ -289,12 +289,14 @@ def test_the_least_squares_cosine_scores_scikit_learn_s_ridge_predictions():
     teacher's embeddings maps back to them."""
     from sklearn.linear_model import Ridge
 
+    from concise_attention.training.tasks.distill import RIDGE
+
     distill_eval = _benchmark_module("distill_eval")
     rng = np.random.default_rng(0)
     teacher = distill_eval.unit(rng.normal(size=(600, 8)))
     student = teacher[:, :5] @ rng.normal(size=(5, 5)) + 0.3 * rng.normal(size=(600, 5))  # part of the teacher, and noise
     centred = student[:400] - student[:400].mean(0)
-    ridge = Ridge(alpha=1e-3 * np.trace(centred.T @ centred) / 5).fit(student[:400], teacher[:400])
+    ridge = Ridge(alpha=RIDGE * np.trace(centred.T @ centred) / 5).fit(student[:400], teacher[:400])
     expected = np.mean(np.sum(distill_eval.unit(ridge.predict(student[400:])) * teacher[400:], axis=1))
     measured = distill_eval.least_squares_cosine((student[:400], teacher[:400]), student[400:], teacher[400:])
     assert measured == pytest.approx(expected, abs=1e-9) and 0.3 < measured < 0.95

@@ -205,6 +205,16 @@ class RunDirectory:
         return read_json(self.file(METRICS))
 
 
+def read_run_config(path):
+    """The `ExperimentConfig` a run directory records (RUN/config.json), checked; nothing else is read."""
+    run = RunDirectory(path)
+    raw = run.read_config()
+    try:
+        return configs.config_from_dict({key: value for key, value in raw.items() if key != "name"}, raw.get("name", "run"))
+    except ValueError as error:
+        raise ValueError(f"{run.file(CONFIG)}: {error}") from error
+
+
 def load_model(path):
     """The config, task model and backbone of a finished run directory, weights loaded.
 
@@ -213,12 +223,7 @@ def load_model(path):
         model (e.g. `BertPretrainer`, `BertClassifier`; the `CausalLM` itself), its
         backbone and RUN/vocab.txt.
     """
-    run = RunDirectory(path)
-    raw = run.read_config()
-    try:
-        config = configs.config_from_dict({key: value for key, value in raw.items() if key != "name"}, raw.get("name", "run"))
-    except ValueError as error:
-        raise ValueError(f"{run.file(CONFIG)}: {error}") from error
+    run, config = RunDirectory(path), read_run_config(path)
     # Float32 whatever `training.precision` the run trained under (its variables are float32).
     backbone = config.build_model(dtype="float32")
     model = make_task(config).build_model(backbone)
