@@ -488,3 +488,13 @@ def test_readme_long_text_figures_are_the_committed_data():
     flipped = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])  # cosines 0.0, 0.6, 0.8: the ranks 3,1,2 become 1,2,3
     assert long_texts.spearman_of_similarities(unit, unit) == 1.0
     assert abs(long_texts.spearman_of_similarities(unit, flipped) - (-0.5)) < 1e-12
+
+
+def test_the_least_squares_fit_size_table_is_the_committed_data():
+    record = json.loads((RESULTS / "least_squares_fit.json").read_text())
+    assert record["command"].startswith("python benchmarks/least_squares_fit.py") and record["preset"] == "concise-minilm-d192"
+    for row in record["rows"]:
+        if row["ridge"] == 1e-3:
+            assert f"| {row['texts']:,} | {row['held_out_cosine']:.3f} | {row['fitted_texts_cosine']:.3f} |" in README, row
+    at_40000 = [row["held_out_cosine"] for row in record["rows"] if row["texts"] == 40000]
+    assert len(at_40000) == 4 and max(at_40000) - min(at_40000) < 2e-4  # "moves it by less than 0.0002"
