@@ -14,8 +14,8 @@ Measures, on data never trained on:
   space (the student's learned projection; the PCA reconstruction; the dropped-layer teacher's own) over
   `--texts` held-out corpus texts; and the same through a least-squares map (`--map-texts` texts of the
   training split: ridge regression of the teacher's unit embeddings on the encoder's, `distill.ridge_map`),
-  one kind of map for every encoder, presets and random starts included; similarity Spearman: the encoder's own pairwise cosines against the
-  teacher's, same texts (every encoder, at its own width);
+  one kind of map for every encoder, presets and random starts included; similarity Spearman: the encoder's
+  own pairwise cosines against the teacher's, same texts (every encoder, at its own width);
 - linear-probe accuracy on WordNet topics and on Debian package sections (scikit-learn logistic
   regression on standardised frozen embeddings, train.tsv -> dev.tsv, its L2 strength chosen by 5-fold
   cross-validation on train.tsv alone);
@@ -191,8 +191,8 @@ def quality(encoder, teacher_embeddings, texts, probes, pairs, mapped):
     for key, ((train_texts, train_labels), (dev_texts, dev_labels)) in probes.items():
         accuracies[key], accuracies[f"{key}_C"] = probe_accuracy(encoder.embed(train_texts), train_labels, encoder.embed(dev_texts), dev_labels)
     queries, documents = pairs
-    return {"cosine_to_teacher": cosine, "cosine_least_squares": least_squares_cosine(mapped, own, teacher_embeddings), "similarity_spearman": float(spearman), **accuracies,
-            "recall_at_10": recall_at_10(encoder.embed(queries), encoder.embed(documents))}
+    return {"cosine_to_teacher": cosine, "cosine_least_squares": least_squares_cosine(mapped, own, teacher_embeddings),
+            "similarity_spearman": float(spearman), **accuracies, "recall_at_10": recall_at_10(encoder.embed(queries), encoder.embed(documents))}
 
 
 def ridge_map(inputs, targets, ridge=None):
@@ -458,7 +458,7 @@ def main(argv=None):
     for (name, batch_size), value in throughput(timed, by_length[len(by_length) // 4: 3 * len(by_length) // 4]).items():
         rows[name][f"sentences_per_s_batch_{batch_size}"] = value
     result = {**provenance.record(), "command": provenance.command_line("benchmarks/distill_eval.py", argv or sys.argv[1:]),
-              "texts": len(texts), "pairs": len(pairs[0]), "map_texts": len(map_texts), "sequence_length": Encoder.sequence_length, "rows": rows,
+              "texts": len(texts), "pairs": len(pairs[0]), "map_texts": len(drawn[:args.map_texts]), "sequence_length": Encoder.sequence_length, "rows": rows,
               "runs": run_configs}
     files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")  # whole or absent: distill_table.sh skips a measured run
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))
