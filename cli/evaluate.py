@@ -32,9 +32,9 @@ def evaluate_run(path, data_dir=None):
     """The metrics of the task model saved in run directory `path` (a dict: the task's name and
     its evaluation, e.g. eval_loss, eval_accuracy, majority_class_accuracy); `data_dir` (a list of folders, one for
     most tasks) replaces the run's `task.data_dir`."""
-    _check_data_dir(_with_data_dir(runs.read_run_config(path), path, data_dir), path, data_dir is not None)  # before the weights load
-    config, model, _, vocabulary = runs.load_model(path)
-    config = _with_data_dir(config, path, data_dir)
+    config = _with_data_dir(runs.read_run_config(path), path, data_dir)
+    _check_data_dir(config, path, data_dir is not None)  # before the weights load
+    _, model, _, vocabulary = runs.load_model(path)
     if config.training is None:
         raise ValueError(f"{files.join(path, files.CONFIG)} has no `training` section: it does not say how to evaluate "
                          "(sequence length, batch size).")
