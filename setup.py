@@ -37,7 +37,7 @@ setuptools.setup(
     cmdclass={"build_py": BuildPy},
     package_data={
         "concise_attention.configs": ["*.yaml"],
-        "concise_attention.training.data": ["*.txt", "wordnet_topics/*", "debian_sections/*"],
+        "concise_attention.training.data": ["*.txt", "wordnet_topics/*", "debian_sections/*", "mteb/*.json", "mteb/*/*.jsonl"],
         "concise_attention.models": ["shipped/*/*", "shipped/*/assets/tokenizer/*"],
     },
     install_requires=[

@@ -1,10 +1,20 @@
-"""`concise-evaluate`: the task metrics of a finished run directory, without training.
+"""`concise-evaluate`: sentence encoders scored with MTEB's protocols, or the task metrics of a finished run.
 
+    concise-evaluate --encoder concise-minilm-d192 --teacher TEACHER_DIR --fit-texts CORPUS
+    concise-evaluate --encoder my_export runs/student --tasks STSBenchmark --output scores.json
     concise-evaluate --run runs/topics
-    concise-evaluate --run converted/ --output converted_metrics.json
     concise-evaluate --run runs/mine --data-dir ~/data/mine
 
-Evaluates RUN/model.weights.h5 (the task model of a finished run, or of a `concise-collaborative`
+--encoder: each encoder (a shipped preset, a Keras preset folder, a run directory, a Hugging Face folder, or a
+`concise-export` folder, whose TF Serving model is used as served) is scored on MTEB's STSBenchmark (test
+Spearman of cosine similarities) and Banking77Classification (mean accuracy of 10 logistic regressions on 8
+training texts per label, seed 42), exactly as the `mteb` package scores them (`training.inference.mteb_protocol`;
+the data ships with the package). With --teacher, the baselines a user already has are scored beside them: the
+teacher, its PCA projection to each narrower encoder's width (fitted on --fit-texts: a text corpus folder, never on
+an evaluation text) and the teacher with every other layer dropped. Prints a Markdown table; --output writes JSON.
+
+--run:
+evaluates RUN/model.weights.h5 (the task model of a finished run, or of a `concise-collaborative`
 conversion of one) on its task's evaluation split with the run's own settings (sequence length,
 batch size, evaluation batches), exactly as the trainer's final evaluation does, and prints the
 metrics as JSON (--output also writes them to a file). The run directory is only read. A run records
@@ -21,11 +31,14 @@ import sys
 
 from concise_attention.training import files
 from concise_attention.training.backends.trainer import cached_eval
+from concise_attention.training.inference import mteb_protocol
 from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 from concise_attention.training.tasks import make_task
+
+FIT_COUNT = 20_000  # texts the teacher's PCA baseline is fitted on
 
 
 def evaluate_run(path, data_dir=None):
@@ -85,20 +98,74 @@ def _check_output(output):
         raise ValueError(f"--output {output!r}: its folder {str(path.parent)!r} does not exist (it is not created)")
 
 
+def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, tasks=mteb_protocol.TASKS, report=print):
+    """{"tasks", "rows": {encoder name: {width, each task's score, mean}}, "teacher"} of the encoders named by `specs`
+    and, with `teacher`, the teacher, its PCA to each narrower width (fitted on `fit_count` texts of the corpus folder
+    `fit_texts`) and the teacher with half its layers."""
+    from concise_attention.training.inference import encoders
+
+    unknown = [task for task in tasks if task not in mteb_protocol.TASKS]
+    if unknown:
+        raise ValueError(f"--tasks {unknown[0]}: known tasks are {', '.join(mteb_protocol.TASKS)}")
+    loaded = [encoders.load_encoder(spec) for spec in specs]
+    if teacher is None:
+        return {"tasks": list(tasks), "rows": mteb_protocol.score_rows(loaded, tasks, report=report), "teacher": None}
+    teacher_encoder = encoders.load_encoder(teacher)
+    widths = sorted({encoder.width for encoder in loaded if encoder.width < teacher_encoder.width}, reverse=True)
+    baselines = [teacher_encoder]
+    if widths:
+        texts = _fit_texts(fit_texts, fit_count)
+        baselines += [encoders.TeacherPca(teacher_encoder, texts, width) for width in widths]
+    baselines.append(encoders.half_layers(teacher))
+    rows = mteb_protocol.score_rows(baselines + loaded, tasks, report=report)
+    return {"tasks": list(tasks), "rows": rows, "teacher": teacher_encoder.name}
+
+
+def _fit_texts(folder, count):
+    """`count` texts drawn from the training split of the corpus `folder`, less any evaluation text."""
+    from concise_attention.training.data.pipeline import corpus_splits
+    from concise_attention.training.tasks.distill import draw_texts
+
+    train_lines, _ = corpus_splits("text_files", folder)
+    return mteb_protocol.without_evaluation_texts(draw_texts(train_lines(), count, 0.5, seed=1))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="concise-evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", required=True, help="a finished run directory, or a concise-collaborative output of one")
-    parser.add_argument("--output", help="also write the metrics to this JSON file")
-    parser.add_argument("--data-dir", nargs="+", help="the run's data folder(s) as seen from here, replacing the task.data_dir it "
-                        "recorded (which may be relative to where it started)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--encoder", nargs="+", help="sentence encoders to score with MTEB's protocols (names or folders)")
+    what.add_argument("--run", help="a finished run directory, or a concise-collaborative output of one")
+    parser.add_argument("--output", help="also write the scores or metrics to this JSON file")
+    parser.add_argument("--teacher", help="with --encoder: score the teacher and its baselines beside them")
+    parser.add_argument("--fit-texts", help="with --teacher: the text corpus folder the teacher's PCA is fitted on")
+    parser.add_argument("--fit-count", type=int, default=FIT_COUNT, help=f"texts the PCA is fitted on (default {FIT_COUNT})")
+    parser.add_argument("--tasks", nargs="+", default=list(mteb_protocol.TASKS), help="default: " + " ".join(mteb_protocol.TASKS))
+    parser.add_argument("--data-dir", nargs="+", help="with --run: the run's data folder(s) as seen from here, replacing the "
+                        "task.data_dir it recorded (which may be relative to where it started)")
     args = parser.parse_args(argv)
     with configs.one_line_errors(parser, "concise-evaluate"):
         _check_output(args.output)  # before the evaluation: a bad --output must not cost one
-        metrics = evaluate_run(args.run, args.data_dir)
+        _check_flags(args)
+        if args.encoder:
+            result = evaluate_encoders(args.encoder, args.teacher, args.fit_texts, args.fit_count, args.tasks,
+                                       report=lambda line: print(line, file=sys.stderr, flush=True))
+        else:
+            result = evaluate_run(args.run, args.data_dir)
         if args.output:
-            files.write_json_atomically(args.output, metrics)
-    print(json.dumps(metrics, indent=1))
+            files.write_json_atomically(args.output, result)
+    print(mteb_protocol.table(result["rows"], result["tasks"], result["teacher"]) if args.encoder else json.dumps(result, indent=1))
     return 0
+
+
+def _check_flags(args):
+    if args.run and (args.teacher or args.fit_texts):
+        raise ValueError("--teacher and --fit-texts go with --encoder, not --run")
+    if args.teacher and not args.fit_texts:
+        raise ValueError("--teacher needs --fit-texts: the text corpus folder its PCA baselines are fitted on")
+    if args.encoder and args.data_dir:
+        raise ValueError("--data-dir goes with --run; --encoder reads the package's MTEB data")
+    if args.fit_count < 1:
+        raise ValueError(f"--fit-count must be a positive integer. Received: {args.fit_count}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""Sentence encoders to evaluate, by name: anything the project loads, and the cheap baselines a user already has.
+
+    >>> encoder = load_encoder("concise-minilm-d192")      # a preset, run, Keras preset or Hugging Face folder
+    >>> served = load_encoder("minilm_export")             # a `concise-export` folder: its TF Serving model
+    >>> pca = TeacherPca(load_encoder(teacher_dir), fit_texts, 192)
+    >>> half = half_layers(teacher_dir)
+
+Each has `name`, `width` and `encode(texts) -> float32 (N, width)` (unit rows).
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from concise_attention.training.inference import sources
+from concise_attention.training.inference.embeddings import SentenceEncoder
+from concise_attention.training.inference.embeddings import unit_rows
+
+SERVED_BATCH = 256  # texts per request to a served model (it cuts its own chunks)
+
+
+class Served:
+    """A TF Serving model (`serving/<version>/` of a `concise-export` folder, the newest version) used as served:
+    its `serving_default` signature's `embedding` of each text, scaled to unit length."""
+
+    def __init__(self, folder):
+        self.path = serving_version(folder)
+        self.name = os.path.basename(os.path.normpath(folder))
+        self._serve = tf.saved_model.load(self.path).signatures["serving_default"]
+        self.width = int(self._serve.structured_outputs["embedding"].shape[-1])
+
+    def encode(self, texts):
+        rows = [self._serve(text=tf.constant(texts[start:start + SERVED_BATCH]))["embedding"].numpy()
+                for start in range(0, len(texts), SERVED_BATCH)]
+        return unit_rows(np.concatenate(rows) if rows else np.zeros((0, self.width), np.float32))
+
+
+def serving_version(folder):
+    """The SavedModel folder of a served model: `folder` itself, or the newest integer version under folder/serving/;
+    None if `folder` is neither."""
+    folder = str(folder)
+    if tf.io.gfile.exists(os.path.join(folder, "saved_model.pb")):
+        return folder
+    serving = os.path.join(folder, "serving")
+    versions = [name.rstrip("/") for name in tf.io.gfile.listdir(serving)] if tf.io.gfile.isdir(serving) else []
+    versions = sorted((int(name) for name in versions if name.isdigit()), reverse=True)
+    return os.path.join(serving, str(versions[0])) if versions else None
+
+
+class Loaded:
+    """A `SentenceEncoder` with a name (its source's)."""
+
+    def __init__(self, name, sentence_encoder):
+        self.name, self.sentence_encoder, self.width = name, sentence_encoder, sentence_encoder.width
+
+    def encode(self, texts):
+        return self.sentence_encoder.encode(texts)
+
+
+def load_encoder(spec, sequence_length=None):
+    """An encoder for `spec`: a `concise-export` folder (or one SavedModel version of it) is served; a shipped preset,
+    a Keras preset folder, a run directory or a Hugging Face folder is read by `SentenceEncoder.from_preset`."""
+    if tf.io.gfile.isdir(str(spec)) and serving_version(spec) is not None:
+        return Served(spec)
+    return Loaded(_name(spec), SentenceEncoder.from_preset(spec, sequence_length))
+
+
+def _name(spec):
+    """A Hugging Face package's `model/` folder goes by its package's name."""
+    spec = os.path.normpath(str(spec))
+    base = os.path.basename(spec)
+    return os.path.basename(os.path.dirname(spec)) if base == "model" else base
+
+
+class TeacherPca:
+    """The teacher's unit embedding projected on its `width` leading principal directions (fitted on the teacher's
+    embeddings of `fit_texts`), at unit length: the same cost as the teacher, a `width`-wide embedding."""
+
+    def __init__(self, teacher, fit_texts, width):
+        from sklearn.decomposition import PCA
+
+        self.teacher, self.width, self.name = teacher, int(width), f"{teacher.name}, PCA to {width}"
+        self.pca = PCA(self.width, random_state=0).fit(teacher.encode(list(fit_texts)))
+
+    def encode(self, texts):
+        return unit_rows(self.pca.transform(self.teacher.encode(texts)).astype(np.float32))
+
+
+def half_layers(spec, sequence_length=None):
+    """The teacher with every other layer dropped (layers 0, 2, 4 of 6): faster, full width, no training."""
+    from concise_attention.models import BUILDERS
+    from concise_attention.models.shrink import shrink_into
+
+    full = SentenceEncoder.from_preset(spec, sequence_length)
+    source = sources.read_source(spec)
+    layers = source.model["num_layers"]
+    half = BUILDERS[source.model_type](**(source.model | {"num_layers": layers // 2}))
+    shrink_into(full.backbone, half)
+    return Loaded(f"{_name(spec)}, {layers // 2} of {layers} layers", SentenceEncoder(half, full.tokenizer, full.sequence_length))
