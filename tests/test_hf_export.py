@@ -439,3 +439,15 @@ def test_a_converted_collaborative_minilm_exports_serves_and_fine_tunes_with_its
         train_cli.main(argv[:2] + ["--run-dir", str(tmp_path / "refused")] + argv[4:] + ["--set", "tokenizer.strip_accents=true"])
     assert exit_info.value.code == 2 and "tokenizer.strip_accents=True disagrees" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.slow
+def test_the_served_minilm_export_scores_mtebs_published_figures(minilm_export, tmp_path, capsys):
+    """MTEB's published all-MiniLM-L6-v2 scores (STSBenchmark 0.8203, Banking77Classification 0.8004) from our TF
+    Serving export, through `concise-evaluate --encoder`: the data, both protocols and the export checked together."""
+    from concise_attention.cli.evaluate import main as evaluate
+
+    assert evaluate(["--encoder", str(minilm_export / "out"), "--output", str(tmp_path / "scores.json")]) == 0
+    scores = json.loads((tmp_path / "scores.json").read_text())["rows"]["out"]
+    print(capsys.readouterr().out)
+    assert round(scores["STSBenchmark"], 3) == 0.820 and round(scores["Banking77Classification"], 3) == 0.800, scores
