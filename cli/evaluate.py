@@ -98,10 +98,11 @@ def _check_output(output):
         raise ValueError(f"--output {output!r}: its folder {str(path.parent)!r} does not exist (it is not created)")
 
 
-def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, tasks=mteb_protocol.TASKS, report=print):
+def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, tasks=mteb_protocol.TASKS, pca_widths=(),
+                      report=print):
     """{"tasks", "rows": {encoder name: {width, each task's score, mean}}, "teacher"} of the encoders named by `specs`
-    and, with `teacher`, the teacher, its PCA to each narrower width (fitted on `fit_count` texts of the corpus folder
-    `fit_texts`) and the teacher with half its layers."""
+    and, with `teacher`, the teacher, its PCA to each narrower width and each of `pca_widths` (fitted on `fit_count`
+    texts of the corpus folder `fit_texts`) and the teacher with half its layers."""
     from concise_attention.training.inference import encoders
 
     unknown = [task for task in tasks if task not in mteb_protocol.TASKS]
@@ -111,7 +112,7 @@ def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, 
     if teacher is None:
         return {"tasks": list(tasks), "rows": mteb_protocol.score_rows(loaded, tasks, report=report), "teacher": None}
     teacher_encoder = encoders.load_encoder(teacher)
-    widths = sorted({encoder.width for encoder in loaded if encoder.width < teacher_encoder.width}, reverse=True)
+    widths = sorted({encoder.width for encoder in loaded if encoder.width < teacher_encoder.width} | set(pca_widths), reverse=True)
     baselines = [teacher_encoder]
     if widths:
         texts = _fit_texts(fit_texts, fit_count)
@@ -138,6 +139,7 @@ def main(argv=None):
     parser.add_argument("--output", help="also write the scores or metrics to this JSON file")
     parser.add_argument("--teacher", help="with --encoder: score the teacher and its baselines beside them")
     parser.add_argument("--fit-texts", help="with --teacher: the text corpus folder the teacher's PCA is fitted on")
+    parser.add_argument("--pca-width", type=int, nargs="+", default=[], help="with --teacher: more widths of its PCA baseline")
     parser.add_argument("--fit-count", type=int, default=FIT_COUNT, help=f"texts the PCA is fitted on (default {FIT_COUNT})")
     parser.add_argument("--tasks", nargs="+", default=list(mteb_protocol.TASKS), help="default: " + " ".join(mteb_protocol.TASKS))
     parser.add_argument("--data-dir", nargs="+", help="with --run: the run's data folder(s) as seen from here, replacing the "
@@ -148,7 +150,7 @@ def main(argv=None):
         _check_flags(args)
         if args.encoder:
             result = evaluate_encoders(args.encoder, args.teacher, args.fit_texts, args.fit_count, args.tasks,
-                                       report=lambda line: print(line, file=sys.stderr, flush=True))
+                                       args.pca_width, report=lambda line: print(line, file=sys.stderr, flush=True))
         else:
             result = evaluate_run(args.run, args.data_dir)
         if args.output:
@@ -166,6 +168,9 @@ def _check_flags(args):
         raise ValueError("--data-dir goes with --run; --encoder reads the package's MTEB data")
     if args.fit_count < 1:
         raise ValueError(f"--fit-count must be a positive integer. Received: {args.fit_count}")
+    for width in args.pca_width:
+        if width < 1:
+            raise ValueError(f"--pca-width must be positive integers. Received: {width}")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ def test_the_pca_baseline_never_fits_on_an_evaluation_text():
     (["--run", "r", "--teacher", "y", "--fit-texts", "c"], "--teacher and --fit-texts go with --encoder"),
     (["--encoder", "x", "--data-dir", "d"], "--data-dir goes with --run"),
     (["--encoder", "x", "--fit-count", "0"], "--fit-count must be a positive integer. Received: 0"),
+    (["--encoder", "x", "--pca-width", "-3"], "--pca-width must be positive integers. Received: -3"),
     (["--encoder", "concise-minilm-d192", "--tasks", "SICK-R"], "--tasks SICK-R: known tasks are STSBenchmark, Banking77"),
     (["--encoder", "no/such/folder"], "Not a directory: 'no/such/folder'"),
 ])
