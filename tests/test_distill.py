@@ -190,6 +190,19 @@ def test_texts_are_drawn_reproducibly_whole_or_as_one_sentence():
     assert len(distill.draw_texts(lines, 1000, 1.0)) < 150  # the shared third sentence is kept once
 
 
+def test_no_evaluation_or_held_out_text_is_ever_drawn():
+    """Whatever a corpus holds: an STSBenchmark test sentence (other case and spacing) and a text known by its hash only
+    (`training/data/heldout-text-sha256.txt`: here a Banking77 training text) are never drawn, whole or as a sentence."""
+    from concise_attention.training.inference import mteb_protocol
+
+    sts = mteb_protocol.read_split("STSBenchmark", "test")[0]["sentence1"]
+    held_out = next(row["text"] for row in mteb_protocol.read_split("Banking77Classification", "train")
+                    if mteb_protocol.text_hash(row["text"]) in mteb_protocol.excluded_hashes())
+    lines = [f"Our own text number {i}." for i in range(20)] + ["  " + sts.upper(), f"Plain words first. {held_out}"]
+    drawn = distill.draw_texts(lines, 100, 1.0, excluded=mteb_protocol.excluded_hashes())
+    assert set(lines[:20]) <= set(drawn) and held_out not in drawn and not any(text.lower().strip() == sts.lower() for text in drawn)
+
+
 def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
     for name, word in (("docs", "manual"), ("general", "proverb")):
         for split in ("train", "heldout"):

@@ -29,7 +29,8 @@ Data: the training split of `task.dataset` (`sample`, the shipped text, or `text
 `training.data.make_corpus` writes: its `train/` and `heldout/` splits; a list of such folders gives each an
 equal share, e.g. the documentation corpus and `--packages general`); `task.train_texts` paragraphs are
 drawn with a fixed seed, and each is kept whole or cut to one of its sentences (`task.sentence_share` of
-them), so the student sees both lengths. The held-out split gives `task.eval_texts` texts the same way.
+them), so the student sees both lengths. The held-out split gives `task.eval_texts` texts the same way. No text
+whose hash is an evaluation text's (`mteb_protocol.excluded_hashes`) is ever drawn, whatever the corpus holds.
 
 Teacher outputs are computed once per text and kept in `task.cache_dir` (default
 `~/.cache/concise_attention/teacher_outputs`, gs:// too) under a fingerprint of the teacher's weights and
@@ -61,6 +62,7 @@ from concise_attention.models.shrink import stream_directions
 from concise_attention.training import files
 from concise_attention.training.data.pipeline import corpus_splits
 from concise_attention.training.inference import embeddings
+from concise_attention.training.inference import mteb_protocol
 from concise_attention.training.inference import sources
 from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
@@ -189,9 +191,10 @@ class OutputAsLoss(keras.losses.Loss):
         return y_pred
 
 
-def draw_texts(lines, count, sentence_share, seed=0):
+def draw_texts(lines, count, sentence_share, seed=0, excluded=frozenset()):
     """Up to `count` distinct non-empty texts from `lines` (an iterable of paragraphs), drawn with `seed`;
-    a `sentence_share` of them cut to one of their sentences. Deterministic for the same set of lines."""
+    a `sentence_share` of them cut to one of their sentences, none whose `mteb_protocol.text_hash` is in `excluded`.
+    Deterministic for the same set of lines."""
     paragraphs = sorted({line.strip() for line in lines if line.strip()})
     rng = np.random.default_rng(seed)
     texts = {}
@@ -200,7 +203,8 @@ def draw_texts(lines, count, sentence_share, seed=0):
             break
         sentences = SENTENCE_END.split(paragraphs[index])
         text = sentences[rng.integers(len(sentences))] if rng.random() < sentence_share else paragraphs[index]
-        texts.setdefault(text, None)
+        if not excluded or mteb_protocol.text_hash(text) not in excluded:
+            texts.setdefault(text, None)
     return list(texts)
 
 
@@ -308,9 +312,12 @@ class DistillTask(Task):
         folders = settings.data_dir if isinstance(settings.data_dir, list) else [settings.data_dir]
         splits = [corpus_splits(settings.dataset, folder) for folder in folders]  # every folder checked first
         self.train_texts, self.eval_texts = [], []
+        excluded = mteb_protocol.excluded_hashes()  # never an evaluation text, whatever the corpus holds
         for index, (train_lines, eval_lines) in enumerate(splits):
-            self.train_texts += draw_texts(train_lines(), _share(settings.train_texts, len(folders), index), settings.sentence_share)
-            self.eval_texts += draw_texts(eval_lines(), _share(settings.eval_texts, len(folders), index), settings.sentence_share)
+            self.train_texts += draw_texts(train_lines(), _share(settings.train_texts, len(folders), index), settings.sentence_share,
+                                           excluded=excluded)
+            self.eval_texts += draw_texts(eval_lines(), _share(settings.eval_texts, len(folders), index), settings.sentence_share,
+                                          excluded=excluded)
         whole = len(self.eval_texts) - len(self.eval_texts) % self.training.batch_size
         if whole == 0:
             raise ValueError(f"The held-out split gives {len(self.eval_texts)} texts, less than one batch of "
