@@ -498,3 +498,15 @@ def test_the_least_squares_fit_size_table_is_the_committed_data():
             assert f"| {row['texts']:,} | {row['held_out_cosine']:.3f} | {row['fitted_texts_cosine']:.3f} |" in README, row
     at_40000 = [row["held_out_cosine"] for row in record["rows"] if row["texts"] == 40000]
     assert len(at_40000) == 4 and max(at_40000) - min(at_40000) < 2e-4  # "moves it by less than 0.0002"
+
+
+def test_the_readmes_mteb_table_is_the_committed_data():
+    """The README's first table is `mteb_table.py --markdown` of the committed results, and its verdict says what the
+    rows say: no 192-d student's mean reaches the teacher's PCA to 192 unless the README says it is shipped."""
+    record = json.loads((ROOT / "benchmarks" / "results" / "mteb_table.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    assert _benchmark_module("mteb_table").markdown(record) in readme
+    rows = record["rows"]
+    pca = next(row for name, row in rows.items() if name.endswith(", PCA to 192"))
+    below = [name for name, row in rows.items() if row["width"] == 192 and "PCA" not in name and row["mean"] < pca["mean"]]
+    assert below and "so not shipped" in readme and all(f"`{name}`" in readme for name in below)
