@@ -7,8 +7,9 @@ and tokenizer settings, `README.md` (the model card: architecture, teacher, data
 the run's MTEB-protocol row beside the teacher's and its two cheap baselines', intended use and limits, how to
 load it) and `manifest.json` (the sha256 of every file, checked before each load). The
 folder is built beside the target and moved in whole; nothing is written unless the run, the name and the
-results are valid and the run's mean over the MTEB tasks is at least the teacher's PCA projection to its width. Loading needs no network: `SentenceEncoder.from_preset(NAME)`,
-`BertEncoder.from_preset(NAME)`, `concise-export --preset NAME`.
+results are valid and the run's mean over the MTEB tasks is at least the teacher's PCA projection to its width.
+Loading needs no network: `SentenceEncoder.from_preset(NAME)`, `BertEncoder.from_preset(NAME)`,
+`concise-export --preset NAME`.
 """
 
 import argparse
