@@ -5,40 +5,23 @@
 
 Quality: `concise-evaluate --encoder ... --teacher ... --fit-texts ...` (MTEB's STSBenchmark and Banking77 protocols;
 the teacher, its PCA to each narrower width fitted on the corpus, the teacher with half its layers), every encoder
-reading texts at 256 tokens (the teacher's cut and the shipped preset's). Throughput:
-sentences/s of each distinct model's forward pass (length-sorted batches of 1 and 32, the STSBenchmark test
-sentences, read at 256 tokens), medians of 3 interleaved rounds, and each one's ratio to the teacher measured in the
-same run. Results: --out (JSON, with machine and date) and the Markdown table on stdout.
+reading texts at 256 tokens (the teacher's cut and the shipped preset's). Throughput: sentences/s of each distinct
+model's forward pass (`distill_eval.throughput`: length-sorted batches of 1 and 32 of the STSBenchmark test
+sentences), medians of 3 interleaved rounds, and each one's ratio to the teacher measured in the same run.
+Results: --out (JSON, with machine and date) and the Markdown table on stdout.
 """
 
 import argparse
 import json
 import pathlib
 import sys
-import time
-
-import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import provenance  # noqa: E402  (benchmarks/, beside this script)
+from distill_eval import throughput  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-
-
-def throughput(encoders, texts, rounds=3):
-    """{(name, batch size): median sentences/s} of each encoder's forward pass (`SentenceEncoder.pooled`), interleaved."""
-    timings = {}
-    for batch_size, count in ((1, 64), (32, 1024)):
-        chosen = texts[:: max(1, len(texts) // count)][:count]
-        for encoder in encoders:
-            encoder.sentence_encoder.pooled(chosen[:batch_size * 2], batch_size)  # warm-up: traces
-        for _ in range(rounds):
-            for encoder in encoders:
-                start = time.perf_counter()
-                encoder.sentence_encoder.pooled(chosen, batch_size)
-                timings.setdefault((encoder.name, batch_size), []).append(len(chosen) / (time.perf_counter() - start))
-    return {key: float(np.median(values)) for key, values in timings.items()}
 
 
 def markdown(result):
@@ -78,7 +61,7 @@ def main(argv=None):
     teacher = args.teacher or default_teacher()
     result = evaluate_encoders(args.encoder, teacher, args.fit_texts, pca_widths=args.pca_width, sequence_length=256)
     timed = [encoders.load_encoder(teacher, 256), encoders.half_layers(teacher, 256)]
-    timed += [encoder for encoder in (encoders.load_encoder(spec, 256) for spec in args.encoder) if hasattr(encoder, "sentence_encoder")]
+    timed += [encoder for encoder in (encoders.load_encoder(spec, 256) for spec in args.encoder) if hasattr(encoder, "pooled")]
     rows = mteb_protocol.read_split("STSBenchmark", "test")
     texts = sorted({row[key] for row in rows for key in ("sentence1", "sentence2")}, key=len)
     for (name, batch_size), value in throughput(timed, texts).items():  # the same names as the rows'

@@ -106,9 +106,7 @@ def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, 
     loaded encoder reads texts at (None: each its own default; a served model cuts as it was exported)."""
     from concise_attention.training.inference import encoders
 
-    unknown = [task for task in tasks if task not in mteb_protocol.TASKS]
-    if unknown:
-        raise ValueError(f"--tasks {unknown[0]}: known tasks are {', '.join(mteb_protocol.TASKS)}")
+    mteb_protocol.check_tasks(tasks)  # before any encoder loads
     loaded = [encoders.load_encoder(spec, sequence_length) for spec in specs]
     if teacher is None:
         return {"tasks": list(tasks), "rows": mteb_protocol.score_rows(loaded, tasks, report=report), "teacher": None}

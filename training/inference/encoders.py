@@ -57,6 +57,9 @@ class Loaded:
     def encode(self, texts):
         return self.sentence_encoder.encode(texts)
 
+    def pooled(self, texts, batch_size=32):
+        return self.sentence_encoder.pooled(texts, batch_size)
+
 
 def load_encoder(spec, sequence_length=None):
     """An encoder for `spec`: a `concise-export` folder (or one SavedModel version of it) is served; a shipped preset,

@@ -102,11 +102,16 @@ def classification(embed, train_rows, test_rows):
     return float(np.mean(accuracies))
 
 
-def evaluate(embed, tasks=TASKS, data_dir=None):
-    """{task: MTEB's main score} of `embed` (texts -> (N, D) array) on each of `tasks`."""
+def check_tasks(tasks):
+    """Refuses a task name this module does not score (one ValueError naming it)."""
     unknown = [task for task in tasks if task not in TASKS]
     if unknown:
-        raise ValueError(f"unknown task {unknown[0]!r}: known tasks are {', '.join(TASKS)}")
+        raise ValueError(f"--tasks {unknown[0]}: known tasks are {', '.join(TASKS)}")
+
+
+def evaluate(embed, tasks=TASKS, data_dir=None):
+    """{task: MTEB's main score} of `embed` (texts -> (N, D) array) on each of `tasks`."""
+    check_tasks(tasks)
     scores = {}
     for task in tasks:
         if task == "STSBenchmark":
