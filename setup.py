@@ -50,6 +50,8 @@ setuptools.setup(
         "safetensors>=0.4",  # Hugging Face weights, never pickle
         "tensorflow-serving-api>=2.20,<2.21",  # the TF Serving warm-up records of an export
         "numpy",
+        "scikit-learn>=1.3",  # MTEB's classification protocol (concise-evaluate --encoder) and the PCA baseline
+        "scipy>=1.10",  # MTEB's STS protocol (Spearman)
         "pyyaml",
         "tqdm",
     ],

@@ -31,12 +31,15 @@ import sys
 
 from concise_attention.training import files
 from concise_attention.training.backends.trainer import cached_eval
+from concise_attention.training.data.pipeline import corpus_splits
+from concise_attention.training.inference import encoders
 from concise_attention.training.inference import mteb_protocol
 from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 from concise_attention.training.tasks import make_task
+from concise_attention.training.tasks.distill import draw_texts
 
 FIT_COUNT = 20_000  # texts the teacher's PCA baseline is fitted on
 
@@ -104,8 +107,6 @@ def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, 
     and, with `teacher`, the teacher, its PCA to each narrower width and each of `pca_widths` (fitted on `fit_count`
     texts of the corpus folder `fit_texts`) and the teacher with half its layers; `sequence_length`: the cut every
     loaded encoder reads texts at (None: each its own default; a served model cuts as it was exported)."""
-    from concise_attention.training.inference import encoders
-
     mteb_protocol.check_tasks(tasks)  # before any encoder loads
     loaded = [encoders.load_encoder(spec, sequence_length) for spec in specs]
     if teacher is None:
@@ -123,9 +124,6 @@ def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, 
 
 def _fit_texts(folder, count):
     """`count` texts drawn from the training split of the corpus `folder`, less any evaluation text."""
-    from concise_attention.training.data.pipeline import corpus_splits
-    from concise_attention.training.tasks.distill import draw_texts
-
     train_lines, _ = corpus_splits("text_files", folder)
     return mteb_protocol.without_evaluation_texts(draw_texts(train_lines(), count, 0.5, seed=1))
 

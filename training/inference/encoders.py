@@ -13,6 +13,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models import BUILDERS
+from concise_attention.models.shrink import shrink_into
 from concise_attention.training.inference import sources
 from concise_attention.training.inference.embeddings import SentenceEncoder
 from concise_attention.training.inference.embeddings import unit_rows
@@ -81,7 +83,7 @@ class TeacherPca:
     embeddings of `fit_texts`), at unit length: the same cost as the teacher, a `width`-wide embedding."""
 
     def __init__(self, teacher, fit_texts, width):
-        from sklearn.decomposition import PCA
+        from sklearn.decomposition import PCA  # scikit-learn: imported only to evaluate
 
         self.teacher, self.width, self.name = teacher, int(width), f"{teacher.name}, PCA to {width}"
         self.pca = PCA(self.width, random_state=0).fit(teacher.encode(list(fit_texts)))
@@ -92,9 +94,6 @@ class TeacherPca:
 
 def half_layers(spec, sequence_length=None):
     """The teacher with every other layer dropped (layers 0, 2, 4 of 6): faster, full width, no training."""
-    from concise_attention.models import BUILDERS
-    from concise_attention.models.shrink import shrink_into
-
     full = SentenceEncoder.from_preset(spec, sequence_length)
     source = sources.read_source(spec)
     layers = source.model["num_layers"]

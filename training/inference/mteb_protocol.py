@@ -62,7 +62,7 @@ def cosines(first, second):
 
 def sts(embed, rows):
     """MTEB's cosine_spearman of `embed` on STS rows ({sentence1, sentence2, score})."""
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # SciPy, scikit-learn: imported only to evaluate
 
     first = embed([row["sentence1"] for row in rows])
     second = embed([row["sentence2"] for row in rows])
@@ -85,7 +85,7 @@ def undersampled(labels, experiments=EXPERIMENTS, per_label=SAMPLES_PER_LABEL, s
 
 def classification(embed, train_rows, test_rows):
     """MTEB's mean test accuracy of `embed` on a classification task ({text, label} rows)."""
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.linear_model import LogisticRegression  # scikit-learn: imported only to evaluate
 
     labels = [row["label"] for row in train_rows]
     experiments = undersampled(labels)
