@@ -115,17 +115,17 @@ def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, 
     widths = sorted({encoder.width for encoder in loaded if encoder.width < teacher_encoder.width} | set(pca_widths), reverse=True)
     baselines = [teacher_encoder]
     if widths:
-        texts = _fit_texts(fit_texts, fit_count)
+        texts = draw_fit_texts(fit_texts, fit_count)
         baselines += [encoders.TeacherPca(teacher_encoder, texts, width) for width in widths]
     baselines.append(encoders.half_layers(teacher, sequence_length))
     rows = mteb_protocol.score_rows(baselines + loaded, tasks, report=report)
     return {"tasks": list(tasks), "rows": rows, "teacher": teacher_encoder.name}
 
 
-def _fit_texts(folder, count):
+def draw_fit_texts(folder, count):
     """`count` texts drawn from the training split of the corpus `folder`, less any evaluation text."""
     train_lines, _ = corpus_splits("text_files", folder)
-    return mteb_protocol.without_evaluation_texts(draw_texts(train_lines(), count, 0.5, seed=1))
+    return draw_texts(train_lines(), count, 0.5, seed=1, excluded=mteb_protocol.excluded_hashes())
 
 
 def main(argv=None):

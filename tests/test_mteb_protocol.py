@@ -59,11 +59,16 @@ def test_sts_is_spearman_of_cosines_and_classification_reads_its_labels():
     assert mteb_protocol.classification(embed, train, [{"text": f"q{i}", "label": i % 3} for i in range(30)]) == 1.0
 
 
-def test_the_pca_baseline_never_fits_on_an_evaluation_text():
+def test_the_pca_baseline_never_fits_on_an_evaluation_text(tmp_path):
+    from concise_attention.cli.evaluate import draw_fit_texts
+
     stsb = mteb_protocol.read_split("STSBenchmark", "test")
     banking = mteb_protocol.read_split("Banking77Classification", "test")
     texts = ["A sentence of our own.", "  " + stsb[3]["sentence2"].upper() + " ", banking[7]["text"].replace(" ", "  \t")]
-    assert mteb_protocol.without_evaluation_texts(texts) == ["A sentence of our own."]
+    for split in ("train", "heldout"):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "part.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    assert draw_fit_texts(str(tmp_path), 10) == ["A sentence of our own."]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -133,12 +133,6 @@ def excluded_hashes():
     return frozenset(line for line in lines if line and not line.startswith("#")) | {text_hash(text) for text in evaluation_texts()}
 
 
-def without_evaluation_texts(texts):
-    """`texts` less every one whose `text_hash` is in `excluded_hashes` (for fitting a PCA baseline, say)."""
-    excluded = excluded_hashes()
-    return [text for text in texts if text_hash(text) not in excluded]
-
-
 def table(rows, tasks, teacher=None):
     """A Markdown table of `rows` ({name: {width, task scores, mean}}), each mean also as a share of `teacher`'s."""
     lines = ["| encoder | width | " + " | ".join(tasks) + " | mean | share of teacher |", "|---|" + "---:|" * (len(tasks) + 3)]
