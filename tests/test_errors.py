@@ -175,6 +175,44 @@ def test_a_second_trainer_on_a_run_directory_is_refused(tmp_path, capsys):
     assert train_cli.main(argv) == 0  # the first run released its lock: a resume of the same process works
 
 
+def test_a_refused_trainer_leaves_the_winners_run_as_it_is(tmp_path, capsys, monkeypatch):
+    """The winner (another process: here another open file, as flock sees one) holds the lock and writes its
+    files while the second trainer starts: the refused one removes none of them, not even what the winner
+    writes during the refused command (its lock comes before any look at the directory)."""
+    import fcntl
+
+    from concise_attention.training.backends import trainer
+
+    run = tmp_path / "run"
+    run.mkdir()
+    written = ["config.json", "vocab.txt"]
+    real_resolve = trainer.resolve_config
+
+    def winner_writes_on(config):  # the first step of the refused command: the winner writes meanwhile
+        written.append("inputs.json")
+        (run / "inputs.json").write_text("{}")
+        return real_resolve(config)
+
+    monkeypatch.setattr(trainer, "resolve_config", winner_writes_on)
+    argv = ["--config", "tiny_lm", "--run-dir", str(run), "--quiet", "--set", "training.train_steps=1"]
+    with open(run / ".lock", "a") as winner:
+        fcntl.flock(winner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for name in written:
+            (run / name).write_text("the winner's")
+        for _ in range(2):
+            _fails(capsys, train_cli.main, argv, "Another trainer is running on", str(run))
+        assert sorted(path.name for path in run.iterdir()) == sorted([".lock", *written])
+
+
+@pytest.mark.parametrize("under", ["run", "run/deeper"])
+def test_a_run_directory_under_a_file_is_one_line(tmp_path, capsys, under):
+    (tmp_path / "file").write_text("a file")
+    run = tmp_path / "file" / under
+    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(run), "--set", "training.train_steps=1"],
+           str(tmp_path / "file"), "an existing file")
+    assert (tmp_path / "file").read_text() == "a file"
+
+
 def test_a_bad_yaml_value_in_set_is_one_line(tmp_path, capsys):
     _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", "training.seed=[unclosed"],
            "--set 'training.seed=[unclosed'", "not valid YAML")

@@ -236,13 +236,14 @@ def train(config, run_dir, verbose="auto"):
     Raises:
         training.run.checkpoints.Preempted: on SIGTERM, once a checkpoint at the step reached is saved.
     """
-    run = runs.RunDirectory(run_dir)
-    before = run.entries()
+    run, locked = runs.RunDirectory(run_dir), False
     try:
+        if _is_chief_process():  # the lock first: a refused second trainer has seen and written nothing
+            before, locked = run.lock(), True
         with handle_preemption() as preemption:
             return _train(config, run_dir, verbose, preemption)
     except ValueError:  # refused input (exit 2): nothing is left written, unless the run has trained
-        if _is_chief_process():
+        if locked:
             run.roll_back(before)
         raise
     finally:
@@ -263,7 +264,6 @@ def _train(config, run_dir, verbose, preemption):
     strategy = choose_strategy(training.strategy, training.tpu)
     is_chief = _is_chief(strategy)
     if is_chief:
-        run.lock()
         run.start(config.to_dict() | {"name": config.name, "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)}})
     vocabulary = prepare_vocabulary(config, run, task, source)
     run.verify_inputs({"vocabulary": vocabulary, **task.input_files()}, record=is_chief)

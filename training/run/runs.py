@@ -102,8 +102,13 @@ class RunDirectory:
         return self.file("logs")
 
     def check_writable(self):
-        if tf.io.gfile.exists(self.path) and not tf.io.gfile.isdir(self.path):
-            raise ValueError(f"The run directory {self.path!r} is an existing file.")
+        """Refuses a run directory that is a file, or lies under one (one line, before anything is written)."""
+        existing = self.path
+        while not tf.io.gfile.exists(existing) and os.path.dirname(existing) not in ("", existing):
+            existing = os.path.dirname(existing)
+        if tf.io.gfile.exists(existing) and not tf.io.gfile.isdir(existing):
+            where = "is" if existing == self.path else f"lies under {existing!r}, which is"
+            raise ValueError(f"The run directory {self.path!r} {where} an existing file.")
 
     def start(self, config_dict):
         """Creates the directory and writes config.json; an existing run of another model is refused once it
@@ -126,13 +131,13 @@ class RunDirectory:
                                                           self.file(BACKBONE_WEIGHTS)))
 
     def entries(self):
-        """The names in the directory, or None when it does not exist (see `roll_back`)."""
+        """The names in the directory, or None when it does not exist."""
         return set(tf.io.gfile.listdir(self.path)) if tf.io.gfile.isdir(self.path) else None
 
     def roll_back(self, before):
-        """Removes what a command wrote to a run that has not trained, given `entries()` from before the
-        command: the whole directory if it did not exist, else the entries it did not hold. A command
-        refused after it began writing (a model the builder rejects) so leaves nothing behind."""
+        """Removes what a command wrote to a run that has not trained, given what `lock` returned: the whole
+        directory if the command created it, else the entries it did not hold. A command refused after it
+        began writing (a model the builder rejects) so leaves nothing behind; only the lock's holder calls it."""
         if self.has_progress():
             return
         if before is None:
@@ -156,12 +161,16 @@ class RunDirectory:
 
     def lock(self):
         """Takes this process's exclusive lock on a local run directory (`.lock`, flock: released by
-        `unlock` or when the process ends, however it ends); a second trainer on the same directory is refused. On gs:// there
-        is no lock: one trainer per run directory is the rule (the Cloud TPU launcher keeps one per VM)."""
+        `unlock` or when the process ends, however it ends); a second trainer on the same directory is refused
+        before it has looked at or written anything. On gs:// there is no lock: one trainer per run directory is
+        the rule (the Cloud TPU launcher keeps one per VM). Returns what the directory held once the lock was
+        taken, less what taking it created (None: the directory itself), which is what `roll_back` keeps."""
         if "://" in self.path:
-            return
+            return self.entries()
         import fcntl  # POSIX only, and only for local folders (gs:// has no lock)
 
+        self.check_writable()
+        created, had_lock = not tf.io.gfile.isdir(self.path), tf.io.gfile.exists(self.file(".lock"))
         tf.io.gfile.makedirs(self.path)
         handle = open(self.file(".lock"), "a")
         try:
@@ -171,6 +180,9 @@ class RunDirectory:
             raise ValueError(f"Another trainer is running on {self.path} (it holds {self.file('.lock')}): "
                              "wait for it to finish, or use another run directory.") from None
         _LOCKS[os.path.abspath(self.path)] = handle
+        if created:
+            return None
+        return self.entries() if had_lock else self.entries() - {".lock"}
 
     def unlock(self):
         """Releases this process's lock on the directory, if it holds one."""
