@@ -280,7 +280,7 @@ def test_a_model_error_leaves_nothing_written_and_the_corrected_command_trains(t
     assert not run.exists()
     run.mkdir()
     (run / "notes.txt").write_text("mine")
-    _fails(capsys, train_cli.main, [*argv, "--set", "model.dropout=1.5"], "`dropout` must be a float in [0, 1). Received: dropout=1.5")
+    _fails(capsys, train_cli.main, [*argv, "--set", "model.dropout=1.5"], "`model.dropout` must be in [0, 1). Received: model.dropout=1.5")
     assert sorted(path.name for path in run.iterdir()) == ["notes.txt"]
     assert train_cli.main([*argv, *standard, "--set", "model.num_heads=4"]) == 0
     capsys.readouterr()
@@ -306,3 +306,22 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_a_changed_one_is_refus
     changed = configs.load_config("distill_minilm_d192_fixed", ["task.length_bucket=8"])
     with pytest.raises(ValueError, match=r"holds a run with a different `task` \(task.length_bucket: 0 -> 8\)"):
         runs.RunDirectory(run).start(changed.to_dict() | {"name": changed.name})
+
+
+@pytest.mark.parametrize("setting", ["model.layer_norm_epsilon=.nan", "model.layer_norm_epsilon=-1", "model.dropout=1.5",
+                                     "training.learning_rate=.inf", "model.vocab_size=100000000000"])
+def test_a_value_outside_its_domain_is_one_line_before_anything_is_written(tmp_path, capsys, setting):
+    name = setting.split("=")[0]
+    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", setting], f"`{name}`")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_diverging_run_stops_with_one_line(tmp_path, capsys):
+    """A learning rate that drives the loss to inf or NaN stops the run before it saves weights or metrics."""
+    run = tmp_path / "run"
+    error = _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(run), "--quiet", "--set", "training.learning_rate=1e30",
+                                            "--set", "training.train_steps=4", "--set", "training.steps_per_epoch=2",
+                                            "--set", "training.eval_batches=1", "--set", "training.steps_per_execution=1",
+                                            "--set", "training.warmup_steps=0"], "Training diverged")
+    assert "step" in error
+    assert not (run / "metrics.json").exists() and not (run / "backbone.weights.h5").exists()

@@ -48,6 +48,26 @@ from concise_attention.training.tasks.objectives import make_optimizer
 VOCABULARY_TRAINING_LINES = 200_000
 
 
+class DivergenceCheck(keras.callbacks.Callback):
+    """Stops a run whose training loss is no longer a finite number, before that step's checkpoint or weights are
+    saved (one line naming the step, exit 2): a diverged run does not end as if it had trained."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        check_finite({"loss": (logs or {}).get("loss")}, f"step {int(self.model.optimizer.iterations.numpy())}")
+
+
+def check_finite(metrics, where):
+    """Refuses a numeric metric (a Python, numpy or tensor scalar) that is not a finite number."""
+    for name, value in metrics.items():
+        try:
+            value = float(value) if not isinstance(value, str) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"Training diverged: {name} is {value} at {where}. Lower training.learning_rate or check "
+                             "the model settings; the run keeps its last finite checkpoint, if any.")
+
+
 class PerplexityLogger(keras.callbacks.Callback):
     """Adds the per-subword perplexity of the evaluation loss to the epoch logs (LM tasks), and
     the per-word one when the task knows its subwords per word (`task.tokens_per_word`)."""
@@ -280,7 +300,8 @@ def _train(config, run_dir, verbose, preemption):
             backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
     eval_data, eval_steps = cached_eval(eval_data, training)
     # Last: an epoch is logged before its checkpoint commits (a kill in between logs it twice, never loses it).
-    callbacks = [keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch"), CheckpointCallback(checkpoints, preemption)]
+    callbacks = [DivergenceCheck(), keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch"),
+                 CheckpointCallback(checkpoints, preemption)]
     if task.reports_perplexity:
         callbacks.insert(0, PerplexityLogger(task))
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
@@ -296,6 +317,7 @@ def _train(config, run_dir, verbose, preemption):
             _fit(model, loop, (train_data, batches_from), eval_data, eval_steps, callbacks, training, step, verbose)
     evaluation = {"eval_loss": loop.evaluate()} if loop else task.evaluate(model, eval_data, eval_steps)
     metrics = {"task": config.task.name, "step": checkpoints.step, **evaluation}
+    check_finite(metrics, "the final evaluation")
     # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
     output = run if is_chief else runs.RunDirectory(files.join(run.path, f"worker_{strategy.cluster_resolver.task_id}"))
     output.save_models(backbone, model)

@@ -70,7 +70,30 @@ def _model_dataclass(name, builder):
         else:
             fields.append((parameter.name, field_type, dataclasses.field(default=parameter.default)))
     fields.sort(key=lambda field: len(field) == 3)  # required fields first
-    return dataclasses.make_dataclass(name, fields, frozen=True, namespace={"__post_init__": _check_attention})
+    return dataclasses.make_dataclass(name, fields, frozen=True, namespace={"__post_init__": _check_model})
+
+
+# The model settings' domains beyond their types (a builder would accept some of these and train to NaN or fail
+# to allocate after the run directory is written).
+MODEL_DOMAINS = {"layer_norm_epsilon": (0.0, None), "initializer_range": (0.0, None), "dropout": (None, 1.0),
+                 "attention_dropout": (None, 1.0), "vocab_size": (0, 10_000_000), "hidden_size": (0, 65_536),
+                 "intermediate_size": (0, 1_048_576), "max_sequence_length": (0, 1_048_576), "num_layers": (0, 1_024),
+                 "num_heads": (0, 4_096), "type_vocab_size": (0, 1_024)}
+
+
+def _check_model(model):
+    """Each model setting in its domain (`MODEL_DOMAINS`: above the first bound, at most the second; a fraction in
+    [0, 1)), then the attention config (`_check_attention`)."""
+    for name, (low, high) in MODEL_DOMAINS.items():
+        value = getattr(model, name, None)
+        if value is None or isinstance(value, bool):
+            continue
+        fraction = high == 1.0 and low is None
+        if (fraction and not 0.0 <= value < 1.0) or (low is not None and not value > low) or (
+                not fraction and high is not None and value > high):
+            domain = "in [0, 1)" if fraction else f"> {low:g}" + (f" and <= {high:,}" if high is not None else "")
+            raise ValueError(f"`model.{name}` must be {domain}. Received: model.{name}={value!r}")
+    _check_attention(model)
 
 
 def _check_attention(model):
@@ -355,6 +378,8 @@ def _check_type(key, value, expected):
     if not isinstance(value, tuple(t for t in allowed if t is not type(None))):
         names = " or ".join(t.__name__ for t in allowed if t is not type(None))
         raise ValueError(f"`{key}` must be of type {names}. Received: {key}={value!r}")
+    if isinstance(value, float) and not math.isfinite(value):  # no setting of this schema means nan or inf
+        raise ValueError(f"`{key}` must be a finite number. Received: {key}={value!r}")
     return value
 
 
