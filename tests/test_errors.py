@@ -69,6 +69,7 @@ def test_truncated_weights_of_a_run_name_the_file(tmp_path, capsys):
     model = BertPretrainer(config.build_model())
     run = runs.RunDirectory(tmp_path / "run")
     run.start(config.to_dict())
+    run.record_config(config.to_dict())
     run.write_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
     run.save_models(model.encoder, model)
     weights = tmp_path / "run" / "model.weights.h5"
@@ -154,8 +155,10 @@ def test_a_changed_vocabulary_is_refused_on_resume(tmp_path, capsys):
     _fails(capsys, train_cli.main, [*argv, "--set", f"tokenizer.vocabulary={other}"], str(other), "differs from the vocabulary")
     assert vocabulary.read_text() == original
     vocabulary.write_text(original[:-40])
+    config = (tmp_path / "run" / "config.json").read_text()
     _fails(capsys, train_cli.main, [*argv, "--set", "training.train_steps=3"], str(vocabulary), "differs from the vocabulary")
     assert (tmp_path / "run" / "inputs.json").read_text() == recorded
+    assert (tmp_path / "run" / "config.json").read_text() == config  # the refused resume rewrote nothing
 
 
 def test_a_second_trainer_on_a_run_directory_is_refused(tmp_path, capsys):
@@ -302,6 +305,7 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_a_changed_one_is_refus
     (run / "config.json").write_text(json.dumps(saved))
     (run / files.BACKBONE_WEIGHTS).write_bytes(b"trained")  # has_progress: a config change would be refused
     runs.RunDirectory(run).start(config.to_dict() | {"name": config.name})
+    runs.RunDirectory(run).record_config(config.to_dict() | {"name": config.name})
     assert json.loads((run / "config.json").read_text())["task"]["length_bucket"] == 0
     changed = configs.load_config("distill_minilm_d192_fixed", ["task.length_bucket=8"])
     with pytest.raises(ValueError, match=r"holds a run with a different `task` \(task.length_bucket: 0 -> 8\)"):

@@ -283,10 +283,13 @@ def _train(config, run_dir, verbose, preemption):
     training = config.training
     strategy = choose_strategy(training.strategy, training.tpu)
     is_chief = _is_chief(strategy)
+    recorded = config.to_dict() | {"name": config.name, "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)}}
     if is_chief:
-        run.start(config.to_dict() | {"name": config.name, "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)}})
+        run.start(recorded)
     vocabulary = prepare_vocabulary(config, run, task, source)
     run.verify_inputs({"vocabulary": vocabulary, **task.input_files()}, record=is_chief)
+    if is_chief:  # after the inputs are verified: a refused resume leaves config.json as it was
+        run.record_config(recorded)
     tokenizer = wordpiece_tokenizer(vocabulary, **tokenizer_settings(config))
     model, backbone, checkpoints, position = _build(config, task, strategy, run, source, is_chief)
     step = checkpoints.step

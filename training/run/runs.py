@@ -111,8 +111,9 @@ class RunDirectory:
             raise ValueError(f"The run directory {self.path!r} {where} an existing file.")
 
     def start(self, config_dict):
-        """Creates the directory and writes config.json; an existing run of another model is refused once it
-        has trained (before its first checkpoint, a failed command's config is replaced by the corrected one's)."""
+        """Creates the directory; an existing run of another model is refused once it has trained (before its first
+        checkpoint, a failed command's inputs are forgotten: the corrected one starts afresh). config.json is
+        written by `record_config`, once the run's inputs are verified."""
         self.check_writable()
         if tf.io.gfile.exists(self.file(CONFIG)):
             saved = _with_defaults(read_json(self.file(CONFIG)))
@@ -120,9 +121,11 @@ class RunDirectory:
             if differs and self.has_progress():
                 raise ValueError(f"{self.path} holds a run with a different `{differs[0]}` "
                                  f"({_differences(differs[0], saved.get(differs[0]), config_dict.get(differs[0]))}); use a new run directory.")
-            if not self.has_progress() and tf.io.gfile.exists(self.file(INPUTS)):  # an earlier command failed before
-                tf.io.gfile.remove(self.file(INPUTS))  # its first checkpoint: the corrected one starts afresh
+        if not self.has_progress() and tf.io.gfile.exists(self.file(INPUTS)):
+            tf.io.gfile.remove(self.file(INPUTS))
         tf.io.gfile.makedirs(self.path)
+
+    def record_config(self, config_dict):
         write_json_atomically(self.file(CONFIG), config_dict)
 
     def has_progress(self):
