@@ -37,7 +37,7 @@ def test_encode_gives_the_reference_mean_embeddings_in_order(encoder, minilm_dir
     (["a"], {"batch_size": 0}, "batch_size"), (None, {}, "list of strings"), (5, {}, "type int"),
     ({"a": 1}, {}, "type dict"), (["a", None], {}, r"texts\[1\] of type NoneType"), (["a", "b", 3], {}, r"texts\[2\] of type int"),
     ([b"ok", b"\xff"], {}, r"texts\[1\]` is bytes but not UTF-8"), (["a"], {"normalize": "no"}, "normalize"),
-    (["a"], {"progress": 3}, "progress"),
+    (["a"], {"progress": 3}, "progress"), (["a", "b\ud800c"], {}, r"texts\[1\]` is not valid Unicode"),
 ])
 def test_bad_arguments_name_the_argument(encoder, texts, arguments, message):
     with pytest.raises(ValueError, match=message):
@@ -77,6 +77,19 @@ def test_texts_sorted_a_window_at_a_time_give_the_same_embeddings(encoder, monke
     whole = encoder.encode(TEXTS, batch_size=2)
     monkeypatch.setattr(embeddings, "SORT_WINDOW", 3)
     np.testing.assert_allclose(encoder.encode(TEXTS, batch_size=2, progress=True), whole, atol=1e-5)
+
+
+def test_a_huge_batch_size_is_cut_to_a_bounded_forward_pass(encoder, monkeypatch):
+    """Whatever batch_size asks, one forward pass holds at most MAX_BATCH_TOKENS tokens (here 64 of them: one text
+    of the 64-token cut); the embeddings are those of small batches."""
+    from concise_attention.training.inference import embeddings
+
+    shapes = []
+    forward = encoder._forward
+    monkeypatch.setattr(encoder, "_forward", lambda ids, mask: shapes.append(tuple(ids.shape)) or forward(ids, mask))
+    monkeypatch.setattr(embeddings, "MAX_BATCH_TOKENS", 64)
+    np.testing.assert_allclose(encoder.encode(TEXTS, batch_size=10**9), encoder.encode(TEXTS, batch_size=1), atol=1e-6)
+    assert shapes and max(rows for rows, _ in shapes) == 1
 
 
 def test_a_text_is_read_only_as_far_as_its_cut_needs(encoder, monkeypatch):

@@ -27,6 +27,9 @@ SORT_WINDOW = 32_768  # texts tokenised and length-sorted together (a multiple o
 # ratio times the batch's first (`batch_end`), so a batch padded to its longest row pads little even when a
 # request's texts differ widely in length; rows of like lengths still go batch_size at a time.
 LENGTH_RATIO = 1.5
+# Tokens one forward pass of `encode` holds at most: a larger batch_size is cut to MAX_BATCH_TOKENS // sequence_length
+# rows (128 at 256 tokens), so peak memory is bounded whatever the caller asks; the embeddings are the same.
+MAX_BATCH_TOKENS = 32_768
 
 
 class SentenceEncoder:
@@ -83,7 +86,8 @@ class SentenceEncoder:
             raise ValueError(f"`progress` must be a caption (a string), True or None. Received: progress={progress!r}")
         if not texts:
             return np.zeros((0, self.width), np.float32)
-        pooled = self.pooled(texts, int(batch_size), progress or None)
+        batch_size = min(int(batch_size), max(1, MAX_BATCH_TOKENS // self.sequence_length))
+        pooled = self.pooled(texts, batch_size, progress or None)
         return unit_rows(pooled) if normalize else pooled
 
     def pooled(self, texts, batch_size=32, progress=None, window=None, ratio=LENGTH_RATIO):
@@ -128,6 +132,11 @@ def _as_texts(texts):
                 raise ValueError(f"`texts[{index}]` is bytes but not UTF-8 ({error.reason} at byte {error.start}).") from None
         elif isinstance(text, str):
             texts[index] = str(text)  # numpy's str_ too
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:  # a lone surrogate: no UTF-8 for the tokenizer to read
+                raise ValueError(f"`texts[{index}]` is not valid Unicode ({error.reason} at character {error.start}): "
+                                 f"{text!r:.80}") from None
         else:
             raise ValueError(f"`texts` must be a list of strings. Received: texts[{index}] of type {type(text).__name__}: {text!r:.80}")
     return texts
