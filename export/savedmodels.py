@@ -362,6 +362,19 @@ def _store(out_dir):
     return GFileStore() if "://" in str(out_dir) else commit.LocalStore()
 
 
+PATH_SETTINGS = ("init", "teacher", "data_dir", "cache_dir")  # task settings that name folders of the training machine
+
+
+def portable_task(task):
+    """A run's task settings as export.json records them: each folder by its last component only (a shipped preset
+    by its name), so that no path of the training machine travels with a served model."""
+    def name(path):
+        return posixpath.basename(str(path).rstrip("/")) or str(path)
+
+    return {key: ([name(item) for item in value] if isinstance(value, list) else name(value))
+            if key in PATH_SETTINGS and value else value for key, value in (task or {}).items()} if task else task
+
+
 def _export_settings(source, seq_length, model_name, pooling):
     """The export's settings (recorded in export.json), checked before anything is written."""
     if source.model_type != "bert":
@@ -429,7 +442,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
     source, encoder, model = runs.load_source(source, kind)
     _fix_seed_states(model or encoder)
     settings = _export_settings(source, seq_length, model_name, pooling)
-    task = source.task if model is not None else None
+    task = portable_task(source.task) if model is not None else None
     described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}
     with commit.export_version(out_dir, version, overwrite, store) as staged:
         export = {"version": staged.version, "export_id": staged.export_id, **settings, "source_kind": source.kind, "config": described}

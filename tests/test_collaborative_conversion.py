@@ -160,7 +160,6 @@ def _run_dir(tmp_path):
         variable.assign(np.random.default_rng(len(variable.path)).normal(scale=0.2, size=variable.shape))
     run = runs.RunDirectory(tmp_path / "run")
     run.start(config.to_dict())
-    run.record_config(config.to_dict())
     run.write_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(20)])
     run.save_models(model.encoder, model)
     return tmp_path / "run", model.encoder

@@ -69,7 +69,6 @@ def test_truncated_weights_of_a_run_name_the_file(tmp_path, capsys):
     model = BertPretrainer(config.build_model())
     run = runs.RunDirectory(tmp_path / "run")
     run.start(config.to_dict())
-    run.record_config(config.to_dict())
     run.write_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
     run.save_models(model.encoder, model)
     weights = tmp_path / "run" / "model.weights.h5"
@@ -245,7 +244,7 @@ def test_environment_failures_are_one_line_with_exit_code_3(tmp_path, capsys, mo
     def full(self, config):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "config.json"))
 
-    monkeypatch.setattr(runs.RunDirectory, "start", full)
+    monkeypatch.setattr(runs.RunDirectory, "record_config", full)
     with pytest.raises(SystemExit) as exit_info:
         train_cli.main(["--config", "tiny_lm", "--run-dir", str(tmp_path / "run")])
     error = capsys.readouterr().err
@@ -305,7 +304,6 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_a_changed_one_is_refus
     (run / "config.json").write_text(json.dumps(saved))
     (run / files.BACKBONE_WEIGHTS).write_bytes(b"trained")  # has_progress: a config change would be refused
     runs.RunDirectory(run).start(config.to_dict() | {"name": config.name})
-    runs.RunDirectory(run).record_config(config.to_dict() | {"name": config.name})
     assert json.loads((run / "config.json").read_text())["task"]["length_bucket"] == 0
     changed = configs.load_config("distill_minilm_d192_fixed", ["task.length_bucket=8"])
     with pytest.raises(ValueError, match=r"holds a run with a different `task` \(task.length_bucket: 0 -> 8\)"):

@@ -5,6 +5,7 @@ the predictions the trainer evaluated (recorded), and those predictions against 
 recomputed from the reloaded model could flip on float noise; the recorded ones cannot."""
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -183,6 +184,8 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
     rows = _write_mrpc(tmp_path / "MRPC")
     _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc", f"task.data_dir={tmp_path / 'MRPC'}")
     written = export_run(tmp_path / "run", tmp_path / "out")
+    for marker in (pathlib.Path(written["serving"]) / "assets.extra" / "export.json", pathlib.Path(written["encoder"]).parent / "export.json"):
+        assert str(tmp_path) not in marker.read_text(), marker  # task.data_dir by its name only
     pairs = [(row[3], row[4].strip('"')) for row in rows[:6]]
     result = subprocess.run([sys.executable, "-c", _SERVE, written["serving"], json.dumps(pairs)], capture_output=True, text=True,
                             timeout=300, cwd=tmp_path)

@@ -104,7 +104,6 @@ def test_the_served_model_of_a_mixed_bfloat16_run_is_float32(tmp_path):
     assert _policies(pretrainer.encoder) == {"mixed_bfloat16"}
     run = runs.RunDirectory(tmp_path / "run")
     run.start(config.to_dict() | {"name": config.name})
-    run.record_config(config.to_dict() | {"name": config.name})
     run.write_vocabulary(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "mixed", "run", "served"])
     run.save_models(pretrainer.encoder, pretrainer)
     assert export_cli.main(["--run", run.path, "--out", str(tmp_path / "out")]) == 0

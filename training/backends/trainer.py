@@ -285,7 +285,7 @@ def _train(config, run_dir, verbose, preemption):
     is_chief = _is_chief(strategy)
     recorded = config.to_dict() | {"name": config.name, "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)}}
     if is_chief:
-        run.start(recorded)
+        run.check_start(recorded)
     vocabulary = prepare_vocabulary(config, run, task, source)
     run.verify_inputs({"vocabulary": vocabulary, **task.input_files()}, record=is_chief)
     if is_chief:  # after the inputs are verified: a refused resume leaves config.json as it was

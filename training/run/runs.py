@@ -111,9 +111,14 @@ class RunDirectory:
             raise ValueError(f"The run directory {self.path!r} {where} an existing file.")
 
     def start(self, config_dict):
+        """`check_start`, then config.json (`record_config`)."""
+        self.check_start(config_dict)
+        self.record_config(config_dict)
+
+    def check_start(self, config_dict):
         """Creates the directory; an existing run of another model is refused once it has trained (before its first
-        checkpoint, a failed command's inputs are forgotten: the corrected one starts afresh). config.json is
-        written by `record_config`, once the run's inputs are verified."""
+        checkpoint, a failed command's inputs are forgotten: the corrected one starts afresh). The trainer writes
+        config.json (`record_config`) once the run's inputs are verified, so a refused resume leaves it as it was."""
         self.check_writable()
         if tf.io.gfile.exists(self.file(CONFIG)):
             saved = _with_defaults(read_json(self.file(CONFIG)))
