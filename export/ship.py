@@ -7,7 +7,8 @@ and tokenizer settings, `README.md` (the model card: architecture, teacher, data
 the run's MTEB-protocol row beside the teacher's and its two cheap baselines', intended use and limits, how to
 load it) and `manifest.json` (the sha256 of every file, checked before each load). The
 folder is built beside the target and moved in whole; nothing is written unless the run, the name and the
-results are valid and the run's mean over the MTEB tasks is at least the teacher's PCA projection to its width.
+results are valid, the run's mean over the MTEB tasks is at least the teacher's PCA projection to its width and it
+runs at MIN_SPEEDUP times the teacher's batch-32 throughput or more.
 Loading needs no network: `SentenceEncoder.from_preset(NAME)`, `BertEncoder.from_preset(NAME)`,
 `concise-export --preset NAME`.
 """
@@ -24,6 +25,7 @@ from concise_attention.training import files
 from concise_attention.training.run import runs
 
 MAX_MEGABYTES = 25
+MIN_SPEEDUP = 2.5  # a student's batch-32 throughput at least this many times its teacher's, measured in the same run
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
@@ -40,8 +42,14 @@ def _rows(results, run, width):
     if rows[name]["mean"] < pca["mean"]:
         raise ValueError(f"not shipped: {name}'s mean over the MTEB tasks, {rows[name]['mean']:.4f}, is below the "
                          f"teacher's PCA to {width}, {pca['mean']:.4f}")
+    teacher, key = rows[results["teacher"]], "sentences_per_s_batch_32"
+    if key not in rows[name] or key not in teacher:
+        raise ValueError(f"--results: no batch-32 throughput of {name} and its teacher (benchmarks/mteb_table.py times both)")
+    if rows[name][key] < MIN_SPEEDUP * teacher[key]:
+        raise ValueError(f"not shipped: {name} runs at {rows[name][key] / teacher[key]:.2f}x its teacher's batch-32 "
+                         f"throughput, below {MIN_SPEEDUP}x")
     half = next((row for key, row in rows.items() if key.endswith(" layers")), {})
-    return rows[name], rows[results["teacher"]], pca, half
+    return rows[name], teacher, pca, half
 
 
 def _evaluation_table(results, rows):

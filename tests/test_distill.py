@@ -411,6 +411,9 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     arguments = ["--run", str(tmp_path / "run"), "--results", str(results), "--shipped-dir", str(shipped)]
     assert ship.main([*arguments, "--name", "tiny-student"]) == 2 and not shipped.exists()
     assert "not shipped: run's mean over the MTEB tasks, 0.4000, is below the teacher's PCA to 32, 0.4500" in capsys.readouterr().err
+    write(rows | {"run": row(32, 0.6, 0.4, 240.0)})  # above the PCA, below 2.5x the teacher's throughput: refused
+    assert ship.main([*arguments, "--name", "tiny-student"]) == 2 and not shipped.exists()
+    assert "not shipped: run runs at 2.40x its teacher's batch-32 throughput, below 2.5x" in capsys.readouterr().err
     write(rows)
     assert ship.main([*arguments, "--name", "Bad/Name"]) == 2 and not shipped.exists()
     assert "--name 'Bad/Name'" in capsys.readouterr().err
