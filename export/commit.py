@@ -290,7 +290,18 @@ def _read_journal(staging, store):
         journal["moves"] = [(str(source), str(target)) for source, target in journal["moves"]]
     except (ValueError, KeyError, TypeError) as error:
         raise ValueError(f"The commit journal {path} is unreadable ({error}); move it and its folder away by hand.") from error
+    for move in journal["moves"]:
+        outside = [name for name in move if not _inside(name)]
+        if outside:
+            raise ValueError(f"The commit journal {path} moves {outside[0]!r}, which is not inside OUT: refused; "
+                             "move it and its folder away by hand.")
     return journal
+
+
+def _inside(name):
+    """Whether a journal's path names something inside OUT: relative, normalised, no `..`, not empty."""
+    return bool(name) and not name.startswith("/") and posixpath.normpath(name) == name and ".." not in name.split("/") \
+        and "://" not in name
 
 
 def _finish(out, staging, moves, store):

@@ -250,3 +250,16 @@ def test_export_command_recover_only(one_version, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--out", str(out)])
     assert exit_info.value.code == 2 and "--run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", ["../outside.txt", "/etc/hostname", ".export-1/../../outside.txt", "", "a//b"])
+def test_a_journal_that_moves_anything_from_outside_out_is_refused(tmp_path, source):
+    """A crafted journal (`..`, an absolute path) cannot make recovery move a file from outside OUT into it."""
+    out = tmp_path / "out"
+    staging = out / f"{commit.STAGING_PREFIX}crafted"
+    staging.mkdir(parents=True)
+    (tmp_path / "outside.txt").write_text("not OUT's")
+    (staging / commit.JOURNAL).write_text(json.dumps({"version": 1, "moves": [[source, "hub/1/stolen.txt"]]}))
+    with pytest.raises(ValueError, match="not inside OUT"):
+        commit.recover(out)
+    assert (tmp_path / "outside.txt").read_text() == "not OUT's" and not (out / "hub").exists()
