@@ -96,14 +96,24 @@ _VERIFIED = {}
 
 
 def _stamp(folder, names):
+    """Each file's inode, size, mtime and ctime: a rewrite changes ctime even where it restores size and mtime."""
     stats = [(name, os.stat(os.path.join(folder, name))) for name in (MANIFEST_FILE, *names)]
-    return tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
+    return tuple((name, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns) for name, stat in stats)
+
+
+# Preset folders a user loads without a manifest, by path, separated as PATH is: the opt-out of verification.
+UNVERIFIED_VARIABLE = "CONCISE_ATTENTION_UNVERIFIED_PRESETS"
 
 
 def check_manifest(folder):
     """Raises ValueError naming the first file of `folder` that is missing or differs from its manifest
-    (files unchanged since they last matched, in this process, are not hashed again)."""
+    (files unchanged since they last matched, in this process, are not hashed again). A folder without
+    manifest.json is refused unless UNVERIFIED_VARIABLE names it."""
     if not os.path.isfile(os.path.join(folder, MANIFEST_FILE)):
+        allowed = {os.path.abspath(entry) for entry in os.environ.get(UNVERIFIED_VARIABLE, "").split(os.pathsep) if entry}
+        if os.path.abspath(folder) not in allowed:
+            raise ValueError(f"{os.path.join(folder, MANIFEST_FILE)} is missing: the preset's files cannot be checked. Re-export "
+                             f"it, or name the folder in {UNVERIFIED_VARIABLE} to load it unverified.")
         return
     expected = _read(folder, MANIFEST_FILE)["sha256"]
     missing = {name for name in expected if not os.path.isfile(os.path.join(folder, name))}

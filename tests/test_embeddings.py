@@ -181,3 +181,25 @@ def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(mini
     vocabulary.write_text(vocabulary.read_text(encoding="utf-8").replace("[UNK]", "[UNKNOWN]"), encoding="utf-8")
     with pytest.raises(ValueError, match="vocabulary.txt is missing or does not match the sha256"):
         SentenceEncoder.from_preset("minilm_f16")
+
+
+def test_a_preset_folder_without_a_manifest_is_refused_unless_named_and_a_restored_mtime_does_not_hide_a_change(
+        minilm_dir, tmp_path, monkeypatch):
+    import os
+
+    from concise_attention.models import presets
+
+    folder = _ship(minilm_dir, tmp_path / "shipped", monkeypatch)
+    SentenceEncoder.from_preset(str(folder))  # verified once: its stamp is kept in this process
+    vocabulary = folder / presets.VOCABULARY_ASSET
+    stat, text = vocabulary.stat(), vocabulary.read_text(encoding="utf-8")
+    vocabulary.write_text(text.replace("[UNK]", "[UNX]"), encoding="utf-8")  # same size
+    os.utime(vocabulary, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the same mtime
+    with pytest.raises(ValueError, match="vocabulary.txt is missing or does not match the sha256"):
+        SentenceEncoder.from_preset(str(folder))
+    vocabulary.write_text(text, encoding="utf-8")
+    (folder / presets.MANIFEST_FILE).unlink()
+    with pytest.raises(ValueError, match=f"manifest.json is missing.*{presets.UNVERIFIED_VARIABLE}"):
+        SentenceEncoder.from_preset(str(folder))
+    monkeypatch.setenv(presets.UNVERIFIED_VARIABLE, os.pathsep.join(["/elsewhere", str(folder)]))
+    assert SentenceEncoder.from_preset(str(folder)).width == 384

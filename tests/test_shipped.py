@@ -109,7 +109,7 @@ def test_a_shipped_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch):
     (tmp_path / name).mkdir()
     monkeypatch.chdir(tmp_path)
     assert presets.resolve(name) == os.path.join(presets.SHIPPED_DIR, name)
-    with pytest.raises(ValueError, match="not a preset directory"):
+    with pytest.raises(ValueError, match="manifest.json is missing"):
         presets.trained_sequence_length(f"./{name}")
 
 
