@@ -327,3 +327,25 @@ def test_a_diverging_run_stops_with_one_line(tmp_path, capsys):
                                             "--set", "training.warmup_steps=0"], "Training diverged")
     assert "step" in error
     assert not (run / "metrics.json").exists() and not (run / "backbone.weights.h5").exists()
+
+
+def test_a_yaml_syntax_error_is_one_line_with_its_place(tmp_path, capsys):
+    config = tmp_path / "mine.yaml"
+    config.write_text("base: tiny_lm\ntraining:\n  seed: [1, 2\n  batch_size: 4\n")
+    error = _fails(capsys, train_cli.main, ["--config", str(config), "--run-dir", str(tmp_path / "run")], str(config), "not valid YAML", "line ")
+    assert not (tmp_path / "run").exists(), error
+
+
+def test_a_users_yaml_elsewhere_can_start_from_a_shipped_preset(tmp_path):
+    """`base:` names a file beside the YAML, else a preset shipped in configs/."""
+    config = tmp_path / "mine.yaml"
+    config.write_text("base: tiny_lm\ntraining:\n  seed: 7\n")
+    loaded = configs.load_config(str(config))
+    assert loaded.training.seed == 7 and loaded.model == configs.load_config("tiny_lm").model
+    import yaml
+
+    sibling = yaml.safe_load((configs.PRESET_DIRECTORY / "tiny_lm.yaml").read_text())
+    sibling["training"]["seed"] = 3
+    (tmp_path / "tiny_lm.yaml").write_text(yaml.safe_dump(sibling))  # a sibling of that name wins
+    (tmp_path / "other.yaml").write_text("base: tiny_lm\n")
+    assert configs.load_config(str(tmp_path / "other.yaml")).training.seed == 3

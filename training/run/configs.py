@@ -295,16 +295,26 @@ def _read(name_or_path, seen=()):
     try:
         # JSON is YAML, but PyYAML reads JSON's 1e-06 as a string: parse .json as JSON.
         raw = (json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())) or {}
-    except (yaml.YAMLError, json.JSONDecodeError) as error:
-        raise ValueError(f"Config {path} is not valid YAML: {error}") from error
+    except json.JSONDecodeError as error:
+        raise ValueError(f"Config {path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}).") from None
+    except yaml.YAMLError as error:
+        raise ValueError(f"Config {path} is not valid YAML ({_yaml_problem(error)}).") from None
     if not isinstance(raw, dict):
         raise ValueError(f"Config {path} must be a YAML mapping. Received: {type(raw).__name__}")
     base = raw.pop("base", None)
     if base is None:
         return raw
-    merged = _read(base if pathlib.Path(base).suffix else path.parent / f"{base}.yaml", (*seen, path.resolve()))
+    sibling = path.parent / f"{base}.yaml"  # a preset name: the file beside this one, else the shipped preset
+    merged = _read(base if pathlib.Path(str(base)).suffix else sibling if sibling.is_file() else str(base), (*seen, path.resolve()))
     merged.pop("description", None)
     return _merge(merged, raw)
+
+
+def _yaml_problem(error):
+    """One line of a PyYAML error: its problem and where (line and column counted from 1)."""
+    mark = getattr(error, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return " ".join(str(getattr(error, "problem", None) or error).split()) + where
 
 
 def _merge(base, override):
@@ -357,8 +367,7 @@ def parse_override(text):
     try:
         return key.strip().split("."), yaml.safe_load(value)
     except yaml.YAMLError as error:
-        reason = " ".join(str(getattr(error, "problem", None) or error).split())
-        raise ValueError(f"--set {text!r}: the value is not valid YAML ({reason}).") from None
+        raise ValueError(f"--set {text!r}: the value is not valid YAML ({_yaml_problem(error)}).") from None
 
 
 def _check_type(key, value, expected):
