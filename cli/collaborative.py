@@ -18,7 +18,6 @@ from its head (Cordonnier et al.'s fine-tune -> convert -> fine-tune again).
 
 import argparse
 import dataclasses
-import os
 import pathlib
 import shutil
 import sys
@@ -120,9 +119,7 @@ def main(argv=None):
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write_run(staging, source, converted, reports, task)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
+        files.move_folder_in(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

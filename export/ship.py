@@ -181,9 +181,7 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None):
         if size > MAX_MEGABYTES * 1e6:
             raise ValueError(f"the preset is {size / 1e6:.1f} MB, over the {MAX_MEGABYTES} MB a shipped preset may take")
         target = os.path.join(shipped_dir, name)
-        if os.path.exists(target):
-            shutil.rmtree(target)
-        os.rename(staging, target)
+        files.move_folder_in(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

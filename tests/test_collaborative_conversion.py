@@ -265,3 +265,38 @@ def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path, capsy
     assert (tmp_path / "tuned" / "vocab.txt").read_bytes() == (tmp_path / "base" / "vocab.txt").read_bytes()
     assert start["eval_loss"] < trained["eval_loss"] + 1.0  # the conversion kept most of what was learned
     assert tuned["eval_loss"] < start["eval_loss"]  # and fine-tuning recovers
+
+
+def test_overwrite_keeps_the_old_output_until_the_new_one_is_in_and_out_is_an_ordinary_folder(tmp_path, monkeypatch):
+    """OUT gets the mode a folder made by hand gets (not mkdtemp's 0700); --overwrite moves the old OUT aside
+    before the new one is renamed in, so a failure (a kill) between the two renames leaves the old one on disk."""
+    import os
+    import pathlib
+
+    from concise_attention.training import files
+
+    run, _ = _run_dir(tmp_path)
+    out = tmp_path / "out"
+    result = _cli("--run", run, "--ratio", 0.5, "--out", out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask
+    (out / "old.txt").write_text("the old output")
+    renames, real_rename = [], os.rename
+
+    def killed_after_the_first(source, target):
+        if renames:
+            raise KeyboardInterrupt  # as a kill between the two renames
+        renames.append(target)
+        real_rename(source, target)
+
+    monkeypatch.setattr(os, "rename", killed_after_the_first)
+    staging = tmp_path / ".new"
+    staging.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        files.move_folder_in(staging, out)
+    assert (pathlib.Path(renames[0]) / "old.txt").read_text() == "the old output" and staging.is_dir()
+    monkeypatch.setattr(os, "rename", real_rename)
+    files.move_folder_in(staging, out)
+    assert out.is_dir() and not (out / "old.txt").exists() and not staging.exists()

@@ -129,3 +129,21 @@ def load_weights(model, path):
             model.load_weights(local_path)
         except (ValueError, OSError, KeyError) as error:
             raise ValueError(f"The weights in {path} cannot be loaded into this model: {str(error).splitlines()[0]}") from error
+
+
+def move_folder_in(staging, target):
+    """Moves the finished local folder `staging` (from `tempfile.mkdtemp` beside `target`) to `target`, with the
+    permissions of a folder made by hand (mkdtemp's 0700 widened to 0777 less the umask). An existing `target` is
+    first renamed aside (`.NAME.replaced-PID`) and removed only once the new one is in place: a kill at any moment
+    leaves the old folder or the new one, never neither."""
+    import shutil
+
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
+    target = os.path.normpath(str(target))
+    aside = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.replaced-{os.getpid()}")
+    if os.path.lexists(target):
+        os.rename(target, aside)
+    os.rename(staging, target)
+    shutil.rmtree(aside, ignore_errors=True)
