@@ -349,3 +349,11 @@ def test_a_users_yaml_elsewhere_can_start_from_a_shipped_preset(tmp_path):
     (tmp_path / "tiny_lm.yaml").write_text(yaml.safe_dump(sibling))  # a sibling of that name wins
     (tmp_path / "other.yaml").write_text("base: tiny_lm\n")
     assert configs.load_config(str(tmp_path / "other.yaml")).training.seed == 3
+
+
+def test_a_cache_dir_under_a_file_is_one_line_before_the_teacher_runs(tmp_path, capsys):
+    (tmp_path / "file").write_text("a file")
+    run = tmp_path / "run"
+    _fails(capsys, train_cli.main, ["--config", "distill_minilm_d192_fixed", "--run-dir", str(run), "--set", "task.dataset=sample", "--set", f"task.cache_dir={tmp_path / 'file' / 'cache'}"],
+           "task.cache_dir", "an existing file")
+    assert not run.exists()

@@ -147,3 +147,14 @@ def move_folder_in(staging, target):
         os.rename(target, aside)
     os.rename(staging, target)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def check_creatable(path, name):
+    """Refuses a folder `path` (the setting `name`) that is a file or lies under one: one ValueError, before anything
+    is written (TensorFlow would say FailedPrecondition only once it tries)."""
+    path, existing = str(path), str(path)
+    while not tf.io.gfile.exists(existing) and os.path.dirname(existing) not in ("", existing):
+        existing = os.path.dirname(existing)
+    if tf.io.gfile.exists(existing) and not tf.io.gfile.isdir(existing):
+        where = "is" if existing == path else f"lies under {existing!r}, which is"
+        raise ValueError(f"{name} {path!r} {where} an existing file.")

@@ -262,10 +262,12 @@ def train(config, run_dir, verbose="auto"):
             before, locked = run.lock(), True
         with handle_preemption() as preemption:
             return _train(config, run_dir, verbose, preemption)
-    except ValueError:  # refused input (exit 2): nothing is left written, unless the run has trained
-        if locked:
+    except (ValueError, *configs.path_errors()) as error:  # refused input, a path TensorFlow refuses included (exit 2):
+        if locked:  # nothing is left written, unless the run has trained
             run.roll_back(before)
-        raise
+        if isinstance(error, ValueError):
+            raise
+        raise ValueError(configs.environment_error(error)) from None
     finally:
         run.unlock()
 

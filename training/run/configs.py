@@ -340,6 +340,14 @@ def environment_errors():
     return (OSError, tf.errors.PermissionDeniedError, tf.errors.ResourceExhaustedError, tf.errors.UnavailableError)
 
 
+def path_errors():
+    """TensorFlow's errors for a path that cannot be what it is asked to be (under a file, missing, already there):
+    bad input, as a ValueError is."""
+    import tensorflow as tf
+
+    return (tf.errors.FailedPreconditionError, tf.errors.NotFoundError, tf.errors.AlreadyExistsError)
+
+
 def environment_error(error):
     """One line for an OSError (or TensorFlow's file errors): what failed, on which file."""
     name = getattr(error, "filename", None)
@@ -349,12 +357,14 @@ def environment_error(error):
 
 @contextlib.contextmanager
 def one_line_errors(parser, program):
-    """A command's errors as one line naming `program`, no traceback: bad input (ValueError) exits 2, the
-    environment (environment_errors) exits 3."""
+    """A command's errors as one line naming `program`, no traceback: bad input (ValueError, a path TensorFlow
+    refuses: path_errors) exits 2, the environment (environment_errors) exits 3."""
     try:
         yield
     except ValueError as error:
         parser.exit(2, f"{program}: error: {error}\n")
+    except path_errors() as error:
+        parser.exit(2, f"{program}: error: {environment_error(error)}\n")
     except environment_errors() as error:
         parser.exit(ENVIRONMENT_EXIT_CODE, f"{program}: error: {environment_error(error)}\n")
 

@@ -34,6 +34,7 @@ from concise_attention.training.files import METRICS
 from concise_attention.training.files import MODEL_WEIGHTS
 from concise_attention.training.files import VOCABULARY
 from concise_attention.training.files import file_sha256
+from concise_attention.training.files import check_creatable
 from concise_attention.training.files import join
 from concise_attention.training.files import load_weights
 from concise_attention.training.files import read_json
@@ -103,12 +104,7 @@ class RunDirectory:
 
     def check_writable(self):
         """Refuses a run directory that is a file, or lies under one (one line, before anything is written)."""
-        existing = self.path
-        while not tf.io.gfile.exists(existing) and os.path.dirname(existing) not in ("", existing):
-            existing = os.path.dirname(existing)
-        if tf.io.gfile.exists(existing) and not tf.io.gfile.isdir(existing):
-            where = "is" if existing == self.path else f"lies under {existing!r}, which is"
-            raise ValueError(f"The run directory {self.path!r} {where} an existing file.")
+        check_creatable(self.path, "The run directory")
 
     def start(self, config_dict):
         """`check_start`, then config.json (`record_config`)."""

@@ -262,6 +262,7 @@ class DistillTask(Task):
                 check_relation_heads(self.teacher_backbone, self.config.build_model(), self.settings.relation_heads)
             except ValueError as error:
                 raise ValueError(f"task.relation_weight={self.settings.relation_weight}, task.relation_heads={self.settings.relation_heads}: {error}") from error
+        files.check_creatable(cache_directory(self.settings), "task.cache_dir")  # before the teacher runs
         self.settings = dataclasses.replace(self.settings, teacher_width=int(source.model["hidden_size"]))
 
     def vocabulary_file(self):
