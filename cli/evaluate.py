@@ -104,7 +104,7 @@ def _check_output(output):
 def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, tasks=mteb_protocol.TASKS, pca_widths=(),
                       sequence_length=None, report=print):
     """{"tasks", "rows": {encoder name: {width, each task's score, mean}}, "teacher"} of the encoders named by `specs`
-    and, with `teacher`, the teacher, its PCA to each narrower width and each of `pca_widths` (fitted on `fit_count`
+    and, with `teacher`, the teacher, its PCA (centred and not) to each narrower width and each of `pca_widths` (fitted on `fit_count`
     texts of the corpus folder `fit_texts`) and the teacher with half its layers; `sequence_length`: the cut every
     loaded encoder reads texts at (None: each its own default; a served model cuts as it was exported)."""
     mteb_protocol.check_tasks(tasks)  # before any encoder loads
@@ -116,7 +116,9 @@ def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, 
     baselines = [teacher_encoder]
     if widths:
         texts = draw_fit_texts(fit_texts, fit_count)
-        baselines += [encoders.TeacherPca(teacher_encoder, texts, width) for width in widths]
+        for width in widths:
+            pca = encoders.TeacherPca(teacher_encoder, texts, width)
+            baselines += [pca, pca.uncentred()]
     baselines.append(encoders.half_layers(teacher, sequence_length))
     rows = mteb_protocol.score_rows(baselines + loaded, tasks, report=report)
     return {"tasks": list(tasks), "rows": rows, "teacher": teacher_encoder.name}

@@ -80,16 +80,24 @@ def _name(spec):
 
 class TeacherPca:
     """The teacher's unit embedding projected on its `width` leading principal directions (fitted on the teacher's
-    embeddings of `fit_texts`), at unit length: the same cost as the teacher, a `width`-wide embedding."""
+    embeddings of `fit_texts`), at unit length: the same cost as the teacher, a `width`-wide embedding. `centred`:
+    the corpus mean subtracted first (scikit-learn's `PCA.transform`); `uncentred()`: the same directions without
+    it (the mean's own projection kept, which keeps more of the teacher's cosine geometry on some tasks)."""
 
-    def __init__(self, teacher, fit_texts, width):
+    def __init__(self, teacher, fit_texts, width, centred=True, pca=None):
         from sklearn.decomposition import PCA  # scikit-learn: imported only to evaluate
 
-        self.teacher, self.width, self.name = teacher, int(width), f"{teacher.name}, PCA to {width}"
-        self.pca = PCA(self.width, random_state=0).fit(teacher.encode(list(fit_texts)))
+        self.teacher, self.width, self.centred = teacher, int(width), centred
+        self.name = f"{teacher.name}, PCA to {width}" + ("" if centred else ", uncentred")
+        self.pca = pca or PCA(self.width, random_state=0).fit(teacher.encode(list(fit_texts)))
+
+    def uncentred(self):
+        return TeacherPca(self.teacher, (), self.width, centred=False, pca=self.pca)
 
     def encode(self, texts):
-        return unit_rows(self.pca.transform(self.teacher.encode(texts)).astype(np.float32))
+        embeddings = self.teacher.encode(texts)
+        projected = self.pca.transform(embeddings) if self.centred else embeddings @ self.pca.components_.T
+        return unit_rows(projected.astype(np.float32))
 
 
 def half_layers(spec, sequence_length=None):
