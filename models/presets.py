@@ -174,6 +174,7 @@ def save_to_preset(model, preset, weights_dtype=None):
         save_weights(model, os.path.join(str(preset), TASK_WEIGHTS_FILE))
     _write(preset, METADATA_FILE, {"keras_version": keras.version(), "parameter_count": backbone.count_params()})
     _carry_tokenizer(getattr(backbone, "loaded_from_preset", None), preset)
+    write_manifest(preset)  # every preset written here loads verified
 
 
 def _carry_tokenizer(source, preset):
@@ -318,3 +319,5 @@ def save_tokenizer(preset, vocabulary_text, lowercase, strip_accents, sequence_l
     settings = {"vocabulary": VOCABULARY_ASSET, "lowercase": lowercase, "strip_accents": strip_accents}
     recorded = {"sequence_length": sequence_length, "serving_length": serving_length, "embedding": embedding}
     _write(preset, TOKENIZER_FILE, {**settings, **{key: value for key, value in recorded.items() if value is not None}})
+    if os.path.isfile(os.path.join(str(preset), MANIFEST_FILE)):
+        write_manifest(preset)  # the tokenizer joins the preset's manifest

@@ -8,6 +8,7 @@ weights go through a local temporary file and are copied. The names of a run dir
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import uuid
 
@@ -136,8 +137,6 @@ def move_folder_in(staging, target):
     permissions of a folder made by hand (mkdtemp's 0700 widened to 0777 less the umask). An existing `target` is
     first renamed aside (`.NAME.replaced-PID`) and removed only once the new one is in place: a kill at any moment
     leaves the old folder or the new one, never neither."""
-    import shutil
-
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(staging, 0o777 & ~umask)

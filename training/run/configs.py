@@ -343,7 +343,7 @@ def environment_errors():
 def path_errors():
     """TensorFlow's errors for a path that cannot be what it is asked to be (under a file, missing, already there):
     bad input, as a ValueError is."""
-    import tensorflow as tf
+    import tensorflow as tf  # on first use, as environment_errors: this module stays TensorFlow-free
 
     return (tf.errors.FailedPreconditionError, tf.errors.NotFoundError, tf.errors.AlreadyExistsError)
 
