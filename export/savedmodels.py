@@ -371,8 +371,14 @@ def portable_task(task):
     def name(path):
         return posixpath.basename(str(path).rstrip("/")) or str(path)
 
-    return {key: ([name(item) for item in value] if isinstance(value, list) else name(value))
-            if key in PATH_SETTINGS and value else value for key, value in (task or {}).items()} if task else task
+    if not task:
+        return task
+    portable = dict(task)
+    for key in PATH_SETTINGS:
+        value = portable.get(key)
+        if value:
+            portable[key] = [name(item) for item in value] if isinstance(value, list) else name(value)
+    return portable
 
 
 def _export_settings(source, seq_length, model_name, pooling):

@@ -8,10 +8,8 @@ OUT/backbone.weights.h5. A distill run started from it fits its projection to th
 """
 
 import argparse
-import json
 import os
 import shutil
-import sys
 
 from concise_attention.models import BUILDERS
 from concise_attention.models.shrink import shrink_into
@@ -28,11 +26,11 @@ def main(argv=None):
     try:
         source = sources.read_source(args.run, kind="run")
     except ValueError as error:
-        sys.exit(f"error: {error}")
+        parser.exit(2, f"drop_layers: error: {error}\n")
     if not 1 <= args.layers < source.model["num_layers"]:
-        sys.exit(f"error: --layers {args.layers}: must be in [1, {source.model['num_layers'] - 1}]")
+        parser.exit(2, f"drop_layers: error: --layers {args.layers}: must be in [1, {source.model['num_layers'] - 1}]\n")
     if os.path.exists(args.out):
-        sys.exit(f"error: {args.out} exists")
+        parser.exit(2, f"drop_layers: error: {args.out} exists\n")
     full = sources.load_backbone(source)
     shallow = BUILDERS[source.model_type](**(source.model | {"num_layers": args.layers}))
     shrink_into(full, shallow)
@@ -44,8 +42,7 @@ def main(argv=None):
     os.makedirs(staging)
     shutil.copyfile(os.path.join(args.run, "vocab.txt"), os.path.join(staging, "vocab.txt"))
     files.save_weights(shallow, os.path.join(staging, "backbone.weights.h5"))
-    with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as file:
-        json.dump(config, file, indent=1, sort_keys=True)
+    files.write_json_atomically(os.path.join(staging, "config.json"), config)
     os.rename(staging, args.out)
 
 

@@ -53,17 +53,19 @@ class DivergenceCheck(keras.callbacks.Callback):
     saved (one line naming the step, exit 2): a diverged run does not end as if it had trained."""
 
     def on_train_batch_end(self, batch, logs=None):
-        check_finite({"loss": (logs or {}).get("loss")}, f"step {int(self.model.optimizer.iterations.numpy())}")
+        check_finite({"loss": (logs or {}).get("loss")}, lambda: f"step {int(self.model.optimizer.iterations.numpy())}")
 
 
 def check_finite(metrics, where):
-    """Refuses a numeric metric (a Python, numpy or tensor scalar) that is not a finite number."""
+    """Refuses a numeric metric (a Python, numpy or tensor scalar) that is not a finite number; `where`: the place it
+    names, or a function giving it (read only on a refusal)."""
     for name, value in metrics.items():
         try:
             value = float(value) if not isinstance(value, str) else None
         except (TypeError, ValueError):
             value = None
         if value is not None and not math.isfinite(value):
+            where = where() if callable(where) else where
             raise ValueError(f"Training diverged: {name} is {value} at {where}. Lower training.learning_rate or check "
                              "the model settings; the run keeps its last finite checkpoint, if any.")
 

@@ -74,24 +74,24 @@ def _model_dataclass(name, builder):
 
 
 # The model settings' domains beyond their types (a builder would accept some of these and train to NaN or fail
-# to allocate after the run directory is written).
-MODEL_DOMAINS = {"layer_norm_epsilon": (0.0, None), "initializer_range": (0.0, None), "dropout": (None, 1.0),
-                 "attention_dropout": (None, 1.0), "vocab_size": (0, 10_000_000), "hidden_size": (0, 65_536),
-                 "intermediate_size": (0, 1_048_576), "max_sequence_length": (0, 1_048_576), "num_layers": (0, 1_024),
-                 "num_heads": (0, 4_096), "type_vocab_size": (0, 1_024)}
+# to allocate after the run directory is written): fractions in [0, 1), and positive settings with their upper bounds.
+MODEL_FRACTIONS = ("dropout", "attention_dropout")
+MODEL_POSITIVES = {"layer_norm_epsilon": None, "initializer_range": None, "vocab_size": 10_000_000, "hidden_size": 65_536,
+                   "intermediate_size": 1_048_576, "max_sequence_length": 1_048_576, "num_layers": 1_024,
+                   "num_heads": 4_096, "type_vocab_size": 1_024}
 
 
 def _check_model(model):
-    """Each model setting in its domain (`MODEL_DOMAINS`: above the first bound, at most the second; a fraction in
-    [0, 1)), then the attention config (`_check_attention`)."""
-    for name, (low, high) in MODEL_DOMAINS.items():
+    """Each model setting in its domain (`MODEL_FRACTIONS`, `MODEL_POSITIVES`), then the attention config
+    (`_check_attention`)."""
+    for name in MODEL_FRACTIONS:
         value = getattr(model, name, None)
-        if value is None or isinstance(value, bool):
-            continue
-        fraction = high == 1.0 and low is None
-        if (fraction and not 0.0 <= value < 1.0) or (low is not None and not value > low) or (
-                not fraction and high is not None and value > high):
-            domain = "in [0, 1)" if fraction else f"> {low:g}" + (f" and <= {high:,}" if high is not None else "")
+        if value is not None and not isinstance(value, bool) and not 0.0 <= value < 1.0:
+            raise ValueError(f"`model.{name}` must be in [0, 1). Received: model.{name}={value!r}")
+    for name, high in MODEL_POSITIVES.items():
+        value = getattr(model, name, None)
+        if value is not None and not isinstance(value, bool) and not (value > 0 and (high is None or value <= high)):
+            domain = "> 0" + (f" and <= {high:,}" if high is not None else "")
             raise ValueError(f"`model.{name}` must be {domain}. Received: model.{name}={value!r}")
     _check_attention(model)
 
