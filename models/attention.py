@@ -100,6 +100,8 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         key: (B, S, I) tensor; defaults to `value`.
         attention_mask: boolean (B, T, S) or (B, S) tensor, True where a query may
             attend to a key. A (B, S) mask is a padding mask over the keys.
+        attention_bias: (B or 1, N, T, S) tensor added to the scaled logits before masking
+            and softmax (MPNet's relative position bias, `models.embedding.RelativePositionBias`).
         use_causal_mask: if True, query t attends to keys 0..t only.
         return_attention_scores: if True, also return the attention probabilities
             (B, N, T, S) (named as in `keras.layers.MultiHeadAttention`).
@@ -277,6 +279,7 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         query_mask=None,
         value_mask=None,
         key_mask=None,
+        attention_bias=None,
     ):
         value = query if value is None else value
         key = value if key is None else key
@@ -292,8 +295,10 @@ class FixedHeadSizeAttention(keras.layers.Layer):
             key_mask=key_mask,
         )
         if fused:
-            return self._fused_attention(query, key, value, mask_Bx1xTxS, use_causal_mask)
+            return self._fused_attention(query, key, value, mask_Bx1xTxS, use_causal_mask, attention_bias)
         logits_BxNxTxS = self._attention_logits(query, key)
+        if attention_bias is not None:
+            logits_BxNxTxS = ops.add(ops.cast(logits_BxNxTxS, "float32"), ops.cast(attention_bias, "float32"))
         probs_BxNxTxS = _masked_softmax(logits_BxNxTxS, mask_Bx1xTxS, self.compute_dtype)
         value_BxSxNxH = self._value_dense(value)
         context_BxTxNxH = ops.einsum(
@@ -320,13 +325,14 @@ class FixedHeadSizeAttention(keras.layers.Layer):
             and self._value_head_size == self._head_size
         )
 
-    def _fused_attention(self, query, key, value, mask_Bx1xTxS, use_causal_mask):
+    def _fused_attention(self, query, key, value, mask_Bx1xTxS, use_causal_mask, attention_bias=None):
         query_BxTxNxH, key_BxSxNxH = self._project_query_key(query, key)
         value_BxSxNxH = self._value_dense(value)
         context_BxTxNxH = ops.dot_product_attention(
             query_BxTxNxH,
             key_BxSxNxH,
             value_BxSxNxH,
+            bias=None if attention_bias is None else ops.cast(attention_bias, query_BxTxNxH.dtype),
             mask=mask_Bx1xTxS,
             scale=self._scale,
             is_causal=use_causal_mask,

@@ -10,6 +10,7 @@ from concise_attention.models.attention import _check_rate
 from concise_attention.models.attention import attention_config
 from concise_attention.models.builder import ArgumentsAreConfig
 from concise_attention.models.embedding import PositionEmbedding
+from concise_attention.models.embedding import RelativePositionBias
 from concise_attention.models.presets import PresetMixin
 from concise_attention.models.presets import TaskPresetMixin
 from concise_attention.models.transformer import build_blocks
@@ -33,15 +34,25 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
     `input_type_ids`. Outputs (dict): `sequence_output` (B, T, D), `pooled_output`
     (B, D) (tanh dense on the first token), `encoder_outputs` (one (B, T, D) per layer).
     Post-LN blocks as BERT; with attention={"type": "fixed", ...} this is the fixed-head-size
-    BERT of Bhojanapalli et al. (2020), e.g. width 512 with head size 128.
+    BERT of Bhojanapalli et al. (2020), e.g. width 512 with head size 128. MPNet
+    (`models.hf_import`, all-mpnet-base-v2) is this encoder without segment types
+    (`type_vocab_size=0`), with positions counted from 2 (`position_offset=2`) and a
+    relative position bias (`relative_attention_buckets=32`).
 
     Args:
         vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes.
         attention: the attention variant as one nested config, e.g. {"type": "fixed",
             "head_size": 128}; None is standard attention (see
             `models.attention.attention_config`).
-        max_sequence_length: rows of the position table.
-        type_vocab_size: number of segment types.
+        max_sequence_length: the longest sequence the encoder takes.
+        type_vocab_size: number of segment types (0: none; `input_type_ids` is then ignored).
+        position_offset: None: token t has position t (BERT); an integer p: the real tokens
+            (`input_mask`) are numbered p, p + 1, ... and padding has position p - 1
+            (RoBERTa's and MPNet's positions, p = padding id + 1). The table has
+            max_sequence_length + p rows.
+        relative_attention_buckets, relative_attention_max_distance: 0, or the buckets and
+            distance of a relative position bias computed once and added to every layer's
+            attention logits (MPNet: 32 and 128; `models.embedding.RelativePositionBias`).
         activation: feed-forward activation ("gelu" = exact erf GELU, as BERT).
         dropout, attention_dropout: dropout rates.
         layer_norm_epsilon: LayerNormalization epsilon.
@@ -66,6 +77,9 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         attention: typing.Optional[dict] = None,
         max_sequence_length=512,
         type_vocab_size=2,
+        position_offset=None,
+        relative_attention_buckets=0,
+        relative_attention_max_distance=128,
         activation="gelu",
         dropout=0.1,
         attention_dropout=0.1,
@@ -77,19 +91,26 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
     ):
         arguments = dict(locals())  # the constructor arguments, before any other local exists
         arguments["attention"] = attention = attention_config(attention)
-        _check_sizes(dropout, attention_dropout, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
-                     type_vocab_size=type_vocab_size)
+        _check_sizes(dropout, attention_dropout, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
+        for name, value, least in (("type_vocab_size", type_vocab_size, 0), ("position_offset", position_offset or 1, 1),
+                                   ("relative_attention_buckets", relative_attention_buckets, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"`{name}` must be an integer >= {least}. Received: {name}={value!r}")
+        self.max_sequence_length, self.position_offset = max_sequence_length, position_offset  # read by _embed
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
         # === Layers ===
         self.word_embeddings = keras.layers.ReversibleEmbedding(
             vocab_size, hidden_size, embeddings_initializer=initializer, dtype=dtype, name="word_embeddings"
         )
         self.position_embeddings = PositionEmbedding(
-            max_sequence_length, embeddings_initializer=initializer, dtype=dtype, name="position_embeddings"
+            max_sequence_length + (position_offset or 0), embeddings_initializer=initializer, dtype=dtype, name="position_embeddings"
         )
         self.type_embeddings = keras.layers.Embedding(
             type_vocab_size, hidden_size, embeddings_initializer=initializer, dtype=dtype, name="type_embeddings"
-        )
+        ) if type_vocab_size else None
+        self.relative_attention_bias = RelativePositionBias(
+            num_heads, max_sequence_length, relative_attention_buckets, relative_attention_max_distance, dtype=dtype,
+            name="relative_attention_bias") if relative_attention_buckets else None
         self.embeddings_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_norm")
         self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
         self.blocks = build_blocks(
@@ -105,21 +126,37 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name)
                   for name in ("input_word_ids", "input_mask", "input_type_ids")}
         x = self._embed(inputs)
+        bias = self.attention_bias(x)
         encoder_outputs = []
         for block in self.blocks:
-            x = block(x, attention_mask=inputs["input_mask"])
+            x = block(x, attention_mask=inputs["input_mask"], attention_bias=bias)
             encoder_outputs.append(x)
         return inputs, {"sequence_output": x, "pooled_output": self.pooler(x[:, 0, :]), "encoder_outputs": encoder_outputs}
 
     def _embed(self, inputs, training=None):
         words = self.word_embeddings(inputs["input_word_ids"])
-        x = words + self.position_embeddings(words) + self.type_embeddings(inputs["input_type_ids"])
+        length = words.shape[1]
+        if isinstance(length, int) and length > self.max_sequence_length:
+            raise ValueError(f"The sequence is longer than the model's max_sequence_length={self.max_sequence_length}. "
+                             f"Received: sequence length {length}")
+        positions = None
+        if self.position_offset is not None:
+            mask = ops.cast(inputs["input_mask"], "int32")
+            positions = ops.cumsum(mask, axis=1) * mask + (self.position_offset - 1)
+        x = words + self.position_embeddings(words, positions=positions)
+        if self.type_embeddings is not None:
+            x = x + self.type_embeddings(inputs["input_type_ids"])
         return self.embeddings_dropout(self.embeddings_norm(x), training=training)
+
+    def attention_bias(self, x):
+        """The relative position bias (1, N, T, T) of a sequence like `x` (B, T, D), or None."""
+        return self.relative_attention_bias(x) if self.relative_attention_bias else None
 
     def initialize_admin(self, inputs):
         """Admin: sets every block's omegas from a profiling pass over `inputs` (a batch dict)."""
         inputs = {name: ops.convert_to_tensor(value, "int32") for name, value in inputs.items()}
-        return admin_initialize(self.blocks, self._embed(inputs, training=False), attention_mask=inputs["input_mask"])
+        x = self._embed(inputs, training=False)
+        return admin_initialize(self.blocks, x, attention_mask=inputs["input_mask"], attention_bias=self.attention_bias(x))
 
 
 class EncoderHead(TaskPresetMixin, keras.Model):

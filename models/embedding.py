@@ -1,8 +1,10 @@
-"""Position embeddings (learned or sinusoidal) that refuse sequences longer than they cover."""
+"""Position embeddings (learned or sinusoidal) that refuse sequences longer than they cover, and MPNet's
+relative position bias."""
 
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 POSITION_EMBEDDINGS = ("learned", "sinusoidal")
@@ -76,4 +78,72 @@ class PositionEmbedding(keras.layers.Layer):
             kind=self.kind,
             embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
         )
+        return config
+
+
+def relative_position_buckets(max_length, num_buckets, max_distance):
+    """The bucket (int32) of each relative position r = key - query, r = -(max_length - 1) .. max_length - 1, in
+    that order: MPNet's (and T5's bidirectional) scheme, computed as Hugging Face's `relative_position_bucket`
+    does it in float32. Half the buckets are for keys before the query, half for keys after; in each half,
+    distances below a quarter of the buckets have one bucket each, longer ones share logarithmically wider
+    buckets up to `max_distance`, beyond which all share the last."""
+    relative = np.arange(-(max_length - 1), max_length)
+    half = num_buckets // 2
+    exact = half // 2
+    distance = np.abs(relative)
+    scaled = np.log(np.maximum(distance, 1).astype(np.float32) / np.float32(exact)) / np.float32(math.log(max_distance / exact))
+    large = np.minimum(exact + (scaled * np.float32(half - exact)).astype(np.int64), half - 1)
+    return ((relative > 0) * half + np.where(distance < exact, distance, large)).astype("int32")
+
+
+@keras.saving.register_keras_serializable(package="concise_attention")
+class RelativePositionBias(keras.layers.Layer):
+    """MPNet's relative position bias: a learned (num_buckets, num_heads) table, looked up once per sequence by the
+    bucket of each key's position relative to each query (`relative_position_buckets`) and added to every
+    layer's attention logits.
+
+    Args:
+        num_heads: attention heads (one bias per head and bucket).
+        max_sequence_length: the longest sequence it is called on.
+        num_buckets: buckets (even, at least 4; MPNet: 32).
+        max_distance: the distance from which all positions share the last bucket (MPNet: 128).
+
+    Call arguments:
+        inputs: (B, T, D) tensor whose length is used.
+
+    Returns:
+        (1, num_heads, T, T) biases.
+    """
+
+    def __init__(self, num_heads, max_sequence_length, num_buckets=32, max_distance=128,
+                 embeddings_initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        for name, value, least in (("num_heads", num_heads, 1), ("max_sequence_length", max_sequence_length, 1),
+                                   ("num_buckets", num_buckets, 4), ("max_distance", max_distance, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"`{name}` must be an integer >= {least}. Received: {name}={value!r}")
+        if num_buckets % 2 or max_distance <= num_buckets // 4:
+            raise ValueError(f"`num_buckets` must be even and `max_distance` above num_buckets / 4. "
+                             f"Received: num_buckets={num_buckets}, max_distance={max_distance}")
+        self.num_heads, self.max_sequence_length = num_heads, max_sequence_length
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self._buckets = relative_position_buckets(max_sequence_length, num_buckets, max_distance)
+
+    def build(self, inputs_shape):
+        self.embeddings = self.add_weight(name="embeddings", shape=(self.num_buckets, self.num_heads),
+                                          initializer=self.embeddings_initializer)
+
+    def call(self, inputs):
+        length = ops.shape(inputs)[1]
+        positions = ops.arange(length)
+        relative_TxT = positions[None, :] - positions[:, None] + (self.max_sequence_length - 1)
+        bias_TxTxN = ops.take(self.embeddings, ops.take(ops.convert_to_tensor(self._buckets), relative_TxT), axis=0)
+        return ops.cast(ops.transpose(bias_TxTxN, (2, 0, 1))[None], self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, max_sequence_length=self.max_sequence_length, num_buckets=self.num_buckets,
+                      max_distance=self.max_distance,
+                      embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer))
         return config

@@ -1,10 +1,18 @@
-"""Import of a pre-trained Hugging Face BERT directory into `BertEncoder` (standard attention).
+"""Import of a pre-trained Hugging Face BERT or MPNet directory into `BertEncoder` (standard attention).
 
 Reads `config.json` and `model.safetensors` with safetensors (never pickle or
 torch.load); `vocab.txt` is left for the tokenizer. Works on BertModel checkpoints
 (keys `embeddings.*`) and BertFor* ones (keys `bert.embeddings.*`), with LayerNorm
 parameters named weight/bias or gamma/beta; the masked-LM head of BertForMaskedLM /
 BertForPreTraining checkpoints (`cls.predictions.*`) becomes a `BertPretrainer`.
+
+MPNet (`model_type: mpnet`, all-mpnet-base-v2) is a `BertEncoder` without segment types, with
+positions counted from padding id + 1 and one relative position bias shared by every layer
+(`mpnet_arguments`). Its tokenizer is BERT's lower-cased WordPiece with other names for the
+special tokens (`<s> </s> <pad> <mask>`; `[UNK]` as BERT): `bert_named_tokens` gives its
+vocabulary BERT's names at MPNet's ids, which changes no text's ids (both sets of names hold
+punctuation, which the basic tokenizer splits off, so no text reaches either). The masked-LM head
+of MPNetForMaskedLM is not imported.
 
 What tokenizer_config.json may say is checked against config.json and vocab.txt
 (`check_tokenizer_agrees`): a disagreement is a setting both files state with different
@@ -25,8 +33,19 @@ from concise_attention.models.bert import BertPretrainer
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_tanh": "gelu_approximate", "relu": "relu"}
 
 
-# tokenizer_config.json fields naming BERT's special tokens, and the tokens BERT's vocabularies use.
+# tokenizer_config.json fields naming the special tokens, and the tokens BERT's and MPNet's vocabularies use.
 _SPECIAL_TOKEN_FIELDS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+_MPNET_SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "</s>", "pad_token": "<pad>", "cls_token": "<s>", "mask_token": "<mask>"}
+_TOKENIZER_CLASSES = {"bert": ("BertTokenizer", "BertTokenizerFast"), "mpnet": ("MPNetTokenizer", "MPNetTokenizerFast")}
+# Tensor names (after the `bert.` / `mpnet.` prefix) of one layer's attention, by model type.
+_ATTENTION_TENSORS = {
+    "bert": {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+             "output": "attention.output.dense", "norm": "attention.output"},
+    "mpnet": {"query": "attention.attn.q", "key": "attention.attn.k", "value": "attention.attn.v",
+              "output": "attention.attn.o", "norm": "attention"},
+}
+_DISPLAY_NAMES = {"bert": "BERT", "mpnet": "MPNet"}
+MPNET_MAX_DISTANCE = 128  # Hugging Face's MPNet fixes it (relative_position_bucket)
 
 
 def _read_json(path):
@@ -40,19 +59,21 @@ def _read_json(path):
 
 
 def read_hf_config(directory):
-    """config.json of a Hugging Face BERT folder, as a dict (a BERT one, else an error naming the field)."""
+    """config.json of a Hugging Face BERT or MPNet folder, as a dict (else an error naming the field)."""
     path = pathlib.Path(directory) / "config.json"
     if not path.is_file():
         raise ValueError(f"No config.json in the Hugging Face BERT directory. Received: directory={str(directory)!r}")
     config = _read_json(path)
-    if config.get("model_type") != "bert":
-        raise ValueError(f"{path}: only BERT checkpoints can be imported. Received: model_type={config.get('model_type')!r}")
+    if config.get("model_type") not in _ATTENTION_TENSORS:
+        raise ValueError(f"{path}: only BERT and MPNet checkpoints can be imported. Received: model_type={config.get('model_type')!r}")
     return config
 
 
 def hf_bert_config(directory):
-    """The `BertEncoder` arguments of a Hugging Face BERT `config.json`."""
+    """The `BertEncoder` arguments of a Hugging Face BERT or MPNet `config.json`."""
     config = read_hf_config(directory)
+    if config["model_type"] == "mpnet":
+        return mpnet_arguments(config, pathlib.Path(directory) / "config.json")
     if config.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(
             f"Only absolute position embeddings are supported. Received: position_embedding_type={config['position_embedding_type']!r}"
@@ -76,6 +97,50 @@ def hf_bert_config(directory):
     }
 
 
+def mpnet_arguments(config, path):
+    """The `BertEncoder` arguments of an MPNet config.json (`path`, for errors): BERT's sizes, no segment types,
+    positions from pad_token_id + 1 (the table's first rows are never read), the relative position bias."""
+    if config.get("hidden_act") not in _ACTIVATIONS:
+        raise ValueError(f"{path}: `hidden_act` must be one of {sorted(_ACTIVATIONS)}. Received: hidden_act={config.get('hidden_act')!r}")
+    offset = config.get("pad_token_id", 1) + 1
+    return {
+        "vocab_size": config["vocab_size"],
+        "hidden_size": config["hidden_size"],
+        "num_layers": config["num_hidden_layers"],
+        "num_heads": config["num_attention_heads"],
+        "intermediate_size": config["intermediate_size"],
+        "attention": {"type": "standard"},
+        "max_sequence_length": config["max_position_embeddings"] - offset,
+        "type_vocab_size": 0,
+        "position_offset": offset,
+        "relative_attention_buckets": config.get("relative_attention_num_buckets", 32),
+        "relative_attention_max_distance": MPNET_MAX_DISTANCE,
+        "activation": _ACTIVATIONS[config["hidden_act"]],
+        "dropout": config.get("hidden_dropout_prob", 0.1),
+        "attention_dropout": config.get("attention_probs_dropout_prob", 0.1),
+        "layer_norm_epsilon": config.get("layer_norm_eps", 1e-5),
+        "initializer_range": config.get("initializer_range", 0.02),
+    }
+
+
+def bert_named_tokens(tokens):
+    """The lines of an MPNet vocabulary with BERT's special-token names at MPNet's ids: `<s>` and `[CLS]` trade
+    lines, as do `</s>` and `[SEP]`, `<pad>` and `[PAD]`, `<mask>` and `[MASK]` (a missing BERT name just
+    takes the MPNet token's line). No text's ids change (see the module docstring)."""
+    tokens = list(tokens)
+    for field, bert_name in _SPECIAL_TOKEN_FIELDS.items():
+        mpnet_name = _MPNET_SPECIAL_TOKENS[field]
+        if mpnet_name == bert_name:
+            continue
+        if mpnet_name not in tokens:
+            raise ValueError(f"The MPNet vocabulary lacks its special token {mpnet_name!r} ({field}).")
+        mpnet_line = tokens.index(mpnet_name)
+        if bert_name in tokens:
+            tokens[tokens.index(bert_name)] = mpnet_name
+        tokens[mpnet_line] = bert_name
+    return tokens
+
+
 def hf_tokenizer_settings(directory):
     """The tokenizer settings of a Hugging Face BERT folder: dict(lowercase, strip_accents).
 
@@ -91,8 +156,9 @@ def hf_tokenizer_settings(directory):
         raise ValueError(f"{path}: do_lower_case must be true/false and strip_accents true/false/null. "
                          f"Received: do_lower_case={lowercase!r}, strip_accents={strip_accents!r}")
     tokenizer_class = settings.get("tokenizer_class")
-    if tokenizer_class and tokenizer_class not in ("BertTokenizer", "BertTokenizerFast"):
-        raise ValueError(f"{path}: only BERT's WordPiece tokenizer is supported. Received: tokenizer_class={tokenizer_class!r}")
+    classes = _TOKENIZER_CLASSES[read_hf_config(directory)["model_type"]]
+    if tokenizer_class and tokenizer_class not in classes:
+        raise ValueError(f"{path}: only {' and '.join(classes)} are supported for this model. Received: tokenizer_class={tokenizer_class!r}")
     for field in ("do_basic_tokenize", "tokenize_chinese_chars"):  # BERT's basic tokenizer, always applied here
         if settings.get(field, True) is not True:
             raise ValueError(f"{path}: {field}={settings[field]!r} is not supported (BERT's tokenisation applies it).")
@@ -102,33 +168,37 @@ def hf_tokenizer_settings(directory):
 def check_tokenizer_agrees(directory, tokens):
     """Raises ValueError naming the file and field where tokenizer_config.json, config.json and
     vocab.txt (`tokens`, its lines) disagree: a vocabulary larger than config.json's
-    vocab_size (ids the embedding table lacks); a pad_token_id that is not [PAD]'s line; a
-    special token (unk/sep/pad/cls/mask_token) other than BERT's; a do_lower_case or
-    tokenizer_class that config.json states otherwise."""
+    vocab_size (ids the embedding table lacks); a pad_token_id that is not the pad token's line; a
+    special token (unk/sep/pad/cls/mask_token) other than BERT's (MPNet's for an MPNet folder); a
+    do_lower_case or tokenizer_class that config.json states otherwise."""
     directory = pathlib.Path(directory)
     config, vocabulary = read_hf_config(directory), directory / "vocab.txt"
+    special = _MPNET_SPECIAL_TOKENS if config["model_type"] == "mpnet" else _SPECIAL_TOKEN_FIELDS
     if len(tokens) > config["vocab_size"]:
         raise ValueError(f"{vocabulary} has {len(tokens)} tokens, more than {directory / 'config.json'} vocab_size={config['vocab_size']}.")
-    pad = tokens.index("[PAD]")
+    if special["pad_token"] not in tokens:
+        raise ValueError(f"{vocabulary} lacks the pad token {special['pad_token']!r}.")
+    pad = tokens.index(special["pad_token"])
     if config.get("pad_token_id", pad) != pad:
-        raise ValueError(f"{directory / 'config.json'}: pad_token_id={config['pad_token_id']} but [PAD] is line {pad} of {vocabulary}.")
+        raise ValueError(f"{directory / 'config.json'}: pad_token_id={config['pad_token_id']} but {special['pad_token']} is line {pad} of {vocabulary}.")
     path = directory / "tokenizer_config.json"
     settings = _read_json(path) if path.is_file() else {}
-    for field, token in _SPECIAL_TOKEN_FIELDS.items():
+    for field, token in special.items():
         value = settings.get(field, token)
         value = value.get("content") if isinstance(value, dict) else value  # a serialised AddedToken
         if value != token:
-            raise ValueError(f"{path}: {field}={value!r}, but BERT's tokenisation uses {token!r}.")
+            raise ValueError(f"{path}: {field}={value!r}, but {_DISPLAY_NAMES[config['model_type']]}'s tokenisation uses {token!r}.")
     for field in ("do_lower_case", "tokenizer_class"):
         if field in config and field in settings and config[field] != settings[field]:
             raise ValueError(f"{path}: {field}={settings[field]!r} disagrees with {directory / 'config.json'}: {field}={config[field]!r}.")
 
 
 class _Checkpoint:
-    """The tensors of a safetensors file, looked up without the `bert.` prefix."""
+    """The tensors of a safetensors file, looked up without the `bert.` (`mpnet.`) prefix."""
 
     def __init__(self, path):
-        self.tensors = {name.removeprefix("bert."): value for name, value in safetensors.numpy.load_file(path).items()}
+        self.tensors = {name.removeprefix("bert.").removeprefix("mpnet."): value
+                        for name, value in safetensors.numpy.load_file(path).items()}
         self.path = path
 
     def __call__(self, name):
@@ -197,27 +267,37 @@ def _load_encoder(directory, overrides):
         raise ValueError(f"No model.safetensors in the Hugging Face BERT directory. Received: directory={str(directory)!r}")
     encoder = BertEncoder(**(hf_bert_config(directory) | overrides))
     checkpoint = _Checkpoint(weights_path)
-    heads = encoder.num_heads
     _assign(encoder.word_embeddings.embeddings, checkpoint("embeddings.word_embeddings.weight"), "word_embeddings")
     _assign(encoder.position_embeddings.embeddings, checkpoint("embeddings.position_embeddings.weight"), "position_embeddings")
-    _assign(encoder.type_embeddings.embeddings, checkpoint("embeddings.token_type_embeddings.weight"), "token_type_embeddings")
+    if encoder.type_embeddings is not None:
+        _assign(encoder.type_embeddings.embeddings, checkpoint("embeddings.token_type_embeddings.weight"), "token_type_embeddings")
+    if encoder.relative_attention_bias is not None:
+        _assign(encoder.relative_attention_bias.embeddings, checkpoint("encoder.relative_attention_bias.weight"),
+                "encoder.relative_attention_bias")
     _set_layer_norm(encoder.embeddings_norm, checkpoint.layer_norm("embeddings"), "embeddings.LayerNorm")
+    names = _ATTENTION_TENSORS[read_hf_config(directory)["model_type"]]
     for index, block in enumerate(encoder.blocks):
-        prefix = f"encoder.layer.{index}"
-        attention = block.attention
-        for dense, name in ((attention.query_dense, "query"), (attention.key_dense, "key"), (attention.value_dense, "value")):
-            kernel, bias = checkpoint.dense(f"{prefix}.attention.self.{name}")
-            _assign(dense.kernel, kernel.reshape(kernel.shape[0], heads, -1), f"{prefix}.attention.self.{name}.weight")
-            _assign(dense.bias, bias.reshape(heads, -1), f"{prefix}.attention.self.{name}.bias")
-        kernel, bias = checkpoint.dense(f"{prefix}.attention.output.dense")
-        _assign(attention.output_dense.kernel, kernel.reshape(heads, -1, kernel.shape[-1]), f"{prefix}.attention.output.dense.weight")
-        _assign(attention.output_dense.bias, bias, f"{prefix}.attention.output.dense.bias")
-        _set_layer_norm(block.attention_norm, checkpoint.layer_norm(f"{prefix}.attention.output"), f"{prefix}.attention.output.LayerNorm")
-        _set_dense(block.intermediate, checkpoint.dense(f"{prefix}.intermediate.dense"), f"{prefix}.intermediate.dense")
-        _set_dense(block.feedforward_output, checkpoint.dense(f"{prefix}.output.dense"), f"{prefix}.output.dense")
-        _set_layer_norm(block.feedforward_norm, checkpoint.layer_norm(f"{prefix}.output"), f"{prefix}.output.LayerNorm")
+        _load_block(block, checkpoint, f"encoder.layer.{index}", names)
     _set_dense(encoder.pooler, checkpoint.dense("pooler.dense"), "pooler.dense")
     return encoder, checkpoint
+
+
+def _load_block(block, checkpoint, prefix, names):
+    """One transformer layer's weights; `names`: its attention tensors' names (`_ATTENTION_TENSORS`)."""
+    attention, heads = block.attention, block.attention.num_heads
+    for dense, name in ((attention.query_dense, "query"), (attention.key_dense, "key"), (attention.value_dense, "value")):
+        source = f"{prefix}.{names[name]}"
+        kernel, bias = checkpoint.dense(source)
+        _assign(dense.kernel, kernel.reshape(kernel.shape[0], heads, -1), f"{source}.weight")
+        _assign(dense.bias, bias.reshape(heads, -1), f"{source}.bias")
+    source = f"{prefix}.{names['output']}"
+    kernel, bias = checkpoint.dense(source)
+    _assign(attention.output_dense.kernel, kernel.reshape(heads, -1, kernel.shape[-1]), f"{source}.weight")
+    _assign(attention.output_dense.bias, bias, f"{source}.bias")
+    _set_layer_norm(block.attention_norm, checkpoint.layer_norm(f"{prefix}.{names['norm']}"), f"{prefix}.{names['norm']}.LayerNorm")
+    _set_dense(block.intermediate, checkpoint.dense(f"{prefix}.intermediate.dense"), f"{prefix}.intermediate.dense")
+    _set_dense(block.feedforward_output, checkpoint.dense(f"{prefix}.output.dense"), f"{prefix}.output.dense")
+    _set_layer_norm(block.feedforward_norm, checkpoint.layer_norm(f"{prefix}.output"), f"{prefix}.output.LayerNorm")
 
 
 def _set_dense(layer, kernel_and_bias, source):

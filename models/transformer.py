@@ -75,6 +75,7 @@ class TransformerBlock(keras.layers.Layer):
         attention_mask: (B, T, T) or (B, T) mask, True = may attend.
         use_causal_mask: causal self-attention.
         training: dropout switch.
+        attention_bias: optional (B or 1, N, T, T) bias added to the attention logits.
 
     Example:
     >>> block = TransformerBlock(num_heads=8, intermediate_size=2048, attention={"type": "fixed", "head_size": 128})
@@ -158,14 +159,16 @@ class TransformerBlock(keras.layers.Layer):
     def _feedforward(self, x):
         return self.feedforward_output(self._activation(self.intermediate(x)))
 
-    def forward_with_sublayer_outputs(self, x, attention_mask=None, use_causal_mask=False, training=None):
+    def forward_with_sublayer_outputs(self, x, attention_mask=None, use_causal_mask=False, training=None, attention_bias=None):
         """The block's output and the outputs f_i(.) of its two sublayers (for profiling)."""
         if self.norm_position == "pre":
-            attended = self.attention(self.attention_norm(x), attention_mask=attention_mask, use_causal_mask=use_causal_mask, training=training)
+            attended = self.attention(self.attention_norm(x), attention_mask=attention_mask, use_causal_mask=use_causal_mask, training=training,
+                                      attention_bias=attention_bias)
             x = ops.add(x, self.dropout_layer(attended, training=training))
             transformed = self._feedforward(self.feedforward_norm(x))
             return ops.add(x, self.dropout_layer(transformed, training=training)), (attended, transformed)
-        attended = self.attention(x, attention_mask=attention_mask, use_causal_mask=use_causal_mask, training=training)
+        attended = self.attention(x, attention_mask=attention_mask, use_causal_mask=use_causal_mask, training=training,
+                                  attention_bias=attention_bias)
         x = self.attention_norm(ops.add(self._scale_residual(x, "attention"), self.dropout_layer(attended, training=training)))
         transformed = self._feedforward(x)
         x = self.feedforward_norm(ops.add(self._scale_residual(x, "feedforward"), self.dropout_layer(transformed, training=training)))
@@ -186,8 +189,8 @@ class TransformerBlock(keras.layers.Layer):
             return ops.multiply(x, getattr(self, f"{sublayer}_omega"))
         return x
 
-    def call(self, x, attention_mask=None, use_causal_mask=False, training=None):
-        return self.forward_with_sublayer_outputs(x, attention_mask, use_causal_mask, training)[0]
+    def call(self, x, attention_mask=None, use_causal_mask=False, training=None, attention_bias=None):
+        return self.forward_with_sublayer_outputs(x, attention_mask, use_causal_mask, training, attention_bias)[0]
 
     def get_config(self):
         config = super().get_config()
@@ -206,7 +209,7 @@ class TransformerBlock(keras.layers.Layer):
         return config
 
 
-def admin_initialize(blocks, x, attention_mask=None, use_causal_mask=False):
+def admin_initialize(blocks, x, attention_mask=None, use_causal_mask=False, attention_bias=None):
     """Sets the Admin omegas of `blocks` from one profiling pass over `x`.
 
     Runs the blocks with every omega at 1 (plain post-LN), records the variance of each
@@ -217,7 +220,7 @@ def admin_initialize(blocks, x, attention_mask=None, use_causal_mask=False):
     Args:
         blocks: the model's `TransformerBlock`s in order, all with residual_scaling="admin".
         x: the first block's input on a profiling batch (embeddings).
-        attention_mask, use_causal_mask: as the model passes them to its blocks.
+        attention_mask, use_causal_mask, attention_bias: as the model passes them to its blocks.
 
     Returns:
         The list of recorded variances, one per sublayer.
@@ -229,7 +232,8 @@ def admin_initialize(blocks, x, attention_mask=None, use_causal_mask=False):
         block.feedforward_omega.assign(ops.ones_like(block.feedforward_omega))
     variances = []
     for block in blocks:
-        x, sublayer_outputs = block.forward_with_sublayer_outputs(x, attention_mask, use_causal_mask, training=False)
+        x, sublayer_outputs = block.forward_with_sublayer_outputs(x, attention_mask, use_causal_mask, training=False,
+                                                                  attention_bias=attention_bias)
         variances.extend(float(ops.var(ops.cast(output, "float32"))) for output in sublayer_outputs)
     for index, block in enumerate(blocks):
         for offset, omega in enumerate((block.attention_omega, block.feedforward_omega)):

@@ -352,7 +352,7 @@ def _write_vocabulary(tokens):
     "change, message",
     [
         (lambda d: (d / "model.safetensors").unlink(), r"bert has no model\.safetensors: not a Hugging Face BERT folder"),
-        (_change_json("config.json", model_type="gpt2"), r"bert/config\.json: only BERT checkpoints .* model_type='gpt2'"),
+        (_change_json("config.json", model_type="gpt2"), r"bert/config\.json: only BERT and MPNet checkpoints .* model_type='gpt2'"),
         (_write_vocabulary([t for t in VOCABULARY if t != "[UNK]"]), r"bert/vocab\.txt lacks the special token\(s\) \[UNK\]"),
         (_write_vocabulary([t for t in VOCABULARY if t != "[SEP]"]), r"bert/vocab\.txt lacks the special token\(s\) \[SEP\]"),
         (_write_vocabulary(VOCABULARY + [f"w{i}" for i in range(4)]), rf"bert/vocab\.txt has {len(VOCABULARY) + 4} tokens, more than .*config\.json vocab_size={len(VOCABULARY) + 3}"),

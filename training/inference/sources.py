@@ -14,10 +14,13 @@ from concise_attention.models import BUILDERS
 from concise_attention.models import presets
 from concise_attention.models.attention import nest_legacy_attention
 from concise_attention.models.bert import BertEncoder
+from concise_attention.models.hf_import import bert_named_tokens
 from concise_attention.models.hf_import import check_tokenizer_agrees
 from concise_attention.models.hf_import import hf_bert_config
 from concise_attention.models.hf_import import hf_tokenizer_settings
 from concise_attention.models.hf_import import load_hf_model
+from concise_attention.models.hf_import import read_hf_config
+from concise_attention.training import files
 from concise_attention.training.files import BACKBONE_WEIGHTS
 from concise_attention.training.files import CONFIG
 from concise_attention.training.files import MODEL_WEIGHTS
@@ -139,8 +142,26 @@ def _read_hf_folder(path):
     model, tokenizer = hf_bert_config(path), hf_tokenizer_settings(path)
     check_tokenizer_agrees(path, read_vocabulary(join(path, VOCABULARY)))
     serving_length, embedding = sentence_transformers_settings(path)
-    return Source(path, "hf", "bert", model, join(path, "model.safetensors"), join(path, VOCABULARY), tokenizer,
+    vocabulary = join(path, VOCABULARY) if read_hf_config(path)["model_type"] == "bert" else bert_named_vocabulary(path)
+    return Source(path, "hf", "bert", model, join(path, "model.safetensors"), vocabulary, tokenizer,
                   name=_basename(path), embedding=embedding, recorded_serving_length=serving_length)
+
+
+def bert_named_vocabulary(path):
+    """The vocab.txt of an MPNet folder with BERT's special-token names at MPNet's ids (`hf_import.bert_named_tokens`:
+    the same ids for every text), kept in the per-user cache under the original's sha256 and verified when read
+    again: the vocabulary its tokenizer, exports and presets use."""
+    original = join(path, VOCABULARY)
+    base = os.path.join(files.user_cache("vocabularies"), f"bert-named-{files.file_sha256(original)}")
+    try:
+        if files.read_verified(base, ".txt") is not None:
+            return base + ".txt"
+    except ValueError:
+        pass  # a damaged copy: written again below
+    with tf.io.gfile.GFile(original, "r") as file:
+        tokens = bert_named_tokens([line.rstrip("\n") for line in file])
+    files.write_verified(base, ".txt", "\n".join(tokens) + "\n")
+    return base + ".txt"
 
 
 def sentence_transformers_settings(path):

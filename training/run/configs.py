@@ -78,12 +78,13 @@ def _model_dataclass(name, builder):
 MODEL_FRACTIONS = ("dropout", "attention_dropout")
 MODEL_POSITIVES = {"layer_norm_epsilon": None, "initializer_range": None, "vocab_size": 10_000_000, "hidden_size": 65_536,
                    "intermediate_size": 1_048_576, "max_sequence_length": 1_048_576, "num_layers": 1_024,
-                   "num_heads": 4_096, "type_vocab_size": 1_024}
+                   "num_heads": 4_096, "position_offset": 1_024, "relative_attention_max_distance": 1_048_576}
+MODEL_COUNTS = {"type_vocab_size": 1_024, "relative_attention_buckets": 1_024}  # 0 allowed: none
 
 
 def _check_model(model):
-    """Each model setting in its domain (`MODEL_FRACTIONS`, `MODEL_POSITIVES`), then the attention config
-    (`_check_attention`)."""
+    """Each model setting in its domain (`MODEL_FRACTIONS`, `MODEL_POSITIVES`, `MODEL_COUNTS`), then the attention
+    config (`_check_attention`)."""
     for name in MODEL_FRACTIONS:
         value = getattr(model, name, None)
         if value is not None and not isinstance(value, bool) and not 0.0 <= value < 1.0:
@@ -93,6 +94,10 @@ def _check_model(model):
         if value is not None and not isinstance(value, bool) and not (value > 0 and (high is None or value <= high)):
             domain = "> 0" + (f" and <= {high:,}" if high is not None else "")
             raise ValueError(f"`model.{name}` must be {domain}. Received: model.{name}={value!r}")
+    for name, high in MODEL_COUNTS.items():
+        value = getattr(model, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high):
+            raise ValueError(f"`model.{name}` must be an integer >= 0 and <= {high:,}. Received: model.{name}={value!r}")
     _check_attention(model)
 
 

@@ -74,6 +74,7 @@ from concise_attention.training.tasks.sentence import _packer as sentence_packer
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 TEACHER_BATCH = 64
+SHARD_TEXTS = 16_384  # teacher outputs of more texts are computed and cached in shards of this many (resumable)
 PACK_TEXTS = 1024  # texts tokenised at once before bucketing by length (length_bucket)
 STREAM_TEXTS = 256
 RIDGE = 1e-3  # fit_projection's penalty, relative to the inputs' variance
@@ -452,27 +453,59 @@ def cache_directory(settings):
 
 
 def teacher_outputs(task, tokenizer, texts):
-    """The teacher's unit embeddings of `texts`, float32 (N, D): read from the cache (its sha256
-    checked) or computed once and written there atomically."""
+    """The teacher's unit embeddings of `texts`, float32 (N, D): read from the cache (its sha256 checked), else
+    computed and written there atomically. More than `SHARD_TEXTS` texts are computed shard by shard, each
+    shard cached under its own fingerprint as it finishes (a resumed computation starts at the first missing
+    one), then joined, written whole and the shards removed."""
     directory = cache_directory(task.settings)
     base = files.join(directory, cache_fingerprint(task, tokenizer, texts))
+    vectors = _cached_outputs(base)
+    if vectors is not None:
+        return vectors
+    if len(texts) <= SHARD_TEXTS:
+        return _compute_outputs(task, tokenizer, texts, base)
+    shard_bases = [files.join(files.join(directory, "shards"), cache_fingerprint(task, tokenizer, texts[start:start + SHARD_TEXTS]))
+                   for start in range(0, len(texts), SHARD_TEXTS)]
+    shards = []
+    for index, shard_base in enumerate(shard_bases):
+        part = texts[index * SHARD_TEXTS:(index + 1) * SHARD_TEXTS]
+        cached = _cached_outputs(shard_base)
+        shards.append(cached if cached is not None else
+                      _compute_outputs(task, tokenizer, part, shard_base, f"teacher outputs, shard {index + 1}/{len(shard_bases)}"))
+    vectors = np.concatenate(shards)
+    _write_outputs(task, base, vectors)
+    for shard_base in shard_bases:
+        for suffix in (".json", ".npy"):  # the record first: a shard without one is only a miss
+            if tf.io.gfile.exists(shard_base + suffix):
+                tf.io.gfile.remove(shard_base + suffix)
+    return vectors
+
+
+def _cached_outputs(base):
+    """The array `base`.npy as `_write_outputs` wrote it, or None (never written)."""
     try:
         data = files.read_verified(base, ".npy")
     except ValueError as error:
         raise ValueError(f"{error}: delete both files to compute the teacher's outputs again.") from None
-    if data is not None:
-        return np.load(io.BytesIO(data))
-    vectors = compute_teacher_embeddings(task.teacher_backbone, tokenizer, texts, task.training.sequence_length)
-    buffer = io.BytesIO()
-    np.save(buffer, vectors)
-    files.write_verified(base, ".npy", buffer.getvalue(), texts=len(texts), width=int(vectors.shape[1]),
-                         teacher=task.source.name, sequence_length=task.training.sequence_length)
+    return None if data is None else np.load(io.BytesIO(data))
+
+
+def _compute_outputs(task, tokenizer, texts, base, progress="teacher outputs"):
+    vectors = compute_teacher_embeddings(task.teacher_backbone, tokenizer, texts, task.training.sequence_length, TEACHER_BATCH, progress)
+    _write_outputs(task, base, vectors)
     return vectors
 
 
-def compute_teacher_embeddings(teacher, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH):
+def _write_outputs(task, base, vectors):
+    buffer = io.BytesIO()
+    np.save(buffer, vectors)
+    files.write_verified(base, ".npy", buffer.getvalue(), texts=len(vectors), width=int(vectors.shape[1]),
+                         teacher=task.source.name, sequence_length=task.training.sequence_length)
+
+
+def compute_teacher_embeddings(teacher, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH, progress="teacher outputs"):
     """The unit mean embeddings of `texts` by `teacher`, an encoder (`training.inference.embeddings.SentenceEncoder`)."""
     encoder = embeddings.SentenceEncoder(teacher, tokenizer, sequence_length)
     # all texts sorted at once (window 0), batch_size at a time (ratio None): the batches the cached outputs of every
     # run so far were computed in, so that outputs computed again equal them bit for bit
-    return embeddings.unit_rows(encoder.pooled(texts, batch_size, progress="teacher outputs", window=0, ratio=None))
+    return embeddings.unit_rows(encoder.pooled(texts, batch_size, progress=progress, window=0, ratio=None))

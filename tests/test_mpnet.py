@@ -1,0 +1,277 @@
+"""MPNet (all-mpnet-base-v2's architecture) imported from a Hugging Face folder, against an independent numpy
+MPNet forward pass written here from the safetensors file (positions from padding id + 1, one relative
+position bias shared by every layer, no segment types, post-LN, exact GELU) and Hugging Face `tokenizers`
+configured as MPNet's tokenizer.json is (BertNormalizer, BertPreTokenizer, WordPiece, RobertaProcessing):
+a tiny random MPNet folder with all-MiniLM-L6-v2's vocabulary laid out as MPNet's (`<s> <pad> </s> <unk>`
+first, `<mask>` last), exported by `concise-export --hf-dir` and loaded by `SentenceEncoder`. The real
+all-mpnet-base-v2 is compared with sentence-transformers in `benchmarks/mpnet_reference.py`."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import scipy.special
+import tensorflow as tf
+
+from concise_attention.cli.export import main
+from concise_attention.training.inference import embeddings
+from test_hf_export import cosines
+
+HIDDEN, HEADS, LAYERS, INTERMEDIATE, POSITIONS, BUCKETS = 32, 4, 2, 64, 66, 32
+MPNET_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>"]
+TEXTS = ["A man is playing a guitar.", "How do I reset my card PIN?", "Café naïve Straße!",
+         " ".join(["the long sentence of many words"] * 12), "a", "東京は日本の首都です。 Привет"]
+
+
+def mpnet_vocabulary(minilm_dir):
+    """all-MiniLM-L6-v2's (BERT-uncased) vocabulary laid out as MPNet's vocab.txt is: 4 tokens first, <mask> last."""
+    return MPNET_SPECIAL + (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines() + ["<mask>"]
+
+
+def _tensors(vocab_size, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, mean=0.0, scale=0.3):
+        return (mean + rng.normal(scale=scale, size=shape)).astype("float32")
+
+    def dense(prefix, out, inputs):
+        return {f"{prefix}.weight": normal(out, inputs), f"{prefix}.bias": normal(out)}
+
+    def norm(prefix):
+        return {f"{prefix}.LayerNorm.weight": normal(HIDDEN, mean=1.0), f"{prefix}.LayerNorm.bias": normal(HIDDEN)}
+
+    tensors = {"embeddings.word_embeddings.weight": normal(vocab_size, HIDDEN),
+               "embeddings.position_embeddings.weight": normal(POSITIONS, HIDDEN),
+               "embeddings.position_ids": np.arange(POSITIONS)[None], **norm("embeddings"),
+               "encoder.relative_attention_bias.weight": normal(BUCKETS, HEADS, scale=2.0)}
+    for index in range(LAYERS):
+        prefix = f"encoder.layer.{index}"
+        for name in "qkvo":
+            tensors |= dense(f"{prefix}.attention.attn.{name}", HIDDEN, HIDDEN)
+        tensors |= norm(f"{prefix}.attention")
+        tensors |= dense(f"{prefix}.intermediate.dense", INTERMEDIATE, HIDDEN) | dense(f"{prefix}.output.dense", HIDDEN, INTERMEDIATE)
+        tensors |= norm(f"{prefix}.output")
+    return tensors | dense("pooler.dense", HIDDEN, HIDDEN)
+
+
+def write_tiny_mpnet(directory, tokens):
+    """A sentence-transformers MPNet folder as all-mpnet-base-v2's (mean pooling, Normalize), random weights."""
+    directory.mkdir(parents=True)
+    safetensors.numpy.save_file(_tensors(len(tokens)), directory / "model.safetensors")
+    config = {"architectures": ["MPNetForMaskedLM"], "model_type": "mpnet", "vocab_size": len(tokens), "hidden_size": HIDDEN,
+              "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "intermediate_size": INTERMEDIATE, "hidden_act": "gelu",
+              "max_position_embeddings": POSITIONS, "relative_attention_num_buckets": BUCKETS, "layer_norm_eps": 1e-5,
+              "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"do_lower_case": True, "bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>", "unk_token": "[UNK]",
+         "pad_token": "<pad>", "mask_token": "<mask>", "strip_accents": None, "tokenizer_class": "MPNetTokenizer"}))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48, "do_lower_case": False}))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": HIDDEN, "pooling_mode_mean_tokens": True}))
+    return directory
+
+
+# --- The independent reference: MPNet in numpy, from the checkpoint's tensors ---
+
+
+def _bucket(relative):
+    """Hugging Face's MPNetEncoder.relative_position_bucket (32 buckets, max distance 128), in float64."""
+    n = -relative
+    bucket = (n < 0) * 16
+    n = np.abs(n)
+    with np.errstate(divide="ignore"):
+        large = 8 + (np.log(n / 8) / math.log(128 / 8) * 8).astype(np.int64)
+    return bucket + np.where(n < 8, n, np.minimum(large, 15))
+
+
+def _layer_norm(x, tensors, prefix):
+    mean = x.mean(-1, keepdims=True)
+    variance = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(variance + 1e-5) * tensors[f"{prefix}.LayerNorm.weight"] + tensors[f"{prefix}.LayerNorm.bias"]
+
+
+def _dense(x, tensors, prefix):
+    return x @ tensors[f"{prefix}.weight"].T + tensors[f"{prefix}.bias"]
+
+
+def numpy_mpnet(tensors, ids, mask):
+    """MPNet's sequence output [B, L, D] of ids [B, L] with padding `mask` (1 = real token), float64."""
+    tensors = {name: value.astype("float64") for name, value in tensors.items()}
+    positions = np.cumsum(mask, axis=1) * mask + 1  # padding id 1: real tokens from 2
+    x = _layer_norm(tensors["embeddings.word_embeddings.weight"][ids] + tensors["embeddings.position_embeddings.weight"][positions],
+                    tensors, "embeddings")
+    length = ids.shape[1]
+    relative = np.arange(length)[None, :] - np.arange(length)[:, None]  # key - query
+    bias = tensors["encoder.relative_attention_bias.weight"][_bucket(relative)].transpose(2, 0, 1)[None]  # [1, heads, L, L]
+    for index in range(LAYERS):
+        prefix = f"encoder.layer.{index}"
+
+        def split(name):
+            return _dense(x, tensors, f"{prefix}.attention.attn.{name}").reshape(*x.shape[:2], HEADS, -1).transpose(0, 2, 1, 3)
+
+        q, k, v = split("q"), split("k"), split("v")
+        logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]) + bias + np.where(mask[:, None, None, :] > 0, 0.0, -1e9)
+        context = (scipy.special.softmax(logits, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(x.shape)
+        x = _layer_norm(x + _dense(context, tensors, f"{prefix}.attention.attn.o"), tensors, f"{prefix}.attention")
+        hidden = _dense(x, tensors, f"{prefix}.intermediate.dense")
+        hidden = 0.5 * hidden * (1.0 + scipy.special.erf(hidden / math.sqrt(2.0)))
+        x = _layer_norm(x + _dense(hidden, tensors, f"{prefix}.output.dense"), tensors, f"{prefix}.output")
+    return x
+
+
+def hugging_face_mpnet_tokenizer(tokens):
+    """Hugging Face `tokenizers` set up as all-mpnet-base-v2's tokenizer.json is."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer
+    from tokenizers import models
+    from tokenizers import normalizers
+    from tokenizers import pre_tokenizers
+    from tokenizers import processors
+
+    tokenizer = Tokenizer(models.WordPiece({token: index for index, token in enumerate(tokens)}, unk_token="[UNK]",
+                                           max_input_chars_per_word=100))
+    tokenizer.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
+    tokenizer.add_special_tokens([AddedToken(token, normalized=False) for token in [*MPNET_SPECIAL, "[UNK]", "<mask>"]])
+    return tokenizer
+
+
+def reference_embeddings(directory, ids):
+    """Unit mean-pooled numpy MPNet of each id list, one at a time (no padding)."""
+    tensors = safetensors.numpy.load_file(directory / "model.safetensors")
+    rows = [numpy_mpnet(tensors, np.array([row]), np.ones((1, len(row)), "int64"))[0].mean(0) for row in ids]
+    return np.stack([row / np.linalg.norm(row) for row in rows])
+
+
+@pytest.fixture(scope="module")
+def tiny_mpnet(minilm_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_mpnet")
+    tokens = mpnet_vocabulary(minilm_dir)
+    directory = write_tiny_mpnet(root / "mpnet", tokens)
+    return {"dir": directory, "tokens": tokens, "root": root,
+            "ids": [encoding.ids[:47] + ([2] if len(encoding.ids) > 47 else [])
+                    for encoding in hugging_face_mpnet_tokenizer(tokens).encode_batch(TEXTS)]}
+
+
+def test_the_encoder_equals_a_numpy_mpnet_on_left_and_right_padded_batches(tiny_mpnet):
+    """Positions count the real tokens (left padding moves them, as Hugging Face's create_position_ids_from_input_ids),
+    the relative bias is by key - query, and the relative bias differs by direction (a test that fails if it is
+    read the wrong way round)."""
+    from concise_attention.models.hf_import import load_hf_bert
+
+    encoder = load_hf_bert(tiny_mpnet["dir"])
+    assert encoder.type_embeddings is None and encoder.max_sequence_length == POSITIONS - 2
+    tensors = safetensors.numpy.load_file(tiny_mpnet["dir"] / "model.safetensors")
+    ids = tiny_mpnet["ids"][:3]
+    width = max(len(row) for row in ids)
+    for side in ("right", "left"):
+        word_ids = np.ones((len(ids), width), "int32")  # <pad>
+        mask = np.zeros_like(word_ids)
+        for line, row in enumerate(ids):
+            place = slice(0, len(row)) if side == "right" else slice(width - len(row), width)
+            word_ids[line, place], mask[line, place] = row, 1
+        ours = encoder({"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": 0 * word_ids})["sequence_output"]
+        expected = numpy_mpnet(tensors, word_ids, mask)
+        real = mask.astype(bool)
+        np.testing.assert_allclose(np.asarray(ours)[real], expected[real], atol=2e-4)
+    flipped = dict(tensors)
+    flipped["encoder.relative_attention_bias.weight"] = np.roll(tensors["encoder.relative_attention_bias.weight"], 16, axis=0)
+    assert np.abs(numpy_mpnet(flipped, word_ids, mask)[real] - expected[real]).max() > 0.1
+
+
+def test_token_ids_equal_mpnets_tokenizer_on_the_tokenisation_corpus(tiny_mpnet):
+    """The tokenizer of an MPNet folder (its vocabulary with BERT's special-token names at MPNet's ids) gives
+    Hugging Face's MPNet ids on every line of the hostile corpus, <s> ... </s> included."""
+    from test_text import build_corpus
+
+    from concise_attention.training.inference import sources
+    from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+
+    typed_special = ("<s>", "</s>", "<pad>", "<unk>", "<mask>")
+    corpus = [line for line in build_corpus() if not any(token in line for token in typed_special)]
+    assert len(corpus) >= 3000
+    source = sources.read_source(tiny_mpnet["dir"])
+    tokenizer = wordpiece_tokenizer(source.vocabulary, **source.tokenizer)
+    expected = [encoding.ids for encoding in hugging_face_mpnet_tokenizer(tiny_mpnet["tokens"]).encode_batch(corpus)]
+    ours = embeddings.token_ids(tokenizer, corpus, 100_000)
+    assert [line for line, mine, theirs in zip(corpus, ours, expected) if mine != theirs][:5] == []
+    assert (tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"), tokenizer.token_to_id("[PAD]")) == (0, 2, 1)
+    assert tokenizer.token_to_id("[MASK]") == len(tiny_mpnet["tokens"]) - 1
+
+
+def test_exported_and_sentence_encoder_embeddings_equal_the_numpy_mpnet(tiny_mpnet):
+    """`concise-export --hf-dir` serves the folder's unit mean embeddings at its max_seq_length (48: the last text
+    is cut), tokenised as MPNet; `SentenceEncoder.from_preset` gives the same."""
+    from concise_attention import SentenceEncoder
+
+    out = tiny_mpnet["root"] / "out"
+    assert main(["--hf-dir", str(tiny_mpnet["dir"]), "--out", str(out)]) == 0
+    serving = tf.saved_model.load(str(out / "serving" / "1"))
+    served_ids = serving.signatures["tokenize"](text=tf.constant(TEXTS))["input_word_ids"].numpy()
+    assert [[int(i) for i in row[: len(ids)]] for row, ids in zip(served_ids, tiny_mpnet["ids"])] == tiny_mpnet["ids"]
+    expected = reference_embeddings(tiny_mpnet["dir"], tiny_mpnet["ids"])
+    served = serving.signatures["serving_default"](text=tf.constant(TEXTS))["embedding"].numpy()
+    assert cosines(served, expected).min() >= 0.99999
+    encoder = SentenceEncoder.from_preset(str(tiny_mpnet["dir"]))
+    assert encoder.sequence_length == 48
+    encoded = encoder.encode(TEXTS)
+    assert cosines(encoded, expected).min() >= 0.99999
+    np.testing.assert_allclose(np.linalg.norm(encoded, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("cls_token", "[CLS]", "cls_token='[CLS]', but MPNet's tokenisation uses '<s>'"),
+    ("tokenizer_class", "RobertaTokenizer", "tokenizer_class='RobertaTokenizer'"),
+])
+def test_an_mpnet_folder_that_disagrees_with_itself_is_named(tiny_mpnet, tmp_path, capsys, field, value, message):
+    import shutil
+
+    directory = tmp_path / "mpnet"
+    shutil.copytree(tiny_mpnet["dir"], directory)
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings | {field: value}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--hf-dir", str(directory), "--out", str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in error and error.count("\n") == 1, error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_concise_student_distils_from_an_mpnet_teacher(tiny_mpnet, tmp_path):
+    """`concise-train` with an MPNet folder as task.teacher: the cached teacher outputs are the numpy MPNet's unit
+    embeddings, and the student starts from the teacher (its relative position biases are the teacher's first
+    heads', moved by 3 steps only), narrower and with its own head count."""
+    import dataclasses
+
+    from concise_attention.cli import train as cli
+    from concise_attention.training.run import runs
+    from concise_attention.training.tasks import make_task
+
+    overrides = [f"task.teacher={tiny_mpnet['dir']}", f"task.cache_dir={tmp_path / 'cache'}", "task.dataset=sample", "task.data_dir=null",
+                 "task.train_texts=48", "task.eval_texts=16", "training.batch_size=16", "training.train_steps=3",
+                 "training.steps_per_epoch=3", "training.steps_per_execution=3", "training.eval_batches=1", "training.jit_compile=false",
+                 "training.warmup_fraction=null", "training.warmup_steps=1", "training.sequence_length=32", "model.num_layers=2",
+                 f"model.vocab_size={len(tiny_mpnet['tokens'])}", "model.hidden_size=16", "model.num_heads=2", "model.intermediate_size=16",
+                 f"model.max_sequence_length={POSITIONS - 2}", "model.attention={type: fixed, head_size: 8}"]
+    argv = ["--config", "distill_mpnet_d192_fixed", "--run-dir", str(tmp_path / "run"), "--quiet"]
+    for override in overrides:
+        argv += ["--set", override]
+    assert cli.main(argv) == 0
+    config, _, backbone, _ = runs.load_model(tmp_path / "run")
+    teacher_bias = safetensors.numpy.load_file(tiny_mpnet["dir"] / "model.safetensors")["encoder.relative_attention_bias.weight"]
+    np.testing.assert_allclose(backbone.relative_attention_bias.embeddings.numpy(), teacher_bias[:, :2], atol=0.02)
+    assert backbone.type_embeddings is None and backbone.position_offset == 2 and config.task.teacher_width == HIDDEN
+    task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
+    task.load_data()
+    [cached] = [np.load(path) for path in (tmp_path / "cache").glob("*.npy") if np.load(path).shape[0] == len(task.eval_texts)]
+    ids = [encoding.ids[:31] + ([2] if len(encoding.ids) > 31 else []) for encoding in hugging_face_mpnet_tokenizer(tiny_mpnet["tokens"]).encode_batch(task.eval_texts)]
+    assert cosines(cached, reference_embeddings(tiny_mpnet["dir"], ids)).min() >= 0.99999
