@@ -275,3 +275,20 @@ def test_a_concise_student_distils_from_an_mpnet_teacher(tiny_mpnet, tmp_path):
     [cached] = [np.load(path) for path in (tmp_path / "cache").glob("*.npy") if np.load(path).shape[0] == len(task.eval_texts)]
     ids = [encoding.ids[:31] + ([2] if len(encoding.ids) > 31 else []) for encoding in hugging_face_mpnet_tokenizer(tiny_mpnet["tokens"]).encode_batch(task.eval_texts)]
     assert cosines(cached, reference_embeddings(tiny_mpnet["dir"], ids)).min() >= 0.99999
+
+
+def test_a_classifier_fine_tunes_from_an_mpnet_folder(tiny_mpnet, tmp_path):
+    """task.init an MPNet folder: the run takes its architecture (no segment types, counted positions, the relative
+    bias) and fine-tunes a head on its mean token vector (a sentence-transformers folder), and reloads."""
+    from concise_attention.cli import train as cli
+    from concise_attention.training.run import runs
+
+    short = ["training.sequence_length=32", "training.batch_size=8", "training.train_steps=2", "training.train_epochs=null",
+             "training.steps_per_epoch=2", "training.steps_per_execution=2", "training.jit_compile=false",
+             "training.warmup_fraction=null", "training.warmup_steps=1"]
+    argv = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", f"task.init={tiny_mpnet['dir']}",
+            *(item for override in short for item in ("--set", override))]
+    assert cli.main(argv) == 0
+    config, _, backbone, _ = runs.load_model(tmp_path / "run")
+    assert (config.model.type_vocab_size, config.model.position_offset, config.model.relative_attention_buckets) == (0, 2, BUCKETS)
+    assert config.task.pooling == "mean" and backbone.hidden_size == HIDDEN
