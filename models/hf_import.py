@@ -70,39 +70,20 @@ def read_hf_config(directory):
 
 
 def hf_bert_config(directory):
-    """The `BertEncoder` arguments of a Hugging Face BERT or MPNet `config.json`."""
-    config = read_hf_config(directory)
-    if config["model_type"] == "mpnet":
-        return mpnet_arguments(config, pathlib.Path(directory) / "config.json")
+    """The `BertEncoder` arguments of a Hugging Face BERT or MPNet `config.json`. MPNet: no segment types, positions
+    counted from pad_token_id + 1 (the first rows of its table are never read), the relative position bias."""
+    config, path = read_hf_config(directory), pathlib.Path(directory) / "config.json"
     if config.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(
             f"Only absolute position embeddings are supported. Received: position_embedding_type={config['position_embedding_type']!r}"
         )
     if config.get("hidden_act") not in _ACTIVATIONS:
-        raise ValueError(f"`hidden_act` must be one of {sorted(_ACTIVATIONS)}. Received: hidden_act={config.get('hidden_act')!r}")
-    return {
-        "vocab_size": config["vocab_size"],
-        "hidden_size": config["hidden_size"],
-        "num_layers": config["num_hidden_layers"],
-        "num_heads": config["num_attention_heads"],
-        "intermediate_size": config["intermediate_size"],
-        "attention": {"type": "standard"},
-        "max_sequence_length": config["max_position_embeddings"],
-        "type_vocab_size": config["type_vocab_size"],
-        "activation": _ACTIVATIONS[config["hidden_act"]],
-        "dropout": config.get("hidden_dropout_prob", 0.1),
-        "attention_dropout": config.get("attention_probs_dropout_prob", 0.1),
-        "layer_norm_epsilon": config.get("layer_norm_eps", 1e-12),
-        "initializer_range": config.get("initializer_range", 0.02),
-    }
-
-
-def mpnet_arguments(config, path):
-    """The `BertEncoder` arguments of an MPNet config.json (`path`, for errors): BERT's sizes, no segment types,
-    positions from pad_token_id + 1 (the table's first rows are never read), the relative position bias."""
-    if config.get("hidden_act") not in _ACTIVATIONS:
         raise ValueError(f"{path}: `hidden_act` must be one of {sorted(_ACTIVATIONS)}. Received: hidden_act={config.get('hidden_act')!r}")
-    offset = config.get("pad_token_id", 1) + 1
+    mpnet = config["model_type"] == "mpnet"
+    offset = config.get("pad_token_id", 1) + 1 if mpnet else 0
+    positions = {"type_vocab_size": 0, "position_offset": offset,
+                 "relative_attention_buckets": config.get("relative_attention_num_buckets", 32),
+                 "relative_attention_max_distance": MPNET_MAX_DISTANCE} if mpnet else {"type_vocab_size": config["type_vocab_size"]}
     return {
         "vocab_size": config["vocab_size"],
         "hidden_size": config["hidden_size"],
@@ -111,14 +92,11 @@ def mpnet_arguments(config, path):
         "intermediate_size": config["intermediate_size"],
         "attention": {"type": "standard"},
         "max_sequence_length": config["max_position_embeddings"] - offset,
-        "type_vocab_size": 0,
-        "position_offset": offset,
-        "relative_attention_buckets": config.get("relative_attention_num_buckets", 32),
-        "relative_attention_max_distance": MPNET_MAX_DISTANCE,
+        **positions,
         "activation": _ACTIVATIONS[config["hidden_act"]],
         "dropout": config.get("hidden_dropout_prob", 0.1),
         "attention_dropout": config.get("attention_probs_dropout_prob", 0.1),
-        "layer_norm_epsilon": config.get("layer_norm_eps", 1e-5),
+        "layer_norm_epsilon": config.get("layer_norm_eps", 1e-5 if mpnet else 1e-12),
         "initializer_range": config.get("initializer_range", 0.02),
     }
 
