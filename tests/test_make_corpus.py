@@ -8,6 +8,8 @@ against the files with Python's own counting and hashlib.
 import gzip
 import hashlib
 import json
+import shutil
+import subprocess
 import textwrap
 
 import pytest
@@ -479,3 +481,81 @@ def test_each_dictionary_entry_is_its_own_document(tmp_path):
     manifest = json.loads((tmp_path / "out/manifest.json").read_text())
     assert manifest["sources"][0]["documents"] == 200 and manifest["sources"][0]["heldout_documents"] == len(held_out)
     assert make_corpus.PACKAGE_SETS["general"] == ("dict-gcide", "fortunes")
+
+
+def _deb(root, package, version, tmp_path, extra=""):
+    """A real .deb of the fixture package `package` (dpkg-deb --build), `extra` appended to one of its documents."""
+    tree = tmp_path / f"tree-{package}-{version}"
+    shutil.copytree(root / package, tree)
+    (tree / "DEBIAN").mkdir(exist_ok=True)
+    (tree / "DEBIAN" / "control").write_text(f"Package: {package}\nVersion: {version}\nArchitecture: all\n"
+                                             "Maintainer: Test <test@example.org>\nDescription: fixture\n")
+    if extra:
+        (tree / "usr/share/doc" / package / "extra.txt").write_text(extra)
+    deb = tmp_path / f"{package}_{version.replace(':', '%3a')}_all.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(tree), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+def _fake_apt(monkeypatch, debs):
+    """apt-cache show/madison and apt-get download answered from `debs` ({(package, version): .deb}); dpkg-deb real."""
+    real = make_corpus._run
+
+    def run(command, what, **kwargs):
+        if command[0] == "apt-cache" and command[1] == "show":
+            package, _, version = command[-1].partition("=")
+            offered = sorted(v for p, v in debs if p == package)
+            if not offered or (version and version not in offered):
+                raise ValueError(f"{what}: no such version")
+            return f"Package: {package}\nVersion: {version or offered[-1]}\nArchitecture: all\n\n"
+        if command[0] == "apt-cache" and command[1] == "madison":
+            return "".join(f" {p} | {v} | http://deb.example/ main all Packages\n" for p, v in sorted(debs) if p == command[2])
+        if command[0] == "apt-get":
+            package, version = command[2].split("=")
+            shutil.copy(debs[(package, version)], kwargs["cwd"])
+            return ""
+        return real(command, what, **kwargs)
+
+    monkeypatch.setattr(make_corpus, "_run", run)
+
+
+def test_a_corpus_is_rebuilt_from_its_manifest_and_says_what_differs(tmp_path, monkeypatch, capsys):
+    """The manifest records each .deb's sha256 and the corpus' own; `--manifest` rebuilds the same corpus (byte for
+    byte) where apt offers the recorded versions, and where it does not says which package moved, and how."""
+    root = tmp_path / "unpacked"
+    _write_fixtures(root, extra_documents=20)
+    original = {("docs-html", "1:2.3-4"): _deb(root, "docs-html", "1:2.3-4", tmp_path), ("docs-man", "1.0"): _deb(root, "docs-man", "1.0", tmp_path)}
+    _fake_apt(monkeypatch, original)
+    common = ["--paragraph-min-words", "8", "--no-progress"]
+    assert make_corpus.main(["--out", str(tmp_path / "a"), "--packages", "docs-man", "docs-html", "--cache", str(tmp_path / "c1"), *common]) == 0
+    recorded = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert {entry["package"]: entry["deb_sha256"] for entry in recorded["sources"]} == \
+        {package: hashlib.sha256(deb.read_bytes()).hexdigest() for (package, _), deb in original.items()}
+    assert recorded["corpus_sha256"] == make_corpus.corpus_sha256(recorded["shards"])
+    capsys.readouterr()
+
+    manifest_file = str(tmp_path / "a" / "manifest.json")
+    assert make_corpus.main(["--out", str(tmp_path / "b"), "--manifest", manifest_file, "--cache", str(tmp_path / "c2"), "--no-progress"]) == 0
+    assert f"the same corpus as {manifest_file}" in capsys.readouterr().out
+    rebuilt = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert rebuilt["rebuilt_from"] == {"corpus_sha256": recorded["corpus_sha256"]}
+    assert {k: v for k, v in rebuilt.items() if k != "rebuilt_from"} == recorded
+    for shard in recorded["shards"]:
+        assert (tmp_path / "b" / shard["file"]).read_bytes() == (tmp_path / "a" / shard["file"]).read_bytes()
+
+    moved = {("docs-html", "1:2.3-4"): original[("docs-html", "1:2.3-4")],
+             ("docs-man", "1.1"): _deb(root, "docs-man", "1.1", tmp_path, extra="A new paragraph of plain prose arrived with the next version of the package.\n")}
+    _fake_apt(monkeypatch, moved)
+    assert make_corpus.main(["--out", str(tmp_path / "c"), "--manifest", manifest_file, "--cache", str(tmp_path / "c3"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "docs-man 1.0: not offered here (1.1): its candidate is used" in out
+    assert "docs-man: version 1.0 -> 1.1, deb_sha256" in out and "docs-html:" not in out.split("corpus sha256", 2)[-1]
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())["corpus_sha256"] != recorded["corpus_sha256"]
+
+
+def test_a_bad_manifest_is_one_line(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text('{"sources": "x"}')
+    assert make_corpus.main(["--out", str(tmp_path / "out"), "--manifest", str(tmp_path / "manifest.json")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"make_corpus: error: --manifest {tmp_path / 'manifest.json'}: not a manifest") and error.count("\n") == 1
+    assert not (tmp_path / "out").exists()

@@ -16,10 +16,17 @@ of its package and path, goes wholly to the held-out split.
 
 Output (one paragraph per line, shards of about 10 MB):
     OUT/train/train-00000.txt ...   OUT/heldout/heldout-00000.txt ...   OUT/manifest.json
-The manifest records, per package, its version, its licence (from `usr/share/doc/<pkg>/copyright`),
-documents, paragraphs and words in each split, and each shard's counts and SHA-256. The same packages
+The manifest records, per package, its version, the SHA-256 of its .deb, its licence (from
+`usr/share/doc/<pkg>/copyright`), documents, paragraphs and words in each split; each shard's counts and
+SHA-256; and the corpus' own SHA-256 (`corpus_sha256`, of the shards' names and SHA-256s). The same packages
 give byte-identical files: walks are sorted, packages are processed in name order, nothing depends
-on time or set order.
+on time or set order. The packages of a day's Debian change, so a corpus is rebuilt from its manifest:
+
+    python -m concise_attention.training.data.make_corpus --out corpus --manifest old/manifest.json
+
+takes the manifest's packages at its versions where apt still offers them (the candidate where not), and prints
+how the result differs from the recorded build (nothing: the same corpus_sha256), packages by version, .deb
+SHA-256 and counts; the new manifest records the corpus it was rebuilt from (`rebuilt_from`).
 """
 
 import argparse
@@ -814,6 +821,7 @@ class UnpackedPackage:
     version: str
     root: pathlib.Path
     source: SourceSpec
+    deb_sha256: str = None  # of the .deb it was unpacked from (None: read from an unpacked folder)
 
 
 def _split_counts():
@@ -823,7 +831,7 @@ def _split_counts():
 def _convert_package(package, writers, seen, paragraph_min_words, progress):
     """Streams one package's prose paragraphs into the writers; returns its manifest entry."""
     licence, copyright_file = read_licence(package.root, package.name)
-    entry = {"package": package.name, "version": package.version, "licence": licence,
+    entry = {"package": package.name, "version": package.version, "deb_sha256": package.deb_sha256, "licence": licence,
              "copyright_file": copyright_file, "documents": 0, "heldout_documents": 0,
              "documents_without_prose": 0, "duplicate_paragraphs": 0,
              "paragraphs": _split_counts(), "words": _split_counts(), "unreadable_documents": []}
@@ -889,7 +897,12 @@ def _totals(sources):
     return totals
 
 
-def build_corpus(packages, out_dir, paragraph_min_words=DEFAULT_PARAGRAPH_MIN_WORDS, progress=False):
+def corpus_sha256(shards):
+    """The corpus' own sha256: of its shards' names and sha256s, in order (two builds are the same corpus iff equal)."""
+    return hashlib.sha256("".join(f"{shard['file']} {shard['sha256']}\n" for shard in shards).encode()).hexdigest()
+
+
+def build_corpus(packages, out_dir, paragraph_min_words=DEFAULT_PARAGRAPH_MIN_WORDS, progress=False, rebuilt_from=None):
     """Converts, filters, deduplicates and splits the packages' documents into `out_dir`; returns the manifest.
 
     Args:
@@ -899,6 +912,7 @@ def build_corpus(packages, out_dir, paragraph_min_words=DEFAULT_PARAGRAPH_MIN_WO
             (built beside them in `.building/`, then moved in), nothing else there is touched.
         paragraph_min_words: the fewest words a kept paragraph has.
         progress: show a tqdm bar per package.
+        rebuilt_from: recorded in the manifest as it is (`--manifest`: the corpus sha256 it rebuilds).
     """
     if paragraph_min_words < 1:
         raise ValueError(f"paragraph_min_words must be at least 1; got {paragraph_min_words}")
@@ -918,11 +932,13 @@ def build_corpus(packages, out_dir, paragraph_min_words=DEFAULT_PARAGRAPH_MIN_WO
     shards = [shard for split in ("train", "heldout") for shard in writers[split].close()]
     manifest = {
         "builder": "python -m concise_attention.training.data.make_corpus",
+        "corpus_sha256": corpus_sha256(shards),
         "paragraph_min_words": paragraph_min_words,
         "heldout_one_in": HELDOUT_ONE_IN,
         "sources": sources,
         "totals": _totals(sources),
         "shards": shards,
+        **({"rebuilt_from": rebuilt_from} if rebuilt_from else {}),
     }
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     for name in ("train", "heldout", "manifest.json"):
@@ -951,13 +967,15 @@ def _run(command, what, **kwargs):
         raise ValueError(f"{what}: {' '.join(command)} failed: {reason}") from None
 
 
-def fetch_deb(package, cache_dir):
-    """(.deb path in cache_dir, package name, version) of the package's candidate, downloaded if not cached.
+def fetch_deb(package, cache_dir, version=None):
+    """(.deb path in cache_dir, package name, version) of the package's candidate (or of `version`, which apt must
+    still offer), downloaded if not cached.
 
     The name is the one apt resolves to (a virtual name such as boost1.74-doc is provided by
     libboost1.74-doc), so that the copyright file and the manifest are that package's.
     """
-    info = _run(["apt-cache", "show", "--no-all-versions", package], f"--packages {package}")
+    info = _run(["apt-cache", "show", "--no-all-versions", package if version is None else f"{package}={version}"],
+                f"--packages {package}")
     first_stanza = info.strip().split("\n\n")[0]
     fields = dict(re.findall(r"^(Package|Version|Architecture):\s*(\S+)", first_stanza, re.MULTILINE))
     if len(fields) != 3:
@@ -973,16 +991,65 @@ def fetch_deb(package, cache_dir):
     return deb, name, version
 
 
-def downloaded_packages(names, cache_dir):
-    """UnpackedPackage for each name in turn, each unpacked just before use and removed after."""
+def available_versions(package):
+    """The versions of `package` apt offers here (`apt-cache madison`), newest first."""
+    try:
+        listing = _run(["apt-cache", "madison", package], f"--packages {package}")
+    except ValueError:
+        return []
+    return list(dict.fromkeys(line.split("|")[1].strip() for line in listing.splitlines() if line.count("|") >= 2))
+
+
+def pinned_versions(manifest):
+    """{package: version} of a manifest's sources that apt still offers, and the lines saying which it does not."""
+    pins, differences = {}, []
+    for entry in manifest["sources"]:
+        offered = available_versions(entry["package"])
+        if entry["version"] in offered:
+            pins[entry["package"]] = entry["version"]
+        else:
+            differences.append(f"{entry['package']} {entry['version']}: not offered here "
+                               f"({'; '.join(offered) or 'no version at all'}): its candidate is used")
+    return pins, differences
+
+
+def compare_builds(recorded, built):
+    """Lines saying how a rebuilt corpus differs from the manifest it was rebuilt from (none: the same corpus)."""
+    if recorded.get("corpus_sha256") == built["corpus_sha256"]:
+        return []
+    before = {entry["package"]: entry for entry in recorded["sources"]}
+    lines = [f"corpus sha256 {built['corpus_sha256']}, recorded {recorded.get('corpus_sha256', 'none')}"]
+    for entry in built["sources"]:
+        old = before.pop(entry["package"], None)
+        if old is None:
+            lines.append(f"{entry['package']}: not in the recorded build")
+            continue
+        changed = [key for key in ("version", "deb_sha256", "words", "paragraphs") if old.get(key) != entry[key]]
+        if changed:
+            lines.append(f"{entry['package']}: {', '.join(f'{key} {old.get(key)} -> {entry[key]}' for key in changed)}")
+    lines += [f"{name}: in the recorded build only" for name in before]
+    return lines
+
+
+def downloaded_packages(names, cache_dir, versions=None):
+    """UnpackedPackage for each name in turn (at `versions[name]` where given), each unpacked just before use
+    and removed after."""
     for requested in names:
-        deb, name, version = fetch_deb(requested, cache_dir)
+        deb, name, version = fetch_deb(requested, cache_dir, (versions or {}).get(requested))
         with tempfile.TemporaryDirectory(prefix=f"make_corpus-{name}-") as unpacked:
             _run(["dpkg-deb", "-x", str(deb), unpacked], f"--packages {requested}")
             owner = linked_doc_owner(unpacked, name)
             if owner and not (pathlib.Path(unpacked) / "usr/share/doc" / owner / "copyright").exists():
                 _copy_copyright_file(owner, cache_dir, pathlib.Path(unpacked))
-            yield UnpackedPackage(name, version, pathlib.Path(unpacked), source_spec(name))
+            yield UnpackedPackage(name, version, pathlib.Path(unpacked), source_spec(name), _sha256(deb))
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _copy_copyright_file(owner, cache_dir, unpacked):
@@ -1038,21 +1105,42 @@ def parse_args(argv):
     parser.add_argument("--paragraph-min-words", type=_positive, default=DEFAULT_PARAGRAPH_MIN_WORDS,
                         help="the fewest words a kept paragraph has (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--manifest", help="rebuild the corpus a manifest.json of this builder describes: its packages at its "
+                                           "versions where apt still offers them (the differences are printed and recorded)")
     return parser.parse_args(argv)
+
+
+def _recorded_manifest(path):
+    """The manifest --manifest names, or a ValueError naming it."""
+    try:
+        manifest = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+        names = [entry["package"] for entry in manifest["sources"]]
+        return manifest, names, int(manifest["paragraph_min_words"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"--manifest {path}: not a manifest of this builder ({type(error).__name__}: {error})") from None
+
+
+def _package_source(args, names, versions):
+    if args.unpacked:
+        return unpacked_packages(names, args.unpacked)
+    return downloaded_packages(names, args.cache or os.path.join(args.out, "deb-cache"), versions)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    # name order: the output does not depend on the order given
-    names = sorted({name for given in args.packages for name in PACKAGE_SETS.get(given, (given,))})
-    if args.min_words is None:
-        args.min_words = max(1, sum(SET_MIN_WORDS.get(given, 0) for given in set(args.packages)))
-    if args.unpacked:
-        packages = unpacked_packages(names, args.unpacked)
-    else:
-        packages = downloaded_packages(names, args.cache or os.path.join(args.out, "deb-cache"))
+    recorded, versions, differences = None, None, []
     try:
-        manifest = build_corpus(packages, args.out, args.paragraph_min_words, progress=not args.no_progress)
+        if args.manifest:
+            recorded, names, args.paragraph_min_words = _recorded_manifest(args.manifest)
+            if not args.unpacked:
+                versions, differences = pinned_versions(recorded)
+        else:
+            # name order: the output does not depend on the order given
+            names = sorted({name for given in args.packages for name in PACKAGE_SETS.get(given, (given,))})
+        if args.min_words is None:
+            args.min_words = 1 if recorded else max(1, sum(SET_MIN_WORDS.get(given, 0) for given in set(args.packages)))
+        manifest = build_corpus(_package_source(args, names, versions), args.out, args.paragraph_min_words,
+                                progress=not args.no_progress, rebuilt_from=recorded and {"corpus_sha256": recorded.get("corpus_sha256")})
     except ValueError as error:
         print(f"make_corpus: error: {error}", file=sys.stderr)
         return 2
@@ -1061,7 +1149,10 @@ def main(argv=None):
         print(f"{entry['package']} {entry['version']}: {entry['documents']} documents, {words} words")
     totals = manifest["totals"]
     print(f"total: {totals['words']['all']} words ({totals['words']['train']} train, "
-          f"{totals['words']['heldout']} held out) in {args.out}")
+          f"{totals['words']['heldout']} held out) in {args.out}; corpus sha256 {manifest['corpus_sha256']}")
+    if recorded:
+        differences += compare_builds(recorded, manifest)
+        print("\n".join(differences) if differences else f"the same corpus as {args.manifest}")
     if totals["words"]["all"] < args.min_words:
         print(f"make_corpus: error: the corpus has {totals['words']['all']} words, fewer than --min-words "
               f"{args.min_words}; add packages with --packages", file=sys.stderr)
