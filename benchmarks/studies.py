@@ -683,6 +683,17 @@ def run_studies(corpus, seeds, studies, jobs):
         _record(corpus, pending[run_dir], metrics)
 
 
+def same_build(row, corpus):
+    """Whether a results row was trained on this build of the corpus: its corpus_sha256 where it records one, else
+    (rows written before it) its training split's token count, which two builds of different packages do not share."""
+    if corpus.name == "sample":
+        return True
+    recorded = row.get("corpus_sha256", "unknown")
+    if recorded not in ("", "unknown"):
+        return recorded == corpus.sha256
+    return int(row["train_split_tokens"]) == corpus.train["tokens"]
+
+
 def check_tables(corpus, studies, jobs):
     """Re-runs the first committed row of each table with today's code, `corpus` prepared from scratch
     (main() gives it a scratch cache), and compares its held-out perplexity with the committed one; records
@@ -699,7 +710,7 @@ def check_tables(corpus, studies, jobs):
         rerun = make_row(corpus, study, row["label"], int(row["seed"]), metrics)
         before, now = float(row["eval_subword_perplexity"]), rerun["eval_subword_perplexity"]
         relative = now / before - 1
-        same_corpus = corpus.name == "sample" or (bool(corpus.sha256) and row.get("corpus_sha256", "") == corpus.sha256)
+        same_corpus = same_build(row, corpus)
         record[study] = {"label": row["label"], "seed": int(row["seed"]), "committed": before, "committed_commit": row.get("commit", "unknown"),
                          "rerun": now, "relative": round(relative, 5),
                          # like with like: on another build of the corpus the difference is cross-build variance, not staleness

@@ -510,3 +510,12 @@ def test_the_readmes_mteb_table_is_the_committed_data():
     pca = next(row for name, row in rows.items() if name.endswith(", PCA to 192"))
     below = [name for name, row in rows.items() if row["width"] == 192 and "PCA" not in name and row["mean"] < pca["mean"]]
     assert below and "so not shipped" in readme and all(f"`{name}`" in readme for name in below)
+
+
+def test_the_check_judges_a_row_only_on_its_own_build_of_the_corpus(tmp_path):
+    """A row is the same build as the corpus by its corpus_sha256, or, for rows older than it, by its token count."""
+    corpus = studies.Corpus("large", (), tmp_path, tmp_path, {"rows": 10, "tokens": 36_320_698}, "a" * 64)
+    assert studies.same_build({"corpus_sha256": "a" * 64, "train_split_tokens": "1"}, corpus)
+    assert not studies.same_build({"corpus_sha256": "b" * 64, "train_split_tokens": "36320698"}, corpus)
+    assert studies.same_build({"corpus_sha256": "unknown", "train_split_tokens": "36320698"}, corpus)
+    assert not studies.same_build({"train_split_tokens": "36304216"}, corpus)
