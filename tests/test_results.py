@@ -514,6 +514,7 @@ def test_the_readmes_mteb_table_is_the_committed_data():
 
 def test_the_check_judges_a_row_only_on_its_own_build_of_the_corpus(tmp_path):
     """A row is the same build as the corpus by its corpus_sha256, or, for rows older than it, by its token count."""
+    studies = _benchmark_module("studies")
     corpus = studies.Corpus("large", (), tmp_path, tmp_path, {"rows": 10, "tokens": 36_320_698}, "a" * 64)
     assert studies.same_build({"corpus_sha256": "a" * 64, "train_split_tokens": "1"}, corpus)
     assert not studies.same_build({"corpus_sha256": "b" * 64, "train_split_tokens": "36320698"}, corpus)
