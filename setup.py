@@ -84,6 +84,8 @@ setuptools.setup(
             # tests/gcs_fake.py: a local Google Cloud Storage that TensorFlow's gs:// client reaches through a TLS proxy
             "gcp-storage-emulator>=2024.8",
             "trustme>=1.1",
+            # the linter the suite runs (tests/test_repository.py; its rules: pyproject.toml)
+            "ruff>=0.6",
         ],
     },
 )

@@ -1,7 +1,6 @@
 """MTEB's protocols (`training.inference.mteb_protocol`) and `concise-evaluate --encoder`'s refusals; the published
 figures themselves are reproduced from the served all-MiniLM-L6-v2 export in test_hf_export."""
 
-import json
 import shutil
 
 import numpy as np

@@ -278,3 +278,9 @@ def test_the_package_alone_loads_no_tensorflow_and_lends_the_sentence_encoder_on
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, timeout=300)
     lines = result.stdout.strip().splitlines() or [""]
     assert lines[-1] == "True True False ['SentenceEncoder']", result.stderr[-2000:]
+
+
+def test_ruff_finds_nothing():
+    """The linter of pyproject.toml's [tool.ruff] (syntax errors, pyflakes) passes on the whole checkout."""
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]
