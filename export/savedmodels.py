@@ -229,8 +229,9 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
     def embed_ids(**inputs):  # ids as sent: outside the vocabulary or the segment types is an InvalidArgument
         vocabulary, types = encoder.get_config()["vocab_size"], encoder.get_config()["type_vocab_size"]
         checks = [tf.debugging.assert_non_negative(inputs[name], message=f"{name} must be >= 0") for name in ENCODER_INPUTS]
-        checks += [tf.debugging.assert_less(inputs["input_word_ids"], vocabulary, message=f"input_word_ids must be < {vocabulary}"),
-                   tf.debugging.assert_less(inputs["input_type_ids"], types, message=f"input_type_ids must be < {types}")]
+        checks.append(tf.debugging.assert_less(inputs["input_word_ids"], vocabulary, message=f"input_word_ids must be < {vocabulary}"))
+        if types:  # an encoder without segment types (MPNet) ignores input_type_ids
+            checks.append(tf.debugging.assert_less(inputs["input_type_ids"], types, message=f"input_type_ids must be < {types}"))
         with tf.control_dependencies(checks):
             return embed({name: tf.identity(inputs[name]) for name in ENCODER_INPUTS})
 

@@ -8,8 +8,9 @@ zip is checked against the SHA-256 pinned here, and the model folder in it (conf
 vocab.txt, tokenizer files, modules.json, 1_Pooling/, the sentence-transformers settings; not Windows'
 desktop.ini files) is extracted into a staging folder beside OUT, each file's SHA-256 recorded in
 OUT/manifest.json, and moved into place whole. OUT is then a folder every loader takes as it is
-(`concise-export --hf-dir OUT`, `SentenceEncoder.from_preset("OUT")`, `task.teacher: OUT`). Bad input is one line
-and exit 2; nothing is written.
+(`concise-export --hf-dir OUT`, `SentenceEncoder.from_preset("OUT")`, `task.teacher: OUT`). An existing OUT is
+replaced only if it is an earlier output (its manifest.json names the model). Bad input is one line and exit 2;
+nothing is written.
 """
 
 import argparse
@@ -41,6 +42,19 @@ def volume(package):
     if len(volumes) != 1 or not os.path.isfile(volumes[0].locate()):
         raise ValueError(f"{package}: expected one installed file all-mpnet-base-v2.zip.NNN. Received: {[str(path) for path in volumes]}")
     return pathlib.Path(volumes[0].locate())
+
+
+def check_replaceable(out):
+    """Refuses an existing --out that is not an earlier output of this script (its manifest.json names the model)."""
+    if not out.exists():
+        return
+    try:
+        earlier = json.loads((out / "manifest.json").read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        earlier = None
+    if earlier != SOURCE["model"]:
+        raise ValueError(f"--out {str(out)!r} exists and is not an earlier output of this script (no manifest.json naming "
+                         f"{SOURCE['model']}): choose a new folder")
 
 
 def join_volumes(volumes, path):
@@ -76,12 +90,13 @@ def extract(archive, out):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="the folder to write (replaced whole if it exists)")
+    parser.add_argument("--out", required=True, help="the folder to write (must not exist, or be an earlier output, replaced whole)")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out).resolve()
     try:
         volumes = [volume(package) for package in PACKAGES]
         files.check_creatable(str(out), "--out")
+        check_replaceable(out)
     except ValueError as error:
         parser.exit(2, f"join_mpnet: error: {error}\n")
     out.parent.mkdir(parents=True, exist_ok=True)

