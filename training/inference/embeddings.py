@@ -46,7 +46,10 @@ class SentenceEncoder:
             inputs = {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": tf.zeros_like(word_ids)}
             return mean_pooled(backbone(inputs, training=False)["sequence_output"], mask)
 
-        self._forward = tf.function(forward, reduce_retracing=True)
+        # One trace for every batch shape: a text's vector then depends on its batch alone, not on the shapes
+        # traced before it (what lets sharded teacher outputs equal unsharded ones bit for bit).
+        ids = tf.TensorSpec([None, None], tf.int32)
+        self._forward = tf.function(forward, input_signature=[ids, ids])
 
     @classmethod
     def from_preset(cls, preset, sequence_length=None):

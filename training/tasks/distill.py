@@ -74,7 +74,8 @@ from concise_attention.training.tasks.sentence import _packer as sentence_packer
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 TEACHER_BATCH = 64
-SHARD_TEXTS = 16_384  # teacher outputs of more texts are computed and cached in shards of this many (resumable)
+SHARD_TEXTS = 16_384  # teacher outputs of more texts are computed and cached in shards of this many (resumable); a
+# multiple of TEACHER_BATCH, so that shards hold whole batches
 PACK_TEXTS = 1024  # texts tokenised at once before bucketing by length (length_bucket)
 STREAM_TEXTS = 256
 RIDGE = 1e-3  # fit_projection's penalty, relative to the inputs' variance
@@ -475,7 +476,9 @@ def teacher_outputs(task, tokenizer, texts):
     """The teacher's unit embeddings of `texts`, float32 (N, D): read from the cache (its sha256 checked), else
     computed and written there atomically. More than `SHARD_TEXTS` texts are computed shard by shard, each
     shard cached under its own fingerprint as it finishes (a resumed computation starts at the first missing
-    one), then joined, written whole and the shards removed."""
+    one), then joined, written whole and the shards removed. Shards are runs of the texts in the length order
+    the whole computation batches them in, cut at batch boundaries: the same batches, so the same outputs bit
+    for bit."""
     directory = cache_directory(task.settings)
     base = files.join(directory, cache_fingerprint(task, tokenizer, texts))
     vectors = _cached_outputs(base)
@@ -483,15 +486,19 @@ def teacher_outputs(task, tokenizer, texts):
         return vectors
     if len(texts) <= SHARD_TEXTS:
         return _compute_outputs(task, tokenizer, texts, base)
-    shard_bases = [files.join(files.join(directory, "shards"), cache_fingerprint(task, tokenizer, texts[start:start + SHARD_TEXTS]))
-                   for start in range(0, len(texts), SHARD_TEXTS)]
-    shards = []
-    for index, shard_base in enumerate(shard_bases):
-        part = texts[index * SHARD_TEXTS:(index + 1) * SHARD_TEXTS]
-        cached = _cached_outputs(shard_base)
-        shards.append(cached if cached is not None else
-                      _compute_outputs(task, tokenizer, part, shard_base, f"teacher outputs, shard {index + 1}/{len(shard_bases)}"))
-    vectors = np.concatenate(shards)
+    lengths = [len(row) for row in embeddings.token_ids(tokenizer, texts, task.training.sequence_length)]
+    order = np.argsort(lengths, kind="stable")  # as `SentenceEncoder.pooled` sorts them (window 0)
+    shards = [order[start:start + SHARD_TEXTS] for start in range(0, len(texts), SHARD_TEXTS)]
+    shard_bases = [files.join(files.join(directory, "shards"), cache_fingerprint(task, tokenizer, [texts[i] for i in rows]))
+                   for rows in shards]
+    vectors = None
+    for index, (rows, shard_base) in enumerate(zip(shards, shard_bases)):
+        part = _cached_outputs(shard_base)
+        if part is None:
+            part = _compute_outputs(task, tokenizer, [texts[i] for i in rows], shard_base,
+                                    f"teacher outputs, shard {index + 1}/{len(shards)}")
+        vectors = np.zeros((len(texts), part.shape[1]), np.float32) if vectors is None else vectors
+        vectors[rows] = part
     _write_outputs(task, base, vectors)
     for shard_base in shard_bases:
         for suffix in (".json", ".npy"):  # the record first: a shard without one is only a miss
