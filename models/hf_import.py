@@ -80,6 +80,10 @@ def hf_bert_config(directory):
     if config.get("hidden_act") not in _ACTIVATIONS:
         raise ValueError(f"{path}: `hidden_act` must be one of {sorted(_ACTIVATIONS)}. Received: hidden_act={config.get('hidden_act')!r}")
     mpnet = config["model_type"] == "mpnet"
+    for field, least in (("pad_token_id", 0), ("relative_attention_num_buckets", 4)) if mpnet else ():
+        value = config.get(field, 1 if field == "pad_token_id" else 32)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{path}: `{field}` must be an integer >= {least}. Received: {field}={value!r}")
     offset = config.get("pad_token_id", 1) + 1 if mpnet else 0
     positions = {"type_vocab_size": 0, "position_offset": offset,
                  "relative_attention_buckets": config.get("relative_attention_num_buckets", 32),
@@ -111,7 +115,7 @@ def bert_named_tokens(tokens):
         if mpnet_name == bert_name:
             continue
         if mpnet_name not in tokens:
-            raise ValueError(f"The MPNet vocabulary lacks its special token {mpnet_name!r} ({field}).")
+            raise ValueError(f"The MPNet vocabulary (vocab.txt) lacks its special token {mpnet_name!r} ({field}).")
         mpnet_line = tokens.index(mpnet_name)
         if bert_name in tokens:
             tokens[tokens.index(bert_name)] = mpnet_name

@@ -367,3 +367,30 @@ def test_a_student_started_from_an_mpnet_teacher_takes_its_position_scheme(tiny_
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in error and error.count("\n") == 1, error
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.position_offset=abc", "`model.position_offset` must be a number > 0"),
+    ("model.relative_attention_buckets=33", "`model.relative_attention_buckets` must be 0 or an even number >= 4"),
+    ("model.relative_attention_max_distance=4", "`model.relative_attention_max_distance` must exceed"),
+    ("model.type_vocab_size=-1", "`model.type_vocab_size` must be an integer >= 0"),
+])
+def test_bad_mpnet_settings_are_named_before_a_run_is_written(tmp_path, override, message):
+    from concise_attention.training.run import configs
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        configs.load_config("distill_mpnet_d384_fixed", [override])
+
+
+@pytest.mark.parametrize("field, value", [("pad_token_id", None), ("pad_token_id", "1"), ("relative_attention_num_buckets", 0)])
+def test_a_bad_mpnet_config_json_is_one_line(tiny_mpnet, tmp_path, capsys, field, value):
+    import shutil
+
+    directory = tmp_path / "mpnet"
+    shutil.copytree(tiny_mpnet["dir"], directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(config | {field: value}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--hf-dir", str(directory), "--out", str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"`{field}` must be an integer" in error and error.count("\n") == 1, error

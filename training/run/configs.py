@@ -91,14 +91,27 @@ def _check_model(model):
             raise ValueError(f"`model.{name}` must be in [0, 1). Received: model.{name}={value!r}")
     for name, high in MODEL_POSITIVES.items():
         value = getattr(model, name, None)
-        if value is not None and not isinstance(value, bool) and not (value > 0 and (high is None or value <= high)):
-            domain = "> 0" + (f" and <= {high:,}" if high is not None else "")
+        if value is not None and not isinstance(value, bool) and not (isinstance(value, (int, float)) and value > 0
+                                                                      and (high is None or value <= high)):
+            domain = "a number > 0" + (f" and <= {high:,}" if high is not None else "")
             raise ValueError(f"`model.{name}` must be {domain}. Received: model.{name}={value!r}")
     for name, high in MODEL_COUNTS.items():
         value = getattr(model, name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high):
             raise ValueError(f"`model.{name}` must be an integer >= 0 and <= {high:,}. Received: model.{name}={value!r}")
+    _check_relative_bias(model)
     _check_attention(model)
+
+
+def _check_relative_bias(model):
+    """MPNet's relative position bias (`models.embedding.RelativePositionBias`): none, or an even number of buckets,
+    at least 4, and a distance above a quarter of them."""
+    buckets, distance = getattr(model, "relative_attention_buckets", 0), getattr(model, "relative_attention_max_distance", None)
+    if buckets and (buckets < 4 or buckets % 2):
+        raise ValueError(f"`model.relative_attention_buckets` must be 0 or an even number >= 4. Received: {buckets!r}")
+    if buckets and distance is not None and distance <= buckets // 4:
+        raise ValueError(f"`model.relative_attention_max_distance` must exceed relative_attention_buckets / 4 = {buckets // 4}. "
+                         f"Received: {distance!r}")
 
 
 def _check_attention(model):
