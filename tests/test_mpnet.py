@@ -394,3 +394,22 @@ def test_a_bad_mpnet_config_json_is_one_line(tiny_mpnet, tmp_path, capsys, field
         main(["--hf-dir", str(directory), "--out", str(tmp_path / "out")])
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and f"`{field}` must be an integer" in error and error.count("\n") == 1, error
+
+
+def test_an_mpnet_folder_loads_where_the_cache_cannot_be_written(tiny_mpnet, tmp_path, monkeypatch):
+    """The BERT-named vocabulary goes to the temporary directory when the per-user cache cannot be written."""
+    from concise_attention.training import files
+    from concise_attention.training.inference import sources
+
+    monkeypatch.setenv("CONCISE_ATTENTION_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sources.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    write = files.write_verified
+
+    def read_only_cache(base, *args, **kwargs):
+        if base.startswith(str(tmp_path / "cache")):
+            raise PermissionError(f"{base}: Read-only file system")
+        return write(base, *args, **kwargs)
+
+    monkeypatch.setattr(files, "write_verified", read_only_cache)
+    vocabulary = sources.read_source(tiny_mpnet["dir"]).vocabulary
+    assert vocabulary.startswith(str(tmp_path / "tmp")) and open(vocabulary).read().split("\n")[:3] == ["[CLS]", "[PAD]", "[SEP]"]

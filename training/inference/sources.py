@@ -7,6 +7,7 @@ export, conversion, `SentenceEncoder`) accepts all of them; a task model around 
 
 import dataclasses
 import os
+import tempfile
 
 import tensorflow as tf
 
@@ -150,18 +151,26 @@ def _read_hf_folder(path):
 def bert_named_vocabulary(path):
     """The vocab.txt of an MPNet folder with BERT's special-token names at MPNet's ids (`hf_import.bert_named_tokens`:
     the same ids for every text), kept in the per-user cache under the original's sha256 and verified when read
-    again: the vocabulary its tokenizer, exports and presets use."""
+    again (in the temporary directory where the cache cannot be written): the vocabulary its tokenizer, exports and
+    presets use."""
     original = join(path, VOCABULARY)
-    base = os.path.join(files.user_cache("vocabularies"), f"bert-named-{files.file_sha256(original)}")
-    try:
-        if files.read_verified(base, ".txt") is not None:
+    name = f"bert-named-v1-{files.file_sha256(original)}"  # v1: the renaming of bert_named_tokens
+    for folder in (files.user_cache("vocabularies"), os.path.join(tempfile.gettempdir(), "concise_attention_vocabularies")):
+        base = os.path.join(folder, name)
+        try:
+            if files.read_verified(base, ".txt") is not None:
+                return base + ".txt"
+        except ValueError:
+            pass  # a damaged copy: written again below
+        with tf.io.gfile.GFile(original, "r") as file:
+            tokens = bert_named_tokens([line.rstrip("\n") for line in file])
+        try:
+            files.write_verified(base, ".txt", "\n".join(tokens) + "\n")
             return base + ".txt"
-    except ValueError:
-        pass  # a damaged copy: written again below
-    with tf.io.gfile.GFile(original, "r") as file:
-        tokens = bert_named_tokens([line.rstrip("\n") for line in file])
-    files.write_verified(base, ".txt", "\n".join(tokens) + "\n")
-    return base + ".txt"
+        except (OSError, tf.errors.OpError):
+            continue
+    raise ValueError(f"{original}: its BERT-named copy could not be written to the cache ({files.user_cache('vocabularies')}) "
+                     "nor to the temporary directory")
 
 
 def sentence_transformers_settings(path):
