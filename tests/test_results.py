@@ -304,6 +304,17 @@ def test_the_least_squares_cosine_scores_scikit_learn_s_ridge_predictions():
     assert distill_eval.least_squares_cosine((image[:400], teacher[:400]), image[400:], teacher[400:]) > 0.999
 
 
+def _bert_defaults():
+    import inspect
+
+    from concise_attention.models.bert import BertEncoder
+
+    return {name: parameter.default for name, parameter in inspect.signature(BertEncoder.__init__).parameters.items()}
+
+
+_BERT_DEFAULTS = _bert_defaults()
+
+
 def test_the_distillation_table_in_the_docs_is_every_committed_run():
     """docs/distillation.md shows `distill_eval.py --markdown` of every run scripts/distill_table.sh measured
     (benchmarks/results/distill_table_3000/, one file per run) and their differences paired by seed."""
@@ -321,7 +332,9 @@ def test_the_distillation_table_in_the_docs_is_every_committed_run():
     configs = {name: config for result in ablation + results for name, config in result["runs"].items()}
     for name, config in configs.items():  # each run was trained by the config the table names, at its seed
         assert config["name"] == SCRIPT_STUDENTS[ABLATIONS.get(name[0], name[0])], name
-        assert config["model"] == load_config(config["name"], SCRIPT_SETS).to_dict()["model"], name
+        expected = load_config(config["name"], SCRIPT_SETS).to_dict()["model"]
+        later = {key: expected.pop(key) for key in set(expected) - set(config["model"])}  # settings added since, at their defaults
+        assert config["model"] == expected and later == {key: _BERT_DEFAULTS[key] for key in later}, name
         assert config["training"]["seed"] == int(name.split("_s")[1]) and config["training"]["train_steps"] == 3000
     for name in (path.stem for path in (RESULTS / "distill_ablation_3000").glob("n_s*.json")):  # (a) without the similarity term
         without, with_ = configs[name], configs[ABLATIONS["n"] + name[1:]]
