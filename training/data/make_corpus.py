@@ -1045,11 +1045,8 @@ def downloaded_packages(names, cache_dir, versions=None):
 
 
 def _sha256(path):
-    digest = hashlib.sha256()
     with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def _copy_copyright_file(owner, cache_dir, unpacked):
