@@ -6,6 +6,7 @@ export, conversion, `SentenceEncoder`) accepts all of them; a task model around 
 """
 
 import dataclasses
+import hashlib
 import os
 import tempfile
 
@@ -141,20 +142,20 @@ def _read_preset(path):
 
 def _read_hf_folder(path):
     model, tokenizer = hf_bert_config(path), hf_tokenizer_settings(path)
-    check_tokenizer_agrees(path, read_vocabulary(join(path, VOCABULARY)))
+    tokens = read_vocabulary(join(path, VOCABULARY))
+    check_tokenizer_agrees(path, tokens)
     serving_length, embedding = sentence_transformers_settings(path)
-    vocabulary = join(path, VOCABULARY) if read_hf_config(path)["model_type"] == "bert" else bert_named_vocabulary(path)
+    vocabulary = join(path, VOCABULARY) if read_hf_config(path)["model_type"] == "bert" else bert_named_vocabulary(bert_named_tokens(tokens))
     return Source(path, "hf", "bert", model, join(path, "model.safetensors"), vocabulary, tokenizer,
                   name=_basename(path), embedding=embedding, recorded_serving_length=serving_length)
 
 
-def bert_named_vocabulary(path):
-    """The vocab.txt of an MPNet folder with BERT's special-token names at MPNet's ids (`hf_import.bert_named_tokens`:
-    the same ids for every text), kept in the per-user cache under the original's sha256 and verified when read
-    again (in the temporary directory where the cache cannot be written): the vocabulary its tokenizer, exports and
-    presets use."""
-    original = join(path, VOCABULARY)
-    name = f"bert-named-v1-{files.file_sha256(original)}"  # v1: the renaming of bert_named_tokens
+def bert_named_vocabulary(tokens):
+    """A vocab.txt of `tokens` (an MPNet folder's, with BERT's special-token names at MPNet's ids:
+    `hf_import.bert_named_tokens`), kept in the per-user cache under its own sha256 and verified when read again (in
+    the temporary directory where the cache cannot be written): the vocabulary its tokenizer, exports and presets use."""
+    text = "\n".join(tokens) + "\n"
+    name = f"bert-named-{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
     for folder in (files.user_cache("vocabularies"), os.path.join(tempfile.gettempdir(), "concise_attention_vocabularies")):
         base = os.path.join(folder, name)
         try:
@@ -162,14 +163,12 @@ def bert_named_vocabulary(path):
                 return base + ".txt"
         except ValueError:
             pass  # a damaged copy: written again below
-        with tf.io.gfile.GFile(original, "r") as file:
-            tokens = bert_named_tokens([line.rstrip("\n") for line in file])
         try:
-            files.write_verified(base, ".txt", "\n".join(tokens) + "\n")
+            files.write_verified(base, ".txt", text)
             return base + ".txt"
         except (OSError, tf.errors.OpError):
             continue
-    raise ValueError(f"{original}: its BERT-named copy could not be written to the cache ({files.user_cache('vocabularies')}) "
+    raise ValueError(f"The BERT-named vocabulary could not be written to the cache ({files.user_cache('vocabularies')}) "
                      "nor to the temporary directory")
 
 
