@@ -236,17 +236,24 @@ def test_exported_and_sentence_encoder_embeddings_equal_the_numpy_mpnet(tiny_mpn
     ("tokenizer_class", "RobertaTokenizer", "tokenizer_class='RobertaTokenizer'"),
 ])
 def test_an_mpnet_folder_that_disagrees_with_itself_is_named(tiny_mpnet, tmp_path, capsys, field, value, message):
+    assert message in _export_error(tiny_mpnet, tmp_path, capsys, "tokenizer_config.json", {field: value})
+
+
+def _export_error(tiny_mpnet, tmp_path, capsys, name, changes):
+    """The one-line error (exit 2, nothing written) of `concise-export --hf-dir` on a copy of the tiny MPNet folder
+    whose JSON file `name` has `changes`."""
     import shutil
 
     directory = tmp_path / "mpnet"
     shutil.copytree(tiny_mpnet["dir"], directory)
-    settings = json.loads((directory / "tokenizer_config.json").read_text())
-    (directory / "tokenizer_config.json").write_text(json.dumps(settings | {field: value}))
+    settings = json.loads((directory / name).read_text())
+    (directory / name).write_text(json.dumps(settings | changes))
     with pytest.raises(SystemExit) as exit_info:
         main(["--hf-dir", str(directory), "--out", str(tmp_path / "out")])
     error = capsys.readouterr().err
-    assert exit_info.value.code == 2 and message in error and error.count("\n") == 1, error
+    assert exit_info.value.code == 2 and error.count("\n") == 1, error
     assert not (tmp_path / "out").exists()
+    return error
 
 
 def test_a_concise_student_distils_from_an_mpnet_teacher(tiny_mpnet, tmp_path):
@@ -384,16 +391,7 @@ def test_bad_mpnet_settings_are_named_before_a_run_is_written(tmp_path, override
 
 @pytest.mark.parametrize("field, value", [("pad_token_id", None), ("pad_token_id", "1"), ("relative_attention_num_buckets", 0)])
 def test_a_bad_mpnet_config_json_is_one_line(tiny_mpnet, tmp_path, capsys, field, value):
-    import shutil
-
-    directory = tmp_path / "mpnet"
-    shutil.copytree(tiny_mpnet["dir"], directory)
-    config = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps(config | {field: value}))
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--hf-dir", str(directory), "--out", str(tmp_path / "out")])
-    error = capsys.readouterr().err
-    assert exit_info.value.code == 2 and f"`{field}` must be an integer" in error and error.count("\n") == 1, error
+    assert f"`{field}` must be an integer" in _export_error(tiny_mpnet, tmp_path, capsys, "config.json", {field: value})
 
 
 def test_an_mpnet_folder_loads_where_the_cache_cannot_be_written(tiny_mpnet, tmp_path, monkeypatch):
