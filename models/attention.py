@@ -609,25 +609,18 @@ def _variant_arguments(layer_class):
     }
 
 
-# The flat fields of the attention before it was one nested config (run directories written then).
-LEGACY_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shared_key_dim": "shared_key_dim",
-                         "mixing_initializer": "mixing_initializer"}
+# The flat attention fields of configs and run directories written before the nested `model.attention` config.
+FLAT_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shared_key_dim": "shared_key_dim",
+                       "mixing_initializer": "mixing_initializer"}
 
 
-def nest_legacy_attention(model):
-    """A model section with the old flat attention fields (`attention_type`, `head_size`,
-    `shared_key_dim`, `mixing_initializer`) moved into the nested `attention` config; other
-    sections are returned unchanged. Both forms at once is an error naming the flat key."""
-    legacy = [key for key in LEGACY_ATTENTION_KEYS if key in model]
-    if not legacy:
-        return model
-    if "attention" in model:
-        nested = f"model.attention.{LEGACY_ATTENTION_KEYS[legacy[0]]}"
-        raise ValueError(f"`model.{legacy[0]}` is the old flat form of `{nested}`, and this config already has "
-                         f"`model.attention`: set `{nested}`.")
-    model = dict(model)
-    attention = {LEGACY_ATTENTION_KEYS[key]: model.pop(key) for key in legacy}
-    model["attention"] = {key: value for key, value in attention.items() if value is not None}
+def check_nested_attention(model):
+    """Refuses a model section with the flat attention fields of earlier versions, naming the nested field."""
+    flat = [key for key in FLAT_ATTENTION_KEYS if key in model]
+    if flat:
+        raise ValueError(f"`model.{flat[0]}` is the flat form of `model.attention.{FLAT_ATTENTION_KEYS[flat[0]]}` that "
+                         "earlier versions wrote, which this version does not read: set "
+                         f"`model.attention.{FLAT_ATTENTION_KEYS[flat[0]]}` instead.")
     return model
 
 

@@ -4,11 +4,11 @@ import dataclasses
 import inspect
 import json
 
-import numpy as np
 import pytest
 
 from concise_attention.models.bert import BertEncoder
 from concise_attention.models.lm import CausalLM
+from concise_attention.training import files
 from concise_attention.training.run import configs
 
 # Bhojanapalli et al. (2020), Tables 1-3: parameters of the BERT-study models.
@@ -135,8 +135,8 @@ def test_bad_model_configs_fail_at_build(overrides, message):
         (["model.attention.num_heads=8"], r"`model.attention.num_heads` is set by the model \(num_heads\)"),
         (["model.attention=fixed"], "`model.attention` must be of type dict. Received: model.attention='fixed'"),
         # The flat keys of configs written before the nested form, next to a nested config:
-        (["model.head_size=8"], "`model.head_size` is the old flat form of `model.attention.head_size`"),
-        (["model.attention_type=standard"], "`model.attention_type` is the old flat form of `model.attention.type`"),
+        (["model.head_size=8"], "`model.head_size` is the flat form of `model.attention.head_size`"),
+        (["model.attention_type=standard"], "`model.attention_type` is the flat form of `model.attention.type`"),
     ],
 )
 def test_bad_attention_configs_name_the_nested_key_at_load(overrides, message):
@@ -163,34 +163,25 @@ def test_nested_attention_overrides():
     assert (fixed.task.student_init, random_start.task.student_init) == ("teacher", "random")
 
 
-def test_a_run_directory_written_before_the_nested_form_still_loads(tmp_path):
-    """A config.json with the old flat attention fields: read as a task.init source, rebuilt
-    with its weights by `runs.load_model`, and resumed with the new form of the same model."""
-    from concise_attention.training import files
+def test_a_run_directory_with_the_flat_attention_fields_of_earlier_versions_is_refused_in_one_line(tmp_path):
+    """A config.json with the flat attention fields: reading it says which field and the nested one to set."""
     from concise_attention.training.inference import sources
     from concise_attention.training.run import runs
     from concise_attention.training.tasks import make_task
 
     config = configs.load_config("tiny_bert_collaborative")
     backbone = config.build_model()
-    model = make_task(config).build_model(backbone)
-    new = config.to_dict() | {"name": config.name}
-    old = json.loads(json.dumps(new))
+    old = json.loads(json.dumps(config.to_dict() | {"name": config.name}))
     del old["model"]["attention"]
-    old["model"].update(attention_type="collaborative", head_size=8, shared_key_dim=8, mixing_initializer=None)
+    old["model"].update(attention_type="collaborative", head_size=8, shared_key_dim=8)
     run = runs.RunDirectory(tmp_path)
     files.write_json_atomically(run.file(files.CONFIG), old)
-    run.save_models(backbone, model)
-
-    assert sources.read_source(tmp_path).model["attention"] == {"type": "collaborative", "head_size": 8, "shared_key_dim": 8}
-    loaded_config, loaded, loaded_backbone, _ = runs.load_model(tmp_path)
-    assert loaded_config.model == config.model
-    attention = loaded_backbone.blocks[0].attention
-    assert (type(attention).__name__, attention.head_size, attention.shared_key_dim) == ("CollaborativeAttention", 8, 8)
-    for ours, theirs in zip(loaded.weights, model.weights, strict=True):
-        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
-    run.start(new)  # the same model in the nested form: the run resumes
-    assert files.read_json(run.file(files.CONFIG))["model"]["attention"]["type"] == "collaborative"
+    run.save_models(backbone, make_task(config).build_model(backbone))
+    message = "`model.attention_type` is the flat form of `model.attention.type` that earlier versions wrote"
+    with pytest.raises(ValueError, match=message):
+        sources.read_source(tmp_path)
+    with pytest.raises(ValueError, match="model.attention_type"):
+        runs.load_model(tmp_path)
 
 
 def test_model_config_round_trips_through_the_builder():

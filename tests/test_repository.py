@@ -147,25 +147,9 @@ def test_training_imports_only_from_its_own_room_and_the_rooms_below():
     assert seen == {*ROOMS, None}, seen
 
 
-# training's own modules: the earlier paths of what moved into a room, kept working (the shipped model card quotes two).
-KEPT_PATHS = {"embeddings": "inference.embeddings", "make_corpus": "data.make_corpus", "make_labelled_data": "data.make_labelled_data",
-              "make_sample_corpus": "data.make_sample_corpus", "prepare_data": "backends.prepare_data",
-              "shard_trainer": "backends.shard_trainer"}
-
-
-def test_the_earlier_paths_reach_what_moved_and_nothing_else_sits_above_the_rooms():
-    """`from concise_attention.training.embeddings import SentenceEncoder` and `python -m
-    concise_attention.training.make_corpus` (and the other programs) still work: each earlier path gives the
-    moved object itself, and a program's path runs its `main` as `python -m`."""
-    import importlib
-
-    assert {path.stem for path in (ROOT / "training").glob("*.py")} == {"__init__", "files", *KEPT_PATHS}
-    for old, new in KEPT_PATHS.items():
-        kept, moved = (importlib.import_module(f"concise_attention.training.{name}") for name in (old, new))
-        if old == "embeddings":
-            assert kept.SentenceEncoder is moved.SentenceEncoder
-        else:
-            assert kept.main is moved.main and 'if __name__ == "__main__":' in (ROOT / "training" / f"{old}.py").read_text()
+def test_nothing_sits_above_the_rooms_of_training():
+    """training/ holds its rooms and files.py only: no module of an earlier path kept alive beside them."""
+    assert {path.stem for path in (ROOT / "training").glob("*.py")} == {"__init__", "files"}
 
 
 # The one module that imports ours inside functions, and why (its docstring says so): the JAX shard trainer reads a

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from concise_attention.models import BUILDERS
 from concise_attention.models import presets
-from concise_attention.models.attention import nest_legacy_attention
+from concise_attention.models.attention import check_nested_attention
 from concise_attention.models.bert import BertEncoder
 from concise_attention.models.hf_import import bert_named_tokens
 from concise_attention.models.hf_import import check_tokenizer_agrees
@@ -109,7 +109,7 @@ def read_source(path, kind=None):
     weights = join(path, BACKBONE_WEIGHTS)
     if not tf.io.gfile.exists(weights):
         raise ValueError(f"{path} has no {BACKBONE_WEIGHTS}: the run has not finished (or is not a run directory).")
-    model = nest_legacy_attention(config["model"])  # runs written before the nested attention config
+    model = check_nested_attention(config["model"])
     model_weights = join(path, MODEL_WEIGHTS)
     return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
                   saved_tokenizer_settings(config, join(path, CONFIG)), config.get("task"),

@@ -33,7 +33,7 @@ import yaml
 from concise_attention.models import BUILDERS
 from concise_attention.models.attention import attention_config
 from concise_attention.models.attention import make_attention
-from concise_attention.models.attention import nest_legacy_attention
+from concise_attention.models.attention import check_nested_attention
 from concise_attention.models.bert import BertEncoder
 from concise_attention.models.lm import CausalLM
 from concise_attention.models.transformer import head_size_of
@@ -495,7 +495,7 @@ def _model_config(model_type, model):
         return None
     if not isinstance(model, dict):
         raise ValueError(f"`model` must be a mapping. Received: model={model!r}")
-    return _to_dataclass(MODEL_CONFIGS[model_type], nest_legacy_attention(model), "model")
+    return _to_dataclass(MODEL_CONFIGS[model_type], check_nested_attention(model), "model")
 
 
 def add_config_arguments(parser):

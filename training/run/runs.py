@@ -25,7 +25,6 @@ import os
 
 import tensorflow as tf
 
-from concise_attention.models.attention import nest_legacy_attention
 from concise_attention.models.hf_import import load_hf_model
 from concise_attention.training.files import BACKBONE_WEIGHTS
 from concise_attention.training.files import CONFIG
@@ -70,10 +69,8 @@ _LOCKS = {}  # absolute run directory -> the open .lock file this process holds 
 
 
 def _with_defaults(saved):
-    """A run's saved config.json as today's schema reads it (legacy attention nested, a field added since with
-    its default), so that a run started before a new setting existed resumes; as saved where it no longer parses."""
-    if isinstance(saved.get("model"), dict):  # a run started before the nested attention config
-        saved["model"] = nest_legacy_attention(saved["model"])
+    """A run's saved config.json as today's schema reads it (a field added since with its default), so that a run
+    started before a new setting existed resumes; as saved where it no longer parses."""
     try:
         return configs.config_from_dict({key: value for key, value in saved.items() if key != "name"}, saved.get("name", "run")).to_dict()
     except ValueError:
