@@ -616,11 +616,11 @@ FLAT_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shar
 
 def check_nested_attention(model):
     """Refuses a model section with the flat attention fields of earlier versions, naming the nested field."""
-    flat = [key for key in FLAT_ATTENTION_KEYS if key in model]
-    if flat:
-        raise ValueError(f"`model.{flat[0]}` is the flat form of `model.attention.{FLAT_ATTENTION_KEYS[flat[0]]}` that "
-                         "earlier versions wrote, which this version does not read: set "
-                         f"`model.attention.{FLAT_ATTENTION_KEYS[flat[0]]}` instead.")
+    flat = next((key for key in FLAT_ATTENTION_KEYS if key in model), None)
+    if flat is not None:
+        nested = f"model.attention.{FLAT_ATTENTION_KEYS[flat]}"
+        raise ValueError(f"`model.{flat}` is the flat form of `{nested}` that earlier versions wrote, which this version "
+                         f"does not read: set `{nested}` instead.")
     return model
 
 

@@ -134,7 +134,7 @@ def test_bad_model_configs_fail_at_build(overrides, message):
         (["model.attention.type=collaborative"], "`model.attention.shared_key_dim` is required"),
         (["model.attention.num_heads=8"], r"`model.attention.num_heads` is set by the model \(num_heads\)"),
         (["model.attention=fixed"], "`model.attention` must be of type dict. Received: model.attention='fixed'"),
-        # The flat keys of configs written before the nested form, next to a nested config:
+        # The flat attention keys of earlier versions, refused with the nested key to set:
         (["model.head_size=8"], "`model.head_size` is the flat form of `model.attention.head_size`"),
         (["model.attention_type=standard"], "`model.attention_type` is the flat form of `model.attention.type`"),
     ],
