@@ -18,7 +18,8 @@ Protocol, on a local filesystem (where a rename is atomic):
      the kernel releases it when a process dies, so a killed export never leaves it held).
   2. Recovery: every staging folder with a journal is rolled forward (its moves not yet done
      are done, then the folder is removed); every staging folder without one is removed, as
-     nothing in OUT had changed yet. So the leftovers of killed exports (staging folders,
+     nothing in OUT had changed yet (one an earlier version of the exporter left, with
+     export.json at its top and no journal, is refused, for a hand to restore). So the leftovers of killed exports (staging folders,
      replaced-* copies, half-committed versions) never outlive the next export, or
      `concise-export --out OUT --recover`.
   3. The version's number is chosen (one above the highest in hub/ or serving/) or checked.
@@ -259,8 +260,9 @@ def _recover(out, store):
         staging = store.join(out, name)
         if not name.startswith(STAGING_PREFIX) or not store.isdir(staging):
             continue
-        journal = _read_journal(staging, store) or _legacy_journal(out, staging, store)
+        journal = _read_journal(staging, store)
         if journal is None:
+            _refuse_journalless(staging, store)
             store.remove(staging)
             done["removed"].append(name)
         else:
@@ -321,30 +323,12 @@ def _finish(out, staging, moves, store):
     store.remove(staging)
 
 
-def _legacy_journal(out, staging, store):
-    """The journal of a staging folder left by the exporter before this protocol (no journal):
-    once it had written export.json its version was complete and its renames (hub, then
-    serving, each after moving the old one to replaced-<part>) had begun, so they are rolled
-    forward; without export.json nothing in OUT had changed. The journal is written first."""
-    path = store.join(staging, "export.json")
-    try:
-        version = int(json.loads(store.read_text(path))["version"]) if store.exists(path) else None
-    except (ValueError, KeyError, TypeError):
-        version = None  # killed while writing it: its renames had not begun
-    if version is None:
-        return None
-    name = posixpath.basename(staging)
-    moves = []
-    for part in reversed(PARTS):
-        staged, aside = store.join(staging, part), store.join(staging, f"replaced-{part}")
-        if store.exists(staged) and store.exists(store.join(out, part, str(version))) and not store.exists(aside):
-            moves.append((f"{part}/{version}", f"{name}/replaced-{part}"))
-    moves.append((f"{name}/{MODELS_CONFIG}", f"serving/{MODELS_CONFIG}"))
-    moves += [(f"{name}/{part}", f"{part}/{version}") for part in PARTS]
-    moves.append((f"{name}/export.json", f"hub/{version}/export.json"))
-    journal = {"version": version, "moves": moves}
-    _write_journal(staging, journal, store)
-    return journal
+def _refuse_journalless(staging, store):
+    """A staging folder with export.json but no journal was left by an exporter of an earlier version, killed
+    while it renamed: which renames it did is not recorded, so it is neither rolled forward nor removed."""
+    if store.exists(store.join(staging, "export.json")):
+        raise ValueError(f"{staging} was left by an earlier version of the exporter (export.json, no {JOURNAL}): "
+                         "its renames cannot be finished safely; restore OUT from it by hand and remove it.")
 
 
 def _commit_point(name):

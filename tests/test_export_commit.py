@@ -174,42 +174,25 @@ def test_a_recovery_killed_at_each_of_its_points_is_finished_by_the_next_one(one
         assert versions[max(versions)] == written["export_id"]
 
 
-def test_leftovers_of_the_exporter_before_the_journal_are_rolled_forward(tmp_path):
-    """The former exporter kept no journal: killed between its renames it left hub/N new with
-    serving/N old (the old hub in .export-*/replaced-hub) or, on a fresh export, hub/N alone.
-    Its staging folder's export.json shows the renames had begun: they are finished."""
+def test_a_staging_folder_of_the_exporter_before_the_journal_is_refused_not_removed(tmp_path):
+    """The former exporter kept no journal (its staging folder held export.json at its top): which of its renames
+    were done is unknown, so the folder, which may hold the only copy of a replaced version, is left in place and
+    the export refuses with one line naming it. A journal-less folder without export.json is removed as ever."""
     out = tmp_path / "out"
-
-    def write_half(folder, part, export_id):
-        for name in FILES[part]:
-            if name != "export.json":
-                (folder / name).parent.mkdir(parents=True, exist_ok=True)
-                (folder / name).write_text(export_id)
-
-    for part in FILES:  # version 1, "old", complete
-        write_half(out / part / "1", part, "old")
-    (out / "hub" / "1" / "export.json").write_text("old")
-    overwrite, fresh, early = out / ".export-legacy1", out / ".export-legacy2", out / ".export-legacy3"
-    (overwrite / "hub").parent.mkdir(parents=True)
-    shutil.move(out / "hub" / "1", overwrite / "replaced-hub")
-    write_half(out / "hub" / "1", "hub", "new")  # hub renamed in, serving not yet
-    write_half(overwrite / "serving", "serving", "new")
-    (overwrite / "export.json").write_text(json.dumps({"version": 1}))
-    (overwrite / "models.config").write_text("new")
-    write_half(out / "hub" / "2", "hub", "fresh")
-    write_half(fresh / "serving", "serving", "fresh")
-    (fresh / "export.json").write_text(json.dumps({"version": 2}))
-    (fresh / "models.config").write_text("fresh")
-    write_half(early / "hub", "hub", "early")  # killed while staging: no export.json yet
-
-    done = commit.recover(out)
-    assert done == {"completed": [".export-legacy1", ".export-legacy2"], "removed": [".export-legacy3"]}
-    assert _staging_folders(out) == []
-    for version, export_id in ((1, "new"), (2, "fresh")):
-        files = [path for part in FILES for path in (out / part / str(version)).rglob("*") if path.is_file()]
-        assert {path.read_text() for path in files if path.name != "export.json"} == {export_id}
-        assert json.loads((out / "hub" / str(version) / "export.json").read_text()) == {"version": version}
-    assert commit.versions(out) == [1, 2]
+    (out / "hub" / "1").mkdir(parents=True)
+    (out / "hub" / "1" / "export.json").write_text("new")
+    earlier, early = out / ".export-earlier", out / ".export-early"
+    (earlier / "replaced-hub").mkdir(parents=True)
+    (earlier / "replaced-hub" / "export.json").write_text("old")
+    (earlier / "export.json").write_text(json.dumps({"version": 1}))
+    (early / "hub").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"\.export-earlier was left by an earlier version of the exporter") as refused:
+        commit.recover(out)
+    assert "\n" not in str(refused.value)
+    assert (earlier / "replaced-hub" / "export.json").read_text() == "old"
+    assert (out / "hub" / "1" / "export.json").read_text() == "new"
+    shutil.rmtree(earlier)
+    assert commit.recover(out) == {"completed": [], "removed": [".export-early"]}
 
 
 def test_a_lone_half_does_not_block_the_next_default_version(tmp_path):
