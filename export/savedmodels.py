@@ -56,6 +56,7 @@ from concise_attention.export.chunking import chunked
 from concise_attention.export.chunking import text_input
 from concise_attention.models import presets
 from concise_attention.models.heads import POOLINGS
+from concise_attention.models.heads import pool
 from concise_attention.training.inference import sources
 from concise_attention.training.preprocessing.text import WordPieceModule
 from concise_attention.training.preprocessing.text import read_vocabulary
@@ -80,24 +81,12 @@ def inference(encoder):
     return tf.function(lambda inputs: encoder(inputs, training=False), input_signature=[_id_specs()], autograph=False)
 
 
-def pooled(outputs, input_mask, pooling):
-    """The sentence embedding [batch, hidden] of the encoder's `outputs`: "cls", its pooled [CLS] output;
-    "mean", the mean of `sequence_output` over the real tokens (`input_mask`); "normalized_mean", that
-    mean scaled to unit length (sentence-transformers' Pooling + Normalize: what a distilled student gives)."""
-    if pooling == "cls":
-        return outputs["pooled_output"]
-    sequence = outputs["sequence_output"]
-    mask = tf.cast(input_mask, sequence.dtype)[:, :, None]
-    mean = tf.reduce_sum(sequence * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
-    return tf.math.l2_normalize(mean, axis=-1) if pooling == "normalized_mean" else mean
-
-
 def _encoder_outputs(encoder, inputs, training, infer, pooling="mean", sentence=False):
-    """The TF-Hub encoder's outputs, with `embedding` (`pooled` by `pooling`); a sentence encoder's
+    """The TF-Hub encoder's outputs, with `embedding` (`models.heads.pool` by `pooling`); a sentence encoder's
     `pooled_output` and `default` are that embedding (its [CLS] pooler was never trained)."""
     inputs = {name: inputs[name] for name in ENCODER_INPUTS}
     outputs = encoder(inputs, training=True) if training else infer(inputs)
-    embedding = pooled(outputs, inputs["input_mask"], pooling)
+    embedding = pool(outputs, inputs["input_mask"], pooling)
     summary = embedding if sentence else outputs["pooled_output"]
     return {
         "pooled_output": summary,
@@ -220,7 +209,7 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
 
     def embed(inputs):
         outputs = infer({name: inputs[name] for name in ENCODER_INPUTS})
-        return {"embedding": pooled(outputs, inputs["input_mask"], pooling), "sequence_output": outputs["sequence_output"]}
+        return {"embedding": pool(outputs, inputs["input_mask"], pooling), "sequence_output": outputs["sequence_output"]}
 
     def embed_text(text):  # length-sorted chunks, each padded to its own longest text: bounded memory
         return chunked([text], tokenizer, seq_length, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS)
@@ -433,7 +422,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
             max_sequence_length: `sources.Source.serving_length`).
         model_name: the TF Serving model name (default: the run's config name, or the
             Hugging Face folder's name).
-        pooling: the `embedding` of the serving model and the TF-Hub encoder (`pooled`): "mean" over
+        pooling: the `embedding` of the serving model and the TF-Hub encoder (`models.heads.pool`): "mean" over
             the real tokens, "normalized_mean" (that mean at unit length) or "cls" (the pooled output);
             default: the sentence embedding the source was trained to give (a distilled student's or a
             sentence-transformers folder's "normalized_mean" or "mean", whose TF-Hub `pooled_output` and

@@ -66,10 +66,18 @@ def sentence_vector(encoder, inputs, pooling):
     """The vector of `inputs` a head reads, by `pooling` (see BertClassifier); with a mean, the encoder's [CLS]
     pooler no output reaches is made untrainable (it would get no gradient: Keras warns at every trace)."""
     outputs = encoder(inputs)
+    if pooling != "cls":
+        encoder.pooler.trainable = False
+    return pool(outputs, inputs["input_mask"], pooling)
+
+
+def pool(outputs, mask_BxT, pooling):
+    """The sentence vector of an encoder's `outputs` by `pooling` (one of POOLINGS): "cls", its pooled [CLS]
+    output; "mean", `mean_pooled` over the real tokens (`mask_BxT`); "normalized_mean", that mean at unit length
+    (sentence-transformers' Pooling + Normalize). The heads, `encode` and the exported graphs all pool here."""
     if pooling == "cls":
         return outputs["pooled_output"]
-    encoder.pooler.trainable = False
-    mean = mean_pooled(outputs["sequence_output"], inputs["input_mask"])
+    mean = mean_pooled(outputs["sequence_output"], mask_BxT)
     return unit(mean) if pooling == "normalized_mean" else mean
 
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from concise_attention.models.heads import mean_pooled
+from concise_attention.models.heads import unit
 from concise_attention.training.inference import sources
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
@@ -119,7 +120,8 @@ class SentenceEncoder:
 
 
 def unit_rows(vectors):
-    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    """float32 numpy rows at unit length (`models.heads.unit`)."""
+    return np.asarray(unit(tf.constant(vectors, tf.float32)))
 
 
 def _as_texts(texts):
