@@ -172,10 +172,7 @@ def initialize_model(model, backbone, source, task_settings):
     head_fits = (source.model_weights is not None and (source.task or {}).get("name") == task_settings.name
                  and (source.task or {}).get("labels") == getattr(task_settings, "labels", None))
     if head_fits:
-        with warnings.catch_warnings():
-            # Files of runs before 2026-11-28 also hold the source's optimizer state: this run starts a fresh optimizer.
-            warnings.filterwarnings("ignore", message=r"Skipping variable loading for optimizer")
-            files.load_weights(model, source.model_weights)
+        files.load_weights(model, source.model_weights)
         return "model"
     initialize_backbone(backbone, source)
     return "backbone"
