@@ -109,7 +109,7 @@ def run_protocol(work, init, ranks, epochs, again_epochs, iterations):
 
 
 def markdown(record):
-    """The docs/conversion.md table of a record."""
+    """The docs/results.md table of a record."""
     full = record["key_dim"]
     before = record["fine_tuned"]["eval_accuracy"]
     lines = [f"| D~k | of D_k | query/key parameters per layer (before: {record['query_key_parameters_per_layer_before']:,}) | "

@@ -21,8 +21,8 @@ checkpoint (bit-identically). A model that two studies share is trained once.
 
 Two corpora:
   (default)      the shipped 31k-word sample: each run sees it ~22 times (memorisation counts): a quick
-                 rehearsal, results in benchmarks/results/cache/studies_sample/ (not committed: its
-                 tables were retired, docs/results.md says why).
+                 rehearsal, results in benchmarks/results/cache/studies_sample/ (not committed: a
+                 rehearsal's figures are not results).
   --corpus DIR   a corpus built by `python -m concise_attention.training.data.make_corpus`: prepared once into shards
                  (benchmarks/results/cache/), each run reads 3% of its training split (one pass),
                  evaluated on the whole held-out split; results in benchmarks/results/studies_large/.
