@@ -56,11 +56,10 @@ def evaluate_run(path, data_dir=None):
                          "(sequence length, batch size).")
     task = make_task(config)
     task.check()
-    task.load_data()
+    task.read()
     model.compile(jit_compile=config.training.jit_compile, **task.compile_arguments())
-    _, eval_data = task.datasets(wordpiece_tokenizer(vocabulary, **tokenizer_settings(config)), skip_batches=0)
-    eval_data, eval_steps = cached_eval(eval_data, config.training)
-    return {"task": config.task.name, **task.evaluate(model, eval_data, eval_steps)}
+    data = task.data(wordpiece_tokenizer(vocabulary, **tokenizer_settings(config)))
+    return {"task": config.task.name, **task.final_metrics(model, data, cached_eval(data.eval, config.training)[0])}
 
 
 def _with_data_dir(config, path, data_dir):

@@ -246,7 +246,7 @@ def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
     task = _task(tmp_path, "task.dataset=text_files", f"task.data_dir=[{tmp_path / 'docs'}, {tmp_path / 'general'}]",
                  "task.train_texts=41", "task.eval_texts=33", "task.sentence_share=0")
     assert task.settings.data_dir == [str(tmp_path / "docs"), str(tmp_path / "general")]
-    task.load_data()
+    task.read()
     assert [sum(word in text for text in task.train_texts) for word in ("manual", "proverb")] == [21, 20]
     assert all(" train " in text for text in task.train_texts)
     assert [sum(word in text for text in task.eval_texts) for word in ("manual", "proverb")] == [17, 15]  # 33 cut to 2 batches of 16
@@ -291,7 +291,7 @@ def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_
     projection head give back the teacher's embeddings (numpy BERT) when nothing has to be dropped."""
     task = _task(tmp_path, "model.hidden_size=384", "model.num_layers=6", "model.num_heads=12", "model.intermediate_size=1536",
                  "model.attention={type: standard}")
-    task.load_data()
+    task.read()
     backbone = task.config.build_model()
     model = task.build_model(backbone)
     task.initialize(model, backbone)
@@ -316,7 +316,7 @@ def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projec
     from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     task = _task(tmp_path, "task.student_init=random")
-    task.load_data()
+    task.read()
     backbone = task.config.build_model()
     model = task.build_model(backbone)
     loaded = model.projection.kernel.numpy().copy()
@@ -363,7 +363,7 @@ def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(
     assert config.task.teacher_width == 384 and backbone.hidden_size == 32
     task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
     task.check()
-    task.load_data()
+    task.read()
     ids = hugging_face_ids(vocabulary, task.eval_texts, 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
     outputs = model.predict({"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"),
@@ -414,7 +414,7 @@ def test_a_student_distils_with_the_relation_term_and_saves_no_teacher(tmp_path,
     for loaded, original in zip(model.relation.models.teacher.weights, teacher.weights):
         np.testing.assert_array_equal(loaded.numpy(), original.numpy())
     task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
-    task.load_data()
+    task.read()
     ids = hugging_face_ids(vocabulary, task.eval_texts, 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
     relation = model.predict({"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"),
@@ -495,7 +495,7 @@ def test_prepare_data_computes_the_teacher_outputs_once_for_the_run_to_read(tmp_
     assert {split: values["texts"] for split, values in manifest["splits"].items()} == {"train": 96, "eval": 32}
 
     task = _task(tmp_path, f"task.cache_dir={tmp_path / 'prepared'}")
-    task.load_data()
+    task.read()
     monkeypatch.setattr(distill, "compute_teacher_embeddings", lambda *args: pytest.fail("the teacher ran again"))
     for split, texts in (("train", task.train_texts), ("eval", task.eval_texts)):
         stored = np.load(tmp_path / "prepared" / manifest["splits"][split]["file"])
@@ -520,7 +520,7 @@ def test_the_tables_students_from_the_teacher_start_from_it(tmp_path, name, monk
                                         "training.batch_size=16", "training.sequence_length=32", f"task.cache_dir={tmp_path}"])
     task = make_task(config)
     task.check()
-    task.load_data()
+    task.read()
     backbone = config.build_model()
     model = task.build_model(backbone)
     task.initialize(model, backbone)

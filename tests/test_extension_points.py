@@ -8,6 +8,7 @@ override) to the layer's constructor unchanged."""
 
 import dataclasses
 import json
+import types
 
 import keras
 import numpy as np
@@ -83,8 +84,8 @@ class WordCountTask(Task):
         train = data.repeat().shuffle(64, seed=self.training.seed).batch(batch, drop_remainder=True).skip(skip_batches)
         return train, data.batch(batch, drop_remainder=True)
 
-    def evaluate(self, model, eval_data, eval_steps):
-        return {"eval_loss": model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)["loss"]}
+    def evaluate(self, model, final):  # final: the held-out batches the run kept (datasets gave no final data)
+        return {"eval_loss": model.evaluate(final, verbose=0, return_dict=True)["loss"]}
 
     def serving_signature(self, model):
         """The exported TF Serving model: `sentence` -> `words` (the predicted word count)."""
@@ -187,3 +188,28 @@ def test_a_variant_overriding_the_logits_hook_is_not_bypassed_by_the_fused_path(
     assert np.abs(sharp - np.asarray(base(x, x))).max() > 1e-4  # the override changed the output
     np.testing.assert_allclose(sharp, np.asarray(layer(x, x, return_attention_scores=True)[0]), rtol=1e-5, atol=1e-6)
     assert scores.shape == (2, 2, 5, 5)
+
+
+def test_the_protocol_reads_the_data_once_first_and_evaluates_the_final_data():
+    """`Task.data` runs `load_data` before `datasets`, once however often it is called; `final_metrics` evaluates
+    the task's own final data, or the held-out batches the run kept when its datasets gave none."""
+    calls = []
+
+    class Probe(Task):
+        def load_data(self):
+            calls.append("load_data")
+
+        def datasets(self, tokenizer, skip_batches):
+            calls.append(f"datasets {skip_batches}")
+            return ("train", "eval", "final") if tokenizer == "with final" else ("train", "eval")
+
+        def evaluate(self, model, final):
+            return {"evaluated": final}
+
+    task = Probe(types.SimpleNamespace(task=None, training=None))
+    data = task.data("with final", skip_batches=3)
+    assert (data.train, data.eval, data.final) == ("train", "eval", "final")
+    assert task.data("without").final is None
+    assert calls == ["load_data", "datasets 3", "datasets 0"]
+    assert task.final_metrics("model", data, "kept") == {"evaluated": "final"}
+    assert task.final_metrics("model", task.data("without"), "kept") == {"evaluated": "kept"}

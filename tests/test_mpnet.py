@@ -281,7 +281,7 @@ def test_a_concise_student_distils_from_an_mpnet_teacher(tiny_mpnet, tmp_path):
     np.testing.assert_allclose(backbone.relative_attention_bias.embeddings.numpy(), teacher_bias[:, :2], atol=0.02)
     assert backbone.type_embeddings is None and backbone.position_offset == 2 and config.task.teacher_width == HIDDEN
     task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
-    task.load_data()
+    task.read()
     [cached] = [np.load(path) for path in (tmp_path / "cache").glob("*.npy") if np.load(path).shape[0] == len(task.eval_texts)]
     ids = [encoding.ids[:31] + ([2] if len(encoding.ids) > 31 else []) for encoding in hugging_face_mpnet_tokenizer(tiny_mpnet["tokens"]).encode_batch(task.eval_texts)]
     assert cosines(cached, reference_embeddings(tiny_mpnet["dir"], ids)).min() >= 0.99999

@@ -53,12 +53,12 @@ def evaluated(monkeypatch):
     recorded = {}
     dev_logits, predict_answers = SpanQATask.dev_logits, SpanQATask.predict_answers
 
-    def recording_logits(self, model, eval_data):
-        recorded["logits"] = dev_logits(self, model, eval_data)
+    def recording_logits(self, model, dev, dev_features):
+        recorded["logits"] = dev_logits(self, model, dev, dev_features)
         return recorded["logits"]
 
-    def recording_answers(self, start_logits, end_logits):
-        recorded["answers"] = predict_answers(self, start_logits, end_logits)
+    def recording_answers(self, start_logits, end_logits, dev_features):
+        recorded["answers"] = predict_answers(self, start_logits, end_logits, dev_features)
         return recorded["answers"]
 
     monkeypatch.setattr(SpanQATask, "dev_logits", recording_logits)

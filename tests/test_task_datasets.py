@@ -1,7 +1,7 @@
 """What every task feeds the trainer. Static shapes and int32 ids (what a TPU needs), and the
 data position of every fine-tuning task: a run resumed after `k` batches reads what an
 uninterrupted run reads from batch `k` on (the trainer resumes through
-`task.datasets(tokenizer, skip_batches=k)`). Together with the SIGKILL + restart test of a
+`task.data(tokenizer, skip_batches=k)`). Together with the SIGKILL + restart test of a
 classification run (tests/test_reproducibility.py), whose model-side restore is the same for
 every task, this covers the resume of GLUE single-sentence and pair tasks, STS-B and SQuAD."""
 
@@ -28,7 +28,7 @@ def _task(preset, minilm_dir, *overrides, model=TINY_BERT):
     config, _ = trainer.resolve_config(config)
     task = make_task(config)
     task.check()
-    task.load_data()
+    task.read()
     return dataclasses.replace(config, task=task.settings), task
 
 
@@ -46,8 +46,8 @@ def _flatten(structure):
 
 def _assert_resumes_where_it_stopped(config, task, minilm_dir):
     tokenizer = wordpiece_tokenizer(minilm_dir / "vocab.txt", **tokenizer_settings(config))
-    uninterrupted = _batches(task.datasets(tokenizer, skip_batches=0)[0], SKIP + COMPARED)
-    resumed = _batches(task.datasets(tokenizer, skip_batches=SKIP)[0], COMPARED)
+    uninterrupted = _batches(task.data(tokenizer, skip_batches=0).train, SKIP + COMPARED)
+    resumed = _batches(task.data(tokenizer, skip_batches=SKIP).train, COMPARED)
     assert len(resumed) == COMPARED
     for expected, actual in zip(uninterrupted[SKIP:], resumed):
         assert len(expected) == len(actual)
@@ -108,6 +108,6 @@ def test_every_task_feeds_static_shapes_and_int32_ids(preset, overrides, tmp_pat
     data_dir = [f"task.data_dir={data_dirs[preset]}"] if preset in data_dirs else []
     config, task = _task(preset, minilm_dir, *overrides, *data_dir, model=[] if preset.startswith("tiny") else TINY_BERT)
     tokenizer = wordpiece_tokenizer(minilm_dir / "vocab.txt", **tokenizer_settings(config))
-    train, evaluation = task.datasets(tokenizer, skip_batches=0)
+    train, evaluation, _ = task.data(tokenizer)
     _assert_static_int32(train, f"{preset} train")
     _assert_static_int32(evaluation, f"{preset} eval")

@@ -151,7 +151,7 @@ def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, shuffle_seed
     out = _unprepared(out_dir)
     task = make_task(config)
     task.check()
-    task.load_data()
+    task.read()
     tf.io.gfile.makedirs(out.path)
     vocabulary = prepare_vocabulary(config, out, task, source)
     settings = tokenizer_settings(config)
@@ -196,7 +196,7 @@ def prepare_teacher_outputs(config, out_dir):
     out = _unprepared(out_dir)
     task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=out.path)))
     task.check()
-    task.load_data()
+    task.read()
     splits = {}
     for split, texts in (("train", task.train_texts), ("eval", task.eval_texts)):
         vectors = distill.teacher_outputs(task, task.tokenizer, texts)

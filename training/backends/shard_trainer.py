@@ -151,8 +151,7 @@ def train(config, data_dir, run_dir, verbose="auto"):
                   epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=steps, validation_data=(inputs, labels, weights),
                   validation_batch_size=training.batch_size, callbacks=[checkpoint], shuffle=False, verbose=verbose)
         step = int(model.optimizer.iterations.numpy())
-    eval_steps = len(labels) // training.batch_size
-    evaluation = task.evaluate(model, _as_batches(inputs, labels, weights, training.batch_size), eval_steps)
+    evaluation = task.evaluate(model, _as_batches(inputs, labels, weights, training.batch_size))
     metrics = {"task": "causal_lm", "step": int(model.optimizer.iterations.numpy()), "history": checkpoint.history, **evaluation}
     for name in ("backbone.weights.h5", "model.weights.h5"):  # the causal LM is its own task model
         _save_weights(model, os.path.join(run_dir, name))

@@ -106,6 +106,11 @@ class WordPieceTokenizer:
         and padded to `sequence_length`: the module's `pack`, as the exported preprocessor packs them."""
         return self.module.pack([self(segment) for segment in texts], sequence_length)
 
+    def pack_batch(self, texts, sequence_length):
+        """`pack` of a batch cut with drop_remainder, its inputs given their static shape (B, sequence_length)."""
+        shape = (texts[0].shape[0], sequence_length)
+        return {name: tf.ensure_shape(value, shape) for name, value in self.pack(texts, sequence_length).items()}
+
     def token_to_id(self, token):
         if token not in self._ids:
             raise ValueError(f"Token not in the vocabulary. Received: token={token!r}")

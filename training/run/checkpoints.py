@@ -3,7 +3,7 @@
 A checkpoint (RUN/checkpoint/ckpt-STEP.index + .data-* shards, named by `runs`) holds the
 model's variables, the optimizer (its `iterations` is the step), the state of the model's
 dropout seed generators and the data position (the number of training batches consumed,
-which `task.datasets(tokenizer, skip_batches=position)` resumes from). The TF runtime writes
+which `task.data(tokenizer, skip_batches=position)` resumes from). The TF runtime writes
 it, sharded, through its own filesystem layer (local, gs:// and any registered filesystem).
 
 Commit: TF writes the data files and the index first and rewrites the small `checkpoint`

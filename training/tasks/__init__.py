@@ -26,6 +26,7 @@ import importlib
 
 from concise_attention.training.tasks.base import ServingSignature
 from concise_attention.training.tasks.base import Task
+from concise_attention.training.tasks.base import TaskData
 from concise_attention.training.tasks.base import TaskSettings
 
 # Built-in tasks by module: a task's module is imported when the task is first named, so a
@@ -76,5 +77,5 @@ def default_task_name(model_type):
     return {"causal_lm": "causal_lm", "bert": "masked_lm"}[model_type]
 
 
-__all__ = ["BUILT_IN", "TASKS", "ServingSignature", "Task", "TaskSettings", "default_task_name", "make_task", "register_task",
+__all__ = ["BUILT_IN", "TASKS", "ServingSignature", "Task", "TaskData", "TaskSettings", "default_task_name", "make_task", "register_task",
            "task_class", "task_names"]

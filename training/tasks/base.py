@@ -1,4 +1,10 @@
-"""The task interface: settings every task has and the methods the trainer calls."""
+"""The task interface: settings every task has, the methods the trainer calls and the order it calls them in.
+
+The protocol (the trainer, `concise-evaluate` and `concise-prepare-data` follow it; `Task.read` and `Task.data` keep
+its order): `check` (settings alone, before anything is read) -> `read` (`load_data`, once) -> `data(tokenizer,
+skip_batches)` (`datasets`: a `TaskData`) -> `build_model`, `compile_arguments`, `initialize` -> training ->
+`evaluate(model, final)`, where `final` is `TaskData.final`, or the held-out batches the run kept when that is None.
+"""
 
 import dataclasses
 import typing
@@ -30,8 +36,19 @@ class ServingSignature:
     outputs: typing.Callable
 
 
+class TaskData(typing.NamedTuple):
+    """What `Task.datasets` returns. train: the training batches from `skip_batches` on, repeated, of static shapes
+    ((inputs, labels, weights)); eval: held-out batches for the per-epoch val_loss (the trainer keeps
+    `training.eval_batches` of them); final: what `Task.evaluate` reads (None: those kept batches)."""
+
+    train: typing.Any
+    eval: typing.Any
+    final: typing.Any = None
+
+
 class Task:
-    """The interface the trainer calls. Subclasses set `name`, `Config`, `backbone_type`."""
+    """The interface the trainer calls, in the module docstring's order. Subclasses set `name`, `Config`,
+    `backbone_type`."""
 
     name = None
     Config = TaskSettings
@@ -67,8 +84,24 @@ class Task:
         included), "backbone" or None. This default keeps the seeded random initialisation or task.init's
         weights; the distill task starts a student from its teacher, or fits its projection to a trained one."""
 
+    def read(self):
+        """`load_data`, the first time only: what `num_train_examples`, `vocabulary_text` and `datasets` read."""
+        if not getattr(self, "_read", False):
+            self.load_data()
+            self._read = True
+
+    def data(self, tokenizer, skip_batches=0):
+        """The task's `TaskData` (`datasets`, after `read`); a task whose datasets gives (train, eval) has no final
+        data of its own."""
+        self.read()
+        return TaskData(*self.datasets(tokenizer, skip_batches))
+
+    def final_metrics(self, model, data, kept_eval):
+        """`evaluate` on `data.final`, or on `kept_eval` (the held-out batches the run kept) when it is None."""
+        return self.evaluate(model, kept_eval if data.final is None else data.final)
+
     def load_data(self):
-        """Reads the task's examples (checked at once); called once before `datasets`."""
+        """Reads the task's examples (checked at once). Called by `read`."""
 
     def num_train_examples(self):
         return None
@@ -81,11 +114,11 @@ class Task:
         raise NotImplementedError
 
     def datasets(self, tokenizer, skip_batches):
-        """(train, eval) tf.data datasets of (inputs, labels, weights), static shapes."""
+        """A `TaskData` (or (train, eval)): tf.data datasets of (inputs, labels, weights), static shapes. Called by `data`."""
         raise NotImplementedError
 
-    def evaluate(self, model, eval_data, eval_steps):
-        """The final metrics of the run (a dict of floats)."""
+    def evaluate(self, model, final):
+        """The final metrics of the run (a dict of floats), computed from `final` (see `TaskData`)."""
         raise NotImplementedError
 
     def serving_signature(self, model):

@@ -69,8 +69,8 @@ from concise_attention.training.preprocessing.tokenizer import tokenizer_setting
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 from concise_attention.training.tasks import metrics as metric_functions
 from concise_attention.training.tasks.base import Task
+from concise_attention.training.tasks.base import TaskData
 from concise_attention.training.tasks.base import TaskSettings
-from concise_attention.training.tasks.sentence import _packer as sentence_packer
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 TEACHER_BATCH = 64
@@ -349,7 +349,7 @@ class DistillTask(Task):
 
     def datasets(self, tokenizer, skip_batches):
         training = self.training
-        self.eval_targets = teacher_outputs(self, tokenizer, self.eval_texts)
+        eval_targets = teacher_outputs(self, tokenizer, self.eval_texts)
         train_targets = teacher_outputs(self, tokenizer, self.train_texts)
         pack = _packer(tokenizer, training.sequence_length, relation=bool(self.settings.relation_weight))
         train = tf.data.Dataset.from_tensor_slices((self.train_texts, train_targets)).repeat()
@@ -359,21 +359,22 @@ class DistillTask(Task):
                                     embeddings.bucket_lengths(training.sequence_length, self.settings.length_bucket), skip_batches)
         else:
             train = train.batch(training.batch_size, drop_remainder=True).skip(skip_batches).map(pack)
-        self.eval_packed = tf.data.Dataset.from_tensor_slices((self.eval_texts, self.eval_targets))
-        self.eval_packed = self.eval_packed.batch(training.batch_size, drop_remainder=True).map(pack).cache()
-        return train.prefetch(tf.data.AUTOTUNE), self.eval_packed
+        held_out = tf.data.Dataset.from_tensor_slices((self.eval_texts, eval_targets))
+        held_out = held_out.batch(training.batch_size, drop_remainder=True).map(pack).cache()
+        return TaskData(train.prefetch(tf.data.AUTOTUNE), held_out, final=(held_out, eval_targets))
 
-    def evaluate(self, model, eval_data, eval_steps):
-        """eval_loss; cosine_to_teacher: mean cos(P s, t) over the held-out texts; similarity_spearman:
-        Spearman correlation of the student's own pairwise cosines with the teacher's (first 512 texts);
-        with the relation term, eval_relation: its mean over the held-out texts."""
-        loss = model.evaluate(self.eval_packed, verbose=0, return_dict=True)["loss"]
-        outputs = model.predict(self.eval_packed, verbose=0)
-        cosine = float(np.mean(np.sum(outputs["teacher_space"] * self.eval_targets, axis=-1)))
-        first = min(512, len(self.eval_texts))
+    def evaluate(self, model, final):
+        """final: (the held-out batches, the teacher's embeddings of their texts). eval_loss; cosine_to_teacher:
+        mean cos(P s, t) over the held-out texts; similarity_spearman: Spearman correlation of the student's own
+        pairwise cosines with the teacher's (first 512 texts); with the relation term, eval_relation: its mean."""
+        held_out, targets = final
+        loss = model.evaluate(held_out, verbose=0, return_dict=True)["loss"]
+        outputs = model.predict(held_out, verbose=0)
+        cosine = float(np.mean(np.sum(outputs["teacher_space"] * targets, axis=-1)))
+        first = min(512, len(targets))
         upper = np.triu_indices(first, k=1)
         student = outputs["embedding"][:first] @ outputs["embedding"][:first].T
-        teacher = self.eval_targets[:first] @ self.eval_targets[:first].T
+        teacher = targets[:first] @ targets[:first].T
         relation = {"eval_relation": float(np.mean(outputs["relation"]))} if "relation" in outputs else {}
         return {"eval_loss": loss, "eval_cosine_to_teacher": cosine,
                 "eval_similarity_spearman": metric_functions.spearman(teacher[upper], student[upper]), **relation}
@@ -441,12 +442,11 @@ def length_bucketed(examples, batch_size, lengths, skip_batches=0):
 def _packer(tokenizer, sequence_length, relation=False):
     """(texts, teacher embeddings) batches -> (encoder inputs, targets of the outputs, weights); the
     relation output (with `relation`) is its own loss: its target is a placeholder."""
-    pack_texts = sentence_packer(tokenizer, sequence_length, pairs=False)
     outputs = ("embedding", "teacher_space", *(("relation",) if relation else ()))
 
     def pack(texts, targets):
         weights = tf.ones_like(targets[:, 0])
-        inputs, targets, weights = pack_texts((texts,), targets, weights)
+        inputs = tokenizer.pack_batch([texts], sequence_length)
         placeholder = tf.zeros_like(weights)
         return (inputs, {name: placeholder if name == "relation" else targets for name in outputs},
                 {name: weights for name in outputs})

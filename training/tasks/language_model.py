@@ -114,8 +114,8 @@ class CausalLMTask(_TextCorpusTask):
     def profiling_inputs(self, batch_inputs):
         return batch_inputs
 
-    def evaluate(self, model, eval_data, eval_steps):
-        results = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)
+    def evaluate(self, model, final):
+        results = model.evaluate(final, verbose=0, return_dict=True)
         loss = results["loss"]
         return {"eval_loss": loss, "eval_accuracy": results["accuracy"], "eval_subword_perplexity": math.exp(min(loss, 50.0)),
                 "eval_word_perplexity": math.exp(min(loss * self.tokens_per_word, 50.0)), "tokens_per_word": self.tokens_per_word}
@@ -174,7 +174,7 @@ class MaskedLMTask(_TextCorpusTask):
 
         return make(self.train_lines, True, skip_batches), make(self.eval_lines, False)
 
-    def evaluate(self, model, eval_data, eval_steps):
-        results = model.evaluate(eval_data, steps=eval_steps, verbose=0, return_dict=True)
+    def evaluate(self, model, final):
+        results = model.evaluate(final, verbose=0, return_dict=True)
         return {"eval_loss": results["loss"], "eval_accuracy": results["accuracy"],
                 "eval_subword_perplexity": math.exp(min(results["loss"], 50.0))}

@@ -25,6 +25,7 @@ from concise_attention.training.data import glue
 from concise_attention.training.tasks import metrics as metric_functions
 from concise_attention.training.tasks.base import ServingSignature
 from concise_attention.training.tasks.base import Task
+from concise_attention.training.tasks.base import TaskData
 from concise_attention.training.tasks.base import TaskSettings
 
 SHIPPED = {"wordnet_topics": pathlib.Path(__file__).parent.parent / "data" / "wordnet_topics"}
@@ -123,12 +124,11 @@ class ClassificationTask(Task):
         train = _texts_dataset(self.train_examples, self.train_labels, training.batch_size)
         train = train.repeat().shuffle(len(self.train_examples), seed=training.seed, reshuffle_each_iteration=True)
         train = train.batch(training.batch_size, drop_remainder=True).skip(skip_batches)
-        self.eval_full = _padded_eval(self.dev_examples, self.dev_labels, training.batch_size)
         pack = _packer(tokenizer, training.sequence_length, self.pairs)
         # The final evaluation reads the whole dev split, whatever training.eval_batches keeps
-        # of the returned one for the per-epoch val_loss.
-        self.eval_packed = self.eval_full.map(pack).cache()
-        return train.map(pack).prefetch(tf.data.AUTOTUNE), self.eval_packed
+        # of it for the per-epoch val_loss.
+        dev = _padded_eval(self.dev_examples, self.dev_labels, training.batch_size).map(pack).cache()
+        return TaskData(train.map(pack).prefetch(tf.data.AUTOTUNE), dev, final=dev)
 
     def serving_signature(self, model):
         """`text` (and `text_b` for a pair task) -> `probabilities` [batch, classes] and `label`
@@ -155,8 +155,8 @@ class ClassificationTask(Task):
         labels = self.dev_labels[:, None] if self.regression else self.dev_labels
         return float(np.mean(keras.ops.convert_to_numpy(self.compile_arguments()["loss"].call(labels, logits))))
 
-    def evaluate(self, model, eval_data, eval_steps):
-        logits = self.predictions(model, self.eval_packed)
+    def evaluate(self, model, final):
+        logits = self.predictions(model, final)
         predicted = np.argmax(logits, axis=-1)
         labels = self.dev_labels
         results = {"eval_loss": self.dev_loss(logits), "eval_accuracy": metric_functions.accuracy(labels, predicted),
@@ -195,8 +195,8 @@ class RegressionTask(ClassificationTask):
         """`text` (and `text_b`) -> `score` [batch]."""
         return ServingSignature(self._serving_texts(), lambda inputs: {"score": model(inputs, training=False)["logits"][:, 0]})
 
-    def evaluate(self, model, eval_data, eval_steps):
-        logits = self.predictions(model, self.eval_packed)
+    def evaluate(self, model, final):
+        logits = self.predictions(model, final)
         scores = logits[:, 0]
         return {"eval_loss": self.dev_loss(logits), "eval_pearson": metric_functions.pearson(self.dev_labels, scores),
                 "eval_spearman": metric_functions.spearman(self.dev_labels, scores)}
@@ -223,11 +223,9 @@ def _padded_eval(examples, labels, batch_size):
 
 def _packer(tokenizer, sequence_length, pairs):
     """(texts, labels, weights) batches -> (encoder inputs, labels, weights), int32 (B, T): packed as the
-    exported preprocessor packs them (`WordPieceTokenizer.pack`)."""
+    exported preprocessor packs them (`WordPieceTokenizer.pack_batch`)."""
 
     def pack(texts, labels, weights):
-        packed = tokenizer.pack([texts[0], texts[1]] if pairs else [texts[0]], sequence_length)
-        shape = (labels.shape[0], sequence_length)  # static: the batches are cut with drop_remainder
-        return {name: tf.ensure_shape(value, shape) for name, value in packed.items()}, labels, weights
+        return tokenizer.pack_batch([texts[0], texts[1]] if pairs else [texts[0]], sequence_length), labels, weights
 
     return pack

@@ -23,6 +23,7 @@ from concise_attention.models.heads import BertSpanLabeler
 from concise_attention.training.data import squad
 from concise_attention.training.tasks import metrics as metric_functions
 from concise_attention.training.tasks.base import Task
+from concise_attention.training.tasks.base import TaskData
 from concise_attention.training.tasks.base import TaskSettings
 
 DATASETS = {"squad/v1.1": "tfds", "squad_json": "json"}
@@ -140,22 +141,22 @@ class SpanQATask(Task):
         train = tf.data.Dataset.from_tensor_slices(train_rows)
         train = train.shuffle(len(train_rows[2]), seed=training.seed, reshuffle_each_iteration=True).repeat()
         train = train.batch(training.batch_size, drop_remainder=True).skip(skip_batches)
-        self.dev_features = self.features(tokenizer, self.dev_examples)
+        dev_features = self.features(tokenizer, self.dev_examples)
         pad_id = tokenizer.token_to_id("[PAD]")
-        self.eval_full = tf.data.Dataset.from_tensor_slices(_padded_rows(_rows(self.dev_features), training.batch_size, pad_id))
-        self.eval_full = self.eval_full.batch(training.batch_size, drop_remainder=True).cache()
-        return train.prefetch(tf.data.AUTOTUNE), self.eval_full
+        dev = tf.data.Dataset.from_tensor_slices(_padded_rows(_rows(dev_features), training.batch_size, pad_id))
+        dev = dev.batch(training.batch_size, drop_remainder=True).cache()
+        return TaskData(train.prefetch(tf.data.AUTOTUNE), dev, final=(dev, dev_features))
 
-    def dev_logits(self, model, eval_data):
+    def dev_logits(self, model, dev, dev_features):
         """(start_logits, end_logits) of every dev window, float [windows, seq] (padding dropped)."""
-        outputs = model.predict(eval_data, verbose=0)
-        windows = sum(len(features) for features in self.dev_features)
+        outputs = model.predict(dev, verbose=0)
+        windows = sum(len(features) for features in dev_features)
         return np.asarray(outputs["start_logits"][:windows]), np.asarray(outputs["end_logits"][:windows])
 
-    def predict_answers(self, start_logits, end_logits):
+    def predict_answers(self, start_logits, end_logits, dev_features):
         """dict question id -> predicted answer text, decoded from the logits of all its windows."""
         answers, first = {}, 0
-        for example, features in zip(self.dev_examples, self.dev_features):
+        for example, features in zip(self.dev_examples, dev_features):
             last = first + len(features)
             answers[example.id] = squad.best_answer(
                 example, features, start_logits[first:last], end_logits[first:last],
@@ -164,13 +165,14 @@ class SpanQATask(Task):
             first = last
         return answers
 
-    def evaluate(self, model, eval_data, eval_steps):
-        # The whole dev split, whatever training.eval_batches kept for the per-epoch val_loss;
+    def evaluate(self, model, final):
+        # final: the whole dev split (whatever training.eval_batches kept for the per-epoch val_loss) and its windows;
         # the loss is computed from the same logits (one pass), averaged over the real windows.
-        start_logits, end_logits = self.dev_logits(model, self.eval_full)
-        _, labels, _ = _rows(self.dev_features)
+        dev, dev_features = final
+        start_logits, end_logits = self.dev_logits(model, dev, dev_features)
+        _, labels, _ = _rows(dev_features)
         loss = 0.5 * (_cross_entropy(start_logits, labels["start_logits"]) + _cross_entropy(end_logits, labels["end_logits"]))
-        scores = metric_functions.squad_scores(self.predict_answers(start_logits, end_logits), self.dev_examples)
+        scores = metric_functions.squad_scores(self.predict_answers(start_logits, end_logits, dev_features), self.dev_examples)
         return {"eval_loss": loss, "eval_exact_match": scores["exact_match"], "eval_f1": scores["f1"]}
 
 
