@@ -278,7 +278,7 @@ def _train(config, run_dir, verbose, preemption):
     _check_sequence_length(config)
     run = runs.RunDirectory(run_dir)
     run.check_writable()
-    task.load_data()
+    task.read()
     # The task may resolve settings from its data (e.g. the label names): the run keeps them.
     config = dataclasses.replace(config, task=task.settings, training=resolve_steps(config.training, task.num_train_examples()))
     training = config.training
@@ -294,15 +294,16 @@ def _train(config, run_dir, verbose, preemption):
     tokenizer = wordpiece_tokenizer(vocabulary, **tokenizer_settings(config))
     model, backbone, checkpoints, position = _build(config, task, strategy, run, source, is_chief)
     step = checkpoints.step
-    train_data, eval_data = task.datasets(tokenizer, skip_batches=position)
-    batches_from = lambda skip: task.datasets(tokenizer, skip_batches=skip)[0]  # noqa: E731
+    data = task.data(tokenizer, skip_batches=position)
+    train_data = data.train
+    batches_from = lambda skip: task.data(tokenizer, skip_batches=skip).train  # noqa: E731
     if step == 0 and config.model.residual_scaling == "admin" and source is None:
         # Admin's profiling pass on the first training batch sets the residual scalings. A
         # second iterator of one dataset shuffles differently: fit keeps the first one.
         profiling_inputs, _, _ = next(iter(batches_from(0)))
         with strategy.scope():
             backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
-    eval_data, eval_steps = cached_eval(eval_data, training)
+    eval_data, eval_steps = cached_eval(data.eval, training)
     # Last: an epoch is logged before its checkpoint commits (a kill in between logs it twice, never loses it).
     callbacks = [DivergenceCheck(), keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch"),
                  CheckpointCallback(checkpoints, preemption)]
@@ -319,7 +320,7 @@ def _train(config, run_dir, verbose, preemption):
             # Heads a task does not train (the pooler under the masked LM) get no gradients.
             warnings.filterwarnings("ignore", message=r"Gradients do not exist for variables")
             _fit(model, loop, (train_data, batches_from), eval_data, eval_steps, callbacks, training, step, verbose)
-    evaluation = {"eval_loss": loop.evaluate()} if loop else task.evaluate(model, eval_data, eval_steps)
+    evaluation = {"eval_loss": loop.evaluate()} if loop else task.final_metrics(model, data, eval_data)
     metrics = {"task": config.task.name, "step": checkpoints.step, **evaluation}
     check_finite(metrics, "the final evaluation")
     # Non-chief workers of a multi-worker run write beside, never over, the chief's files.
@@ -458,17 +459,24 @@ class _MultiWorkerLoop:
 
 
 def _is_chief_process():
-    """Whether TF_CONFIG (if any) makes this process the chief: the one that writes the run directory."""
+    """`_is_chief_of` this process, as TF_CONFIG (if any) places it: known before any strategy is built."""
     cluster = json.loads(os.environ.get("TF_CONFIG") or "{}")
     task = cluster.get("task") or {}
-    if not cluster.get("cluster"):
-        return True
-    return task.get("type") == "chief" or (task.get("type") == "worker" and task.get("index") == 0 and "chief" not in cluster["cluster"])
+    return _is_chief_of(task.get("type"), task.get("index"), cluster.get("cluster") or {})
 
 
 def _is_chief(strategy):
+    """`_is_chief_of` this process, as the strategy's cluster resolver places it."""
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
+    if resolver is None:
         return True
-    return resolver.task_type in ("chief", None) or (resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().as_dict())
+    return _is_chief_of(resolver.task_type, resolver.task_id, resolver.cluster_spec().as_dict())
+
+
+def _is_chief_of(task_type, task_id, cluster):
+    """Whether the process of `task_type` and `task_id` in `cluster` ({job: addresses}, empty without one) is the
+    chief, the one that writes the run directory: the chief, or worker 0 of a cluster without a chief."""
+    if not cluster:
+        return True
+    return task_type in ("chief", None) or (task_type == "worker" and task_id == 0 and "chief" not in cluster)
 
