@@ -34,14 +34,11 @@ import math
 import keras
 from keras import ops
 
+from concise_attention.models.checks import check_integer
+
 # Logits are masked in float32 (see `_masked_softmax`), so this value cannot overflow
 # in bfloat16 or float16 compute.
 _MASKED_LOGIT = -1e9
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
 
 
 def _check_rate(name, value):
@@ -138,13 +135,13 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        _check_positive_int("num_heads", num_heads)
+        check_integer("num_heads", num_heads)
         if head_size is not None or not self._head_size_from_width:
-            _check_positive_int("head_size", head_size)
+            check_integer("head_size", head_size)
         if value_head_size is not None:
-            _check_positive_int("value_head_size", value_head_size)
+            check_integer("value_head_size", value_head_size)
         if output_size is not None:
-            _check_positive_int("output_size", output_size)
+            check_integer("output_size", output_size)
         _check_rate("dropout", dropout)
         if not isinstance(use_fused, bool) and use_fused != "auto":
             raise ValueError(f"`use_fused` must be True, False or 'auto'. Received: use_fused={use_fused!r}")
@@ -500,8 +497,8 @@ class CollaborativeAttention(FixedHeadSizeAttention):
         use_fused="auto",
         **kwargs,
     ):
-        _check_positive_int("shared_key_dim", shared_key_dim)
-        _check_positive_int("head_size", head_size)
+        check_integer("shared_key_dim", shared_key_dim)
+        check_integer("head_size", head_size)
         super().__init__(
             num_heads=num_heads,
             head_size=head_size,

@@ -5,10 +5,10 @@ import typing
 import keras
 from keras import ops
 
-from concise_attention.models.attention import _check_positive_int
 from concise_attention.models.attention import _check_rate
 from concise_attention.models.attention import attention_config
 from concise_attention.models.builder import ArgumentsAreConfig
+from concise_attention.models.checks import check_integer
 from concise_attention.models.embedding import PositionEmbedding
 from concise_attention.models.embedding import RelativePositionBias
 from concise_attention.models.presets import PresetMixin
@@ -21,7 +21,7 @@ from concise_attention.models.transformer import get_activation
 def _check_sizes(dropout, attention_dropout, **sizes):
     """The sizes (positive integers) and dropout rates ([0, 1)) of a backbone, each error naming its argument."""
     for name, value in sizes.items():
-        _check_positive_int(name, value)
+        check_integer(name, value)
     _check_rate("dropout", dropout)
     _check_rate("attention_dropout", attention_dropout)
 
@@ -94,8 +94,7 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         _check_sizes(dropout, attention_dropout, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
         for name, value, least in (("type_vocab_size", type_vocab_size, 0), ("position_offset", position_offset or 1, 1),
                                    ("relative_attention_buckets", relative_attention_buckets, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"`{name}` must be an integer >= {least}. Received: {name}={value!r}")
+            check_integer(name, value, least)
         self.max_sequence_length, self.position_offset = max_sequence_length, position_offset  # read by _embed
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
         # === Layers ===

@@ -7,6 +7,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from concise_attention.models.checks import check_integer
+
 POSITION_EMBEDDINGS = ("learned", "sinusoidal")
 
 
@@ -32,10 +34,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, max_sequence_length, kind="learned", embeddings_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1:
-            raise ValueError(
-                f"`max_sequence_length` must be a positive integer. Received: max_sequence_length={max_sequence_length!r}"
-            )
+        check_integer("max_sequence_length", max_sequence_length)
         if kind not in POSITION_EMBEDDINGS:
             raise ValueError(f"`kind` must be one of {POSITION_EMBEDDINGS}. Received: kind={kind!r}")
         self.max_sequence_length = max_sequence_length
@@ -120,8 +119,7 @@ class RelativePositionBias(keras.layers.Layer):
         super().__init__(**kwargs)
         for name, value, least in (("num_heads", num_heads, 1), ("max_sequence_length", max_sequence_length, 1),
                                    ("num_buckets", num_buckets, 4), ("max_distance", max_distance, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"`{name}` must be an integer >= {least}. Received: {name}={value!r}")
+            check_integer(name, value, least)
         if num_buckets % 2 or max_distance <= num_buckets // 4:
             raise ValueError(f"`num_buckets` must be even and `max_distance` above num_buckets / 4. "
                              f"Received: num_buckets={num_buckets}, max_distance={max_distance}")

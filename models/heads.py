@@ -13,6 +13,7 @@ from keras import ops
 
 from concise_attention.models.bert import BertEncoder
 from concise_attention.models.bert import EncoderHead
+from concise_attention.models.checks import check_integer
 
 
 POOLINGS = ("mean", "normalized_mean", "cls")  # also what an export serves as its embedding (export.savedmodels)
@@ -45,8 +46,7 @@ class BertClassifier(EncoderHead):
 
     def __init__(self, encoder, num_outputs, dropout=None, pooling="cls", **kwargs):
         _check_encoder(encoder)
-        if isinstance(num_outputs, bool) or not isinstance(num_outputs, int) or num_outputs < 1:
-            raise ValueError(f"`num_outputs` must be a positive integer. Received: num_outputs={num_outputs!r}")
+        check_integer("num_outputs", num_outputs)
         if pooling not in POOLINGS:
             raise ValueError(f"`pooling` must be one of {', '.join(POOLINGS)}. Received: pooling={pooling!r}")
         self.encoder = encoder
@@ -145,8 +145,7 @@ class SentenceEmbedder(EncoderHead):
 
     def __init__(self, encoder, teacher_width, teacher=None, relation_heads=None, **kwargs):
         _check_encoder(encoder)
-        if isinstance(teacher_width, bool) or not isinstance(teacher_width, int) or teacher_width < 1:
-            raise ValueError(f"`teacher_width` must be a positive integer. Received: teacher_width={teacher_width!r}")
+        check_integer("teacher_width", teacher_width)
         self.encoder = encoder
         self.projection = keras.layers.Dense(
             teacher_width, kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),

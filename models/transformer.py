@@ -18,6 +18,7 @@ from concise_attention.models.attention import ATTENTION_TYPES
 from concise_attention.models.attention import attention_config
 from concise_attention.models.attention import clone_initializer
 from concise_attention.models.attention import make_attention
+from concise_attention.models.checks import check_integer
 
 NORM_POSITIONS = ("post", "pre")
 RESIDUAL_SCALINGS = ("none", "admin")
@@ -98,8 +99,7 @@ class TransformerBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if isinstance(intermediate_size, bool) or not isinstance(intermediate_size, int) or intermediate_size < 1:
-            raise ValueError(f"`intermediate_size` must be a positive integer. Received: intermediate_size={intermediate_size!r}")
+        check_integer("intermediate_size", intermediate_size)
         if norm_position not in NORM_POSITIONS:
             raise ValueError(f"`norm_position` must be one of {NORM_POSITIONS}. Received: norm_position={norm_position!r}")
         if residual_scaling not in RESIDUAL_SCALINGS:

@@ -211,7 +211,7 @@ def test_bad_arguments_are_named(tmp_path):
         squad.make_features(example, ThreeCharPieces(), {"cls": 1, "sep": 2})
     with pytest.raises(ValueError, match="max_seq_length=10, max_query_length=64"):
         squad.make_features(example, ThreeCharPieces(), SPECIAL_IDS, max_seq_length=10)
-    with pytest.raises(ValueError, match="doc_stride must be a positive integer. Received: doc_stride=0"):
+    with pytest.raises(ValueError, match="`doc_stride` must be a positive integer. Received: doc_stride=0"):
         squad.make_features(example, ThreeCharPieces(), SPECIAL_IDS, doc_stride=0)
     with pytest.raises(ValueError, match="one token list per word"):
         squad.make_features(example, lambda words: [[5]], SPECIAL_IDS)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models.checks import check_integer
+
 SPECIAL_TOKENS = ("cls", "sep", "pad")
 
 
@@ -251,8 +253,7 @@ def _check_window_arguments(special_ids, max_seq_length, doc_stride, max_query_l
     if missing:
         raise ValueError(f"special_ids must give the ids of {list(SPECIAL_TOKENS)}. Missing: {missing}")
     for name, value in (("max_seq_length", max_seq_length), ("doc_stride", doc_stride), ("max_query_length", max_query_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
+        check_integer(name, value)
     if max_seq_length < max_query_length + 4:
         raise ValueError(
             "max_seq_length must leave room for [CLS], the question, two [SEP] and one context token. "

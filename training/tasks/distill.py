@@ -26,7 +26,7 @@ Only the encoder ships (exported like any run: the served `embedding` is the mea
 P serves training and the cosine-to-teacher measure.
 
 Data: the training split of `task.dataset` (`sample`, the shipped text, or `text_files`, a folder such as
-`training.data.make_corpus` writes: its `train/` and `heldout/` splits; a list of such folders gives each an
+`scripts/make_corpus.py` writes: its `train/` and `heldout/` splits; a list of such folders gives each an
 equal share, e.g. the documentation corpus and `--packages general`); `task.train_texts` paragraphs are
 drawn with a fixed seed, and each is kept whole or cut to one of its sentences (`task.sentence_share` of
 them), so the student sees both lengths. The held-out split gives `task.eval_texts` texts the same way. No text
@@ -54,6 +54,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models.checks import check_integer
 from concise_attention.models.heads import SentenceEmbedder
 from concise_attention.models.heads import check_relation_heads
 from concise_attention.models.heads import mean_pooled
@@ -130,8 +131,7 @@ class DistillSettings(TaskSettings):
             value = getattr(self, name)
             if name == "relation_heads" and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"`task.{name}` must be an integer >= {least}. Received: task.{name}={value!r}")
+            check_integer(f"task.{name}", value, least)
         if not 0.0 <= self.sentence_share <= 1.0:
             raise ValueError(f"`task.sentence_share` must be in [0, 1]. Received: task.sentence_share={self.sentence_share!r}")
         for name in ("projection_weight", "similarity_weight", "relation_weight"):

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models.checks import check_integer
 from concise_attention.models.heads import BertSpanLabeler
 from concise_attention.training.data import squad
 from concise_attention.training.tasks import metrics as metric_functions
@@ -50,9 +51,7 @@ class SpanQASettings(TaskSettings):
         if DATASETS[self.dataset] == "json" and not self.data_dir:
             raise ValueError(f"task.dataset={self.dataset!r} reads train-v1.1.json and dev-v1.1.json: set task.data_dir to their folder.")
         for name in ("doc_stride", "max_query_length", "max_answer_length", "n_best_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"task.{name} must be a positive integer. Received: task.{name}={value!r}")
+            check_integer(f"task.{name}", getattr(self, name))
 
 
 class CachedWordTokenizer:
