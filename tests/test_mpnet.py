@@ -305,14 +305,9 @@ def test_a_classifier_fine_tunes_from_an_mpnet_folder(tiny_mpnet, tmp_path):
 
 
 def _load_join_script():
-    import importlib.util
-    import pathlib
+    from loading import load
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "join_mpnet.py"
-    spec = importlib.util.spec_from_file_location("join_mpnet", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("scripts/join_mpnet.py")
 
 
 def test_the_join_script_checks_the_zip_keeps_the_model_folder_and_replaces_only_its_own_output(tmp_path, monkeypatch, capsys):

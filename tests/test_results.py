@@ -7,7 +7,6 @@ benchmarks/results/collaborative_protocol.json (`python benchmarks/collaborative
 --markdown`). A README edited by hand, or data re-run without updating the README, fails here.
 """
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from concise_attention.training.run.configs import load_config
+from loading import load
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -31,10 +31,7 @@ ABLATIONS = {"n": "a"}  # benchmarks/results/distill_ablation_3000: label -> the
 
 
 def _benchmark_module(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(f"benchmarks/{name}.py")
 
 
 @pytest.mark.parametrize("study", ["heads", "collaborative", "depth", "head_size", "width"])

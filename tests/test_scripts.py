@@ -6,7 +6,6 @@ the remote bash (the restart loop, the detached launch) runs locally with fake `
 """
 
 import argparse
-import importlib.util
 import os
 import pathlib
 import shlex
@@ -15,19 +14,12 @@ import sys
 import time
 
 import pytest
+from loading import load
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _load_cloud_tpu():
-    spec = importlib.util.spec_from_file_location("cloud_tpu", ROOT / "scripts" / "cloud_tpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cloud_tpu"] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-cloud_tpu = _load_cloud_tpu()
+cloud_tpu = load("scripts/cloud_tpu.py")
 
 TARGET = ["--zone", "us-central2-b", "--name", "lm-tpu"]
 RUN = ["--run-dir", "gs://my-bucket/runs/lm", "--config", "tiny_lm", "--set", "training.train_steps=200"]

@@ -21,7 +21,7 @@ from concise_attention.training.data.shards import causal_lm_batches
 
 # Every EVAL_EVERY-th line of a text corpus is held out for evaluation...
 EVAL_EVERY = 20
-# ...unless the corpus folder has these sub-folders (training.data.make_corpus's layout): its two splits.
+# ...unless the corpus folder has these sub-folders (scripts/make_corpus.py's layout): its two splits.
 SPLIT_FOLDERS = ("train", "heldout")
 # Sentences tokenised and packed together; rows never mix sentences across chunks.
 CHUNK_LINES = 4096
@@ -100,7 +100,7 @@ def _checked_text_files(data_dir, split_name=None):
 
 
 def split_folders(data_dir):
-    """(train, heldout) sub-folders of `data_dir` when it has the layout `training.data.make_corpus`
+    """(train, heldout) sub-folders of `data_dir` when it has the layout `scripts/make_corpus.py`
     writes (`train/` and `heldout/`, held out by document), else None."""
     folders = tuple(tf.io.gfile.join(str(data_dir), name) for name in SPLIT_FOLDERS)
     return folders if data_dir and all(tf.io.gfile.isdir(folder) for folder in folders) else None
@@ -112,7 +112,7 @@ def corpus_splits(dataset, data_dir=None):
     Checks the source at once (missing folder, no files, text that is not UTF-8, an empty
     corpus or training split) so that bad data fails before any training starts. A text
     corpus holds out every EVAL_EVERY-th non-empty line for evaluation, unless its folder has
-    `train/` and `heldout/` sub-folders (`training.data.make_corpus`'s layout: held out by
+    `train/` and `heldout/` sub-folders (`scripts/make_corpus.py`'s layout: held out by
     document), which are then the two splits; LM1B has its own.
     """
     if dataset == "lm1b":

@@ -22,7 +22,7 @@ class LanguageModelSettings(TaskSettings):
     """dataset: "sample" (the shipped corpus), "lm1b" (tensorflow-datasets; data_dir may be
     gs://...), "text_files" (every *.txt under data_dir; every 20th line held out, or the
     folders train/ and heldout/ as the splits when data_dir has both, the layout of
-    `training.data.make_corpus`) or "prepared" (the shards
+    `scripts/make_corpus.py`) or "prepared" (the shards
     `concise-prepare-data` wrote to data_dir: tokenised and packed once, O(1) resume)."""
 
     dataset: str = "sample"
