@@ -115,7 +115,7 @@ class CausalLMTask(_TextCorpusTask):
         return batch_inputs
 
     def evaluate(self, model, final):
-        results = model.evaluate(final, verbose=0, return_dict=True)
+        results = model.evaluate(final, steps=_batch_count(final), verbose=0, return_dict=True)
         loss = results["loss"]
         return {"eval_loss": loss, "eval_accuracy": results["accuracy"], "eval_subword_perplexity": math.exp(min(loss, 50.0)),
                 "eval_word_perplexity": math.exp(min(loss * self.tokens_per_word, 50.0)), "tokens_per_word": self.tokens_per_word}
@@ -175,6 +175,12 @@ class MaskedLMTask(_TextCorpusTask):
         return make(self.train_lines, True, skip_batches), make(self.eval_lines, False)
 
     def evaluate(self, model, final):
-        results = model.evaluate(final, verbose=0, return_dict=True)
+        results = model.evaluate(final, steps=_batch_count(final), verbose=0, return_dict=True)
         return {"eval_loss": results["loss"], "eval_accuracy": results["accuracy"],
                 "eval_subword_perplexity": math.exp(min(results["loss"], 50.0))}
+
+
+def _batch_count(batches):
+    """The batches of a finite tf.data dataset (the kept held-out ones: cached), counted, so that `model.evaluate`
+    with steps_per_execution > 1 stops at the last one; None for a generator (read to its end)."""
+    return sum(1 for _ in batches) if hasattr(batches, "cardinality") else None
