@@ -140,11 +140,11 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
     from concise_attention.models import BUILDERS
     from concise_attention.models import presets as shipped
     from concise_attention.models.shrink import shrink_into
-    from concise_attention.training.inference import sources
+    from concise_attention.training import artifacts
     from concise_attention.training.inference.embeddings import SentenceEncoder
     from concise_attention.training.run import runs
 
-    loaded, source = SentenceEncoder.from_preset(teacher_dir), sources.read_source(teacher_dir)
+    loaded, source = SentenceEncoder.from_preset(teacher_dir), artifacts.read(teacher_dir)
     teacher_backbone, tokenizer = loaded.backbone, loaded.tokenizer
     name = os.path.basename(os.path.dirname(source.path.rstrip("/"))) if source.name == "model" else source.name  # a package's model/
     teacher = Encoder(f"teacher {name}", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
@@ -153,8 +153,8 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
     encoders = [Encoder(f"teacher, {half.num_layers} of {teacher_backbone.num_layers} layers", half, tokenizer,
                         to_teacher=lambda pooled: pooled)]
     for run_dir in run_dirs:
-        config, model, backbone, _ = runs.load_model(run_dir)
-        projection = model.projection
+        student = runs.load(run_dir, kind="run")
+        config, backbone, projection = student.config, student.backbone, student.task_model.projection
         encoders.append(Encoder(f"student {run_name(run_dir)}", backbone, tokenizer,
                                 to_teacher=lambda pooled, layer=projection: np.asarray(layer(pooled))))
         _with_pca(encoders, teacher, fit_texts, backbone.hidden_size)

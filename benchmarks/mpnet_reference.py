@@ -38,14 +38,14 @@ def compare_ids(model, lines, length):
     from tokenizers import Tokenizer
 
     from concise_attention.training.inference import embeddings
-    from concise_attention.training.inference import sources
+    from concise_attention.training import artifacts
     from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     reference = Tokenizer.from_file(str(pathlib.Path(model) / "tokenizer.json"))
     reference.no_padding()
     reference.enable_truncation(length)
     expected = [encoding.ids for encoding in reference.encode_batch(lines)]
-    source = sources.read_source(model)
+    source = artifacts.read(model)
     ours = embeddings.token_ids(wordpiece_tokenizer(source.vocabulary, **source.tokenizer), lines, length)
     different = [line for line, mine, theirs in zip(lines, ours, expected) if mine != theirs]
     return len(lines) - len(different), len(lines), different[:5]

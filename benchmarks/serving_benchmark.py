@@ -211,12 +211,13 @@ def encoders(chosen=None):
     (only the names in `chosen`, when given)."""
     from concise_attention.models import presets
     from concise_attention.training.preprocessing.text import WordPieceModule
-    from concise_attention.training.run import runs
+    from concise_attention.training import artifacts
 
     for name, source in [("all-MiniLM-L6-v2", str(minilm_folder())), *[(preset, preset) for preset in presets.shipped_presets()]]:
         if chosen and name not in chosen:
             continue
-        loaded, backbone, _ = runs.load_source(source)
+        model = artifacts.load(source)
+        loaded, backbone = model.source, model.backbone
         tokenizer = WordPieceModule(loaded.vocabulary, lowercase=loaded.tokenizer.get("lowercase", True),
                                     strip_accents=loaded.tokenizer.get("strip_accents"))
         yield name, source, backbone, tokenizer

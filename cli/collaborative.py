@@ -26,21 +26,17 @@ import tempfile
 from concise_attention.models.collaborative import convert_model
 from concise_attention.models.transformer import head_size_of
 from concise_attention.training import files
-from concise_attention.training.inference import sources
 from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 from concise_attention.training.tasks import make_task
 
 
-def _load_source(path):
-    """The source's `sources.Source`, its backbone (the BERT encoder or the causal LM) and, for a run
+def _load(path):
+    """The source's `artifacts.Source`, its backbone (the BERT encoder or the causal LM) and, for a run
     with a task model (a fine-tuned classifier, ...), its config and task model; weights loaded."""
-    source = sources.read_source(path)
-    if source.model_weights is not None:
-        config, task_model, backbone, _ = runs.load_model(path)
-        return source, backbone, (config, task_model)
-    return source, sources.load_backbone(source), None
+    loaded = runs.load(path)
+    return loaded.source, loaded.backbone, (loaded.config, loaded.task_model) if loaded.config is not None else None
 
 
 def _converted_task_model(task_source, backbone, converted):
@@ -109,7 +105,7 @@ def main(argv=None):
             raise ValueError(f"{out} exists; pass --overwrite to replace it.")
         if args.iterations < 1:
             raise ValueError(f"--iterations must be a positive integer. Received: --iterations={args.iterations}")
-        source, model, task_source = _load_source(args.hf_dir or args.run)
+        source, model, task_source = _load(args.hf_dir or args.run)
         head_size = head_size_of(model)
         full = model.num_heads * head_size
         shared_key_dim = args.shared_key_dim if args.shared_key_dim is not None else round(args.ratio * full)

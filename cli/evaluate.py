@@ -50,7 +50,10 @@ def evaluate_run(path, data_dir=None):
     most tasks) replaces the run's `task.data_dir`."""
     config = _with_data_dir(runs.read_run_config(path), path, data_dir)
     _check_data_dir(config, path, data_dir is not None)  # before the weights load
-    _, model, _, vocabulary = runs.load_model(path)
+    if not runs.RunDirectory(path).has(files.MODEL_WEIGHTS):
+        raise ValueError(f"{path} has no {files.MODEL_WEIGHTS}: no task model to evaluate.")
+    loaded = runs.load(path, kind="run")
+    model, vocabulary = loaded.task_model, loaded.source.vocabulary
     if config.training is None:
         raise ValueError(f"{files.join(path, files.CONFIG)} has no `training` section: it does not say how to evaluate "
                          "(sequence length, batch size).")

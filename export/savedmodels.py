@@ -1,6 +1,6 @@
 """Exporting a trained BERT as it is: TF-Hub encoder + preprocessor, Keras 3 preset, TF Serving
 model, tarball; from a run directory, a `concise-collaborative` output or a Hugging Face BERT
-folder alike (all read by `training.run.runs.load_source`), with no training.
+folder alike (all read by `training.run.runs.load`: `training.artifacts`, with a run's task model), with no training.
 
     OUT/hub/<version>/encoder/           TF-Hub BERT encoder (reusable SavedModel, `.mlm` when the
                                          source has an MLM head)
@@ -57,11 +57,11 @@ from concise_attention.export.chunking import text_input
 from concise_attention.models import presets
 from concise_attention.models.heads import POOLINGS
 from concise_attention.models.heads import pool
-from concise_attention.training.inference import sources
+from concise_attention.training import artifacts
+from concise_attention.training.run import runs
 from concise_attention.training.preprocessing.text import WordPieceModule
 from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.run import configs
-from concise_attention.training.run import runs
 from concise_attention.training.tasks import make_task
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
@@ -379,7 +379,7 @@ def _export_settings(source, seq_length, model_name, pooling):
         raise ValueError(f"{source.path!r} has no vocab.txt.")
     read_vocabulary(source.vocabulary)  # fails now, before anything is written, if unusable
     if pooling is None:  # the sentence embedding it was trained to give, else the mean of its tokens
-        sources.check_mean_pooling(source)
+        artifacts.check_mean_pooling(source)
         pooling = source.embedding or "mean"
     if pooling not in POOLINGS:
         raise ValueError(f"`pooling` must be one of {', '.join(POOLINGS)}. Received: pooling={pooling!r}")
@@ -393,7 +393,7 @@ def _export_settings(source, seq_length, model_name, pooling):
                          f"Received: model_name={model_name!r}")
     default_name = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name or "model")[:64].lstrip(".") or "model"
     return {"model_name": model_name or default_name, "seq_length": seq_length, "pooling": pooling,
-            "sentence_encoder": source.embedding in ("mean", sources.DISTILLED_EMBEDDING), **source.tokenizer}
+            "sentence_encoder": source.embedding in ("mean", artifacts.DISTILLED_EMBEDDING), **source.tokenizer}
 
 
 def _fix_seed_states(model):
@@ -408,7 +408,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
     """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
     Args:
-        source: what `training.inference.sources.read_source` reads: a run directory (config.json,
+        source: what `training.artifacts.read` reads: a run directory (config.json,
             backbone.weights.h5 [+ model.weights.h5], vocab.txt), a `concise-collaborative`
             output, or a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt
             [, tokenizer_config.json]). A task head it holds is exported with it: an MLM
@@ -419,7 +419,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
         seq_length: sequence length of the preprocessor and of the serving model (default: the length the
             source records for serving, a shipped preset's 256 or a sentence-transformers folder's
             max_seq_length, else a run's own training.sequence_length, else 128; never beyond
-            max_sequence_length: `sources.Source.serving_length`).
+            max_sequence_length: `artifacts.Source.serving_length`).
         model_name: the TF Serving model name (default: the run's config name, or the
             Hugging Face folder's name).
         pooling: the `embedding` of the serving model and the TF-Hub encoder (`models.heads.pool`): "mean" over
@@ -427,7 +427,7 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
             default: the sentence embedding the source was trained to give (a distilled student's or a
             sentence-transformers folder's "normalized_mean" or "mean", whose TF-Hub `pooled_output` and
             `default` are then that embedding too; another sentence-transformers pooling is refused), else "mean".
-        kind: "hf" or "run" to insist on one kind of source (`read_source`).
+        kind: "hf" or "run" to insist on one kind of source (`artifacts.read`).
 
     Returns:
         dict of the written paths, the version, the sequence length, the export id and what
@@ -435,7 +435,8 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
     """
     store = _store(out_dir)
     commit.check_out_dir(out_dir, store)
-    source, encoder, model = runs.load_source(source, kind)
+    loaded = runs.load(source, kind)
+    source, encoder, model = loaded.source, loaded.backbone, loaded.task_model
     _fix_seed_states(model or encoder)
     settings = _export_settings(source, seq_length, model_name, pooling)
     task = portable_task(source.task) if model is not None else None

@@ -22,6 +22,7 @@ import tempfile
 
 from concise_attention.models import presets
 from concise_attention.training import files
+from concise_attention.training import artifacts
 from concise_attention.training.run import runs
 
 MAX_MEGABYTES = 25
@@ -158,7 +159,7 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None):
     if not NAME.fullmatch(name):
         raise ValueError(f"--name {name!r}: use 1-64 lower-case letters, digits and _.- (starting with a letter or digit)")
     results = files.read_json(results_path)
-    config = files.read_json(files.join(run, files.CONFIG))
+    config = runs.RunDirectory(run).read_config()
     if config.get("task", {}).get("name") != "distill":
         raise ValueError(f"--run {run}: not a distill run (task {config.get('task', {}).get('name')!r})")
     trained, limit = config["training"]["sequence_length"], config["model"]["max_sequence_length"]
@@ -166,7 +167,8 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None):
         raise ValueError(f"--serving-length {serving_length}: must be in [{trained}, {limit}] (the length it was distilled "
                          "at, its position embeddings)")
     card = model_card(name, config, results, run, serving_length or trained)  # refuses a student below the PCA bar
-    source, backbone, _ = runs.load_source(run, kind="run")
+    loaded = artifacts.load(run, kind="run")
+    source, backbone = loaded.source, loaded.backbone
     shipped_dir = shipped_dir or presets.SHIPPED_DIR
     os.makedirs(shipped_dir, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{name}.", dir=shipped_dir)

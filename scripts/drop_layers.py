@@ -14,7 +14,7 @@ import shutil
 from concise_attention.models import BUILDERS
 from concise_attention.models.shrink import shrink_into
 from concise_attention.training import files
-from concise_attention.training.inference import sources
+from concise_attention.training import artifacts
 
 
 def main(argv=None):
@@ -24,14 +24,14 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, required=True, help="layers to keep")
     args = parser.parse_args(argv)
     try:
-        source = sources.read_source(args.run, kind="run")
+        source = artifacts.read(args.run, kind="run")
     except ValueError as error:
         parser.exit(2, f"drop_layers: error: {error}\n")
     if not 1 <= args.layers < source.model["num_layers"]:
         parser.exit(2, f"drop_layers: error: --layers {args.layers}: must be in [1, {source.model['num_layers'] - 1}]\n")
     if os.path.exists(args.out):
         parser.exit(2, f"drop_layers: error: {args.out} exists\n")
-    full = sources.load_backbone(source)
+    full = artifacts.load_backbone(source)
     shallow = BUILDERS[source.model_type](**(source.model | {"num_layers": args.layers}))
     shrink_into(full, shallow)
     config = files.read_json(os.path.join(args.run, "config.json"))

@@ -80,7 +80,7 @@ def test_full_rank_conversion_keeps_the_fine_tuned_predictions(tuned, tmp_path, 
     assert (converted / "model.weights.h5").is_file() and (converted / "backbone.weights.h5").is_file()
     config, before = _logits(tuned, dev_rows)
     converted_config, after = _logits(converted, dev_rows)
-    attention = runs.load_model(converted)[2].blocks[0].attention
+    attention = runs.load(converted).backbone.blocks[0].attention
     assert isinstance(attention, CollaborativeAttention) and attention.shared_key_dim == FULL_RANK
     assert converted_config.task.labels == config.task.labels and converted_config.training == config.training
     assert before.std(0).mean() > 0.1  # the logits vary with the input
@@ -115,8 +115,10 @@ def test_fine_tuning_the_conversion_again_starts_from_its_head(tuned, low_rank, 
     converted = low_rank
     metrics = _train(tmp_path / "again", f"task.init={converted}", "training.learning_rate=0", "training.train_steps=1", "training.warmup_steps=0",
                      "training.steps_per_epoch=1", "training.steps_per_execution=1", "training.eval_batches=1")
-    _, original, _, _ = runs.load_model(tuned)
-    _, again, backbone, _ = runs.load_model(tmp_path / "again")
+    loaded = runs.load(tuned)
+    original = loaded.task_model
+    loaded = runs.load(tmp_path / "again")
+    again, backbone = loaded.task_model, loaded.backbone
     assert isinstance(backbone.blocks[0].attention, CollaborativeAttention)
     np.testing.assert_array_equal(np.asarray(again.classifier.kernel), np.asarray(original.classifier.kernel))
     evaluated = _evaluate(converted, capsys)

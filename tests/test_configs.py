@@ -165,7 +165,7 @@ def test_nested_attention_overrides():
 
 def test_a_run_directory_with_the_flat_attention_fields_of_earlier_versions_is_refused_in_one_line(tmp_path):
     """A config.json with the flat attention fields: reading it says which field and the nested one to set."""
-    from concise_attention.training.inference import sources
+    from concise_attention.training import artifacts
     from concise_attention.training.run import runs
     from concise_attention.training.tasks import make_task
 
@@ -179,9 +179,9 @@ def test_a_run_directory_with_the_flat_attention_fields_of_earlier_versions_is_r
     run.save_models(backbone, make_task(config).build_model(backbone))
     message = "`model.attention_type` is the flat form of `model.attention.type` that earlier versions wrote"
     with pytest.raises(ValueError, match=message):
-        sources.read_source(tmp_path)
+        artifacts.read(tmp_path)
     with pytest.raises(ValueError, match="model.attention_type"):
-        runs.load_model(tmp_path)
+        runs.read_run_config(tmp_path)
 
 
 def test_model_config_round_trips_through_the_builder():

@@ -359,7 +359,8 @@ def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(
         assert metrics[key] == pytest.approx(recorded, rel=1e-4), (key, "the recipe trains otherwise than when it distilled the shipped weights")
     with monkeypatch.context() as patched:  # a finished run loads without its teacher
         patched.setattr(distill, "default_teacher", lambda: pytest.fail("the teacher was looked up"))
-        config, model, backbone, vocabulary = runs.load_model(tmp_path / "run")
+        loaded = runs.load(tmp_path / "run")
+        config, model, backbone, vocabulary = loaded.config, loaded.task_model, loaded.backbone, loaded.source.vocabulary
     assert config.task.teacher_width == 384 and backbone.hidden_size == 32
     task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
     task.check()
@@ -402,14 +403,15 @@ def test_a_student_distils_with_the_relation_term_and_saves_no_teacher(tmp_path,
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     metrics = json.loads(out[out.index("{"):])
-    config, model, backbone, vocabulary = runs.load_model(tmp_path / "run")
+    loaded = runs.load(tmp_path / "run")
+    config, model, vocabulary = loaded.config, loaded.task_model, loaded.source.vocabulary
     plain = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, relation_weight=0.0))).build_model(
         config.build_model(dtype="float32"))
     plain.load_weights(tmp_path / "run" / "model.weights.h5")
     plain.save_weights(tmp_path / "plain.weights.h5")
     assert _h5_variables(tmp_path / "run" / "model.weights.h5") == _h5_variables(tmp_path / "plain.weights.h5")
     model.load_weights(tmp_path / "plain.weights.h5")  # the run's weights, by way of a model without the term
-    teacher = runs.load_source(distill.default_teacher())[1]
+    teacher = runs.load(distill.default_teacher()).backbone
     assert len(model.relation.models.teacher.weights) == len(teacher.weights) > 0
     for loaded, original in zip(model.relation.models.teacher.weights, teacher.weights):
         np.testing.assert_array_equal(loaded.numpy(), original.numpy())

@@ -120,16 +120,16 @@ def test_a_sentence_transformers_folder_reads_its_max_seq_length_and_pooling(min
 
 def test_a_sentence_transformers_pooling_other_than_the_mean_is_refused(minilm_dir, cls_pooling_dir):
     from concise_attention.export.savedmodels import _export_settings
-    from concise_attention.training.inference import sources
+    from concise_attention.training import artifacts
 
     folder = cls_pooling_dir
     with pytest.raises(ValueError, match="cls_token pooling"):
         SentenceEncoder.from_preset(str(folder))
-    source = sources.read_source(str(folder))
+    source = artifacts.read(str(folder))
     with pytest.raises(ValueError, match="cls_token pooling"):
         _export_settings(source, None, None, None)
     assert _export_settings(source, None, None, "cls")["pooling"] == "cls"  # chosen explicitly: exported as asked
-    settings = _export_settings(sources.read_source(str(minilm_dir)), None, None, None)
+    settings = _export_settings(artifacts.read(str(minilm_dir)), None, None, None)
     assert (settings["seq_length"], settings["pooling"], settings["sentence_encoder"]) == (256, "normalized_mean", True)
 
 

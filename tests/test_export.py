@@ -225,7 +225,8 @@ def exported(tmp_path_factory):
     train(config, run, verbose=0)
     written = export_run(run, root / "out", seq_length=SEQ_LENGTH)
 
-    _, pretrainer, _, _ = runs.load_model(run)
+    loaded = runs.load(run)
+    pretrainer = loaded.task_model
     rng = np.random.default_rng(1)
     word_ids = rng.integers(1000, 30000, size=(3, 20)).astype("int32")
     mask = (np.arange(20)[None, :] < np.array([[20], [13], [5]])).astype("int32")
@@ -284,6 +285,25 @@ def test_every_artifact_reloads_in_a_fresh_process_and_matches_the_live_model(ex
     # Text in, embedding out: our core-TF tokenisation + packing + encoder vs keras-hub's tokenizer + the live encoder.
     np.testing.assert_allclose(reloaded["embedding"], live["embedding"], atol=1e-5)
     assert list(reloaded["serving_outputs"]) == ["embedding"]  # per-token outputs: serve_token_ids (ids in, as sent)
+
+
+def test_an_export_and_its_hub_version_load_as_the_encoder_the_run_trained(exported):
+    """`training.artifacts.load` reads a TF-Hub export (OUT, or OUT/hub/<version>) through its Keras preset, the run
+    itself deleted: the encoder it holds gives the live model's outputs, and encodes text with the run's tokenizer."""
+    import tokenizers
+
+    from concise_attention.training import artifacts
+
+    ids = {name: value for name, value in np.load(exported["root"] / "inputs.npz").items() if name.startswith("input_")}
+    reference = tokenizers.BertWordPieceTokenizer(str(MINILM_VOCAB), lowercase=True, strip_accents=True)  # HF `tokenizers`
+    for path in (exported["root"] / "out", pathlib.Path(exported["written"]["keras"]).parent):
+        loaded = artifacts.load(path)
+        assert loaded.source.kind == "preset"
+        np.testing.assert_allclose(np.asarray(loaded.backbone(ids, training=False)["sequence_output"]),
+                                   exported["live"]["sequence_output"], atol=1e-5)
+        texts = exported["texts"][:8]
+        ours = loaded.tokenizer(tf.constant(texts)).to_list()
+        assert ours == [encoding.ids for encoding in reference.encode_batch(texts, add_special_tokens=False)]
 
 
 def test_dropout_acts_only_in_training(exported):
@@ -565,14 +585,14 @@ def test_a_failed_export_leaves_nothing_behind(exported_copy, small_run, tmp_pat
     ],
 )
 def test_tokenizer_settings_come_from_the_run_config(section, expected):
-    from concise_attention.training.inference.sources import saved_tokenizer_settings
+    from concise_attention.training.artifacts import saved_tokenizer_settings
 
     assert tuple(saved_tokenizer_settings(section, "run/config.json").values()) == expected
 
 
 @pytest.mark.parametrize("section, field", [({"tokenizer": {"lowercase": "yes"}}, "tokenizer.lowercase"), ({"tokenizer": {"strip_accents": 1}}, "tokenizer.strip_accents")])
 def test_bad_tokenizer_settings_are_named(section, field):
-    from concise_attention.training.inference.sources import saved_tokenizer_settings
+    from concise_attention.training.artifacts import saved_tokenizer_settings
 
     with pytest.raises(ValueError, match=f"run/config.json: `{field}` must be .* Received: "):
         saved_tokenizer_settings(section, "run/config.json")

@@ -128,7 +128,8 @@ def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(registered
 
     from concise_attention.training.run import runs
 
-    _, model, backbone, _ = runs.load_model(tmp_path / "run")
+    loaded = runs.load(tmp_path / "run")
+    model, backbone = loaded.task_model, loaded.backbone
     attention = backbone.blocks[0].attention
     assert type(attention) is TemperedAttention and (attention.temperature, attention.head_size) == (0.5, 16)
     # The argument is used: the probabilities are softmax(q k^T / sqrt(16) / 0.5), recomputed in

@@ -60,7 +60,8 @@ def _dev_predictions(run_dir, dev_texts):
     """The reloaded run's outputs on the dev texts, tokenised as BERT by HF `tokenizers`."""
     import tokenizers
 
-    config, model, _, vocabulary = runs.load_model(run_dir)
+    loaded = runs.load(run_dir)
+    config, model, vocabulary = loaded.config, loaded.task_model, loaded.source.vocabulary
     tokenizer = tokenizers.BertWordPieceTokenizer(vocabulary, lowercase=True)
     tokenizer.enable_truncation(config.training.sequence_length)
     tokenizer.enable_padding(length=config.training.sequence_length)
@@ -260,7 +261,8 @@ def test_a_head_on_the_shipped_sentence_encoder_reads_its_mean_and_exports_it_as
     argv = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", "task.init=concise-minilm-d192",
             *(item for override in SHORT for item in ("--set", override))]
     assert cli.main(argv) == 0
-    config, model, backbone, _ = runs.load_model(tmp_path / "run")
+    loaded = runs.load(tmp_path / "run")
+    config, model, backbone = loaded.config, loaded.task_model, loaded.backbone
     assert config.task.pooling == "mean" and model.pooling == "mean"
     written = export_run(tmp_path / "run", tmp_path / "out")
     assert json.loads((tmp_path / "out" / "hub" / "1" / "export.json").read_text())["pooling"] == "mean"

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from concise_attention.training.run import runs
 from concise_attention.training.run import configs
 from gcs_fake import FakeGCS
 from in_process import run_main
@@ -44,19 +45,16 @@ def _checkpoint_landed():
 
 
 def _weights(run):
-    """The task model's weights as `training.run.runs` loads them (through tf.io.gfile: local or gs://)."""
-    from concise_attention.training.run import runs
-
-    return [np.asarray(variable) for variable in runs.load_model(run)[1].weights]
+    """The task model's weights as `training.artifacts` loads them (through tf.io.gfile: local or gs://)."""
+    return [np.asarray(variable) for variable in runs.load(run).task_model.weights]
 
 
 def _reference_embeddings(run, texts):
     """The local run's encoder on Hugging Face `tokenizers`' WordPiece ids, mean over the tokens."""
     import tokenizers
 
-    from concise_attention.training.run import runs
-
-    _, pretrainer, _, vocabulary = runs.load_model(run)
+    loaded = runs.load(run)
+    pretrainer, vocabulary = loaded.task_model, loaded.source.vocabulary
     encodings = tokenizers.BertWordPieceTokenizer(str(vocabulary), lowercase=True).encode_batch(texts)
     length = max(len(encoding.ids) for encoding in encodings)
     ids = np.array([encoding.ids + [0] * (length - len(encoding.ids)) for encoding in encodings], "int32")

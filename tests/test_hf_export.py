@@ -379,10 +379,10 @@ def test_bad_hugging_face_folders_are_named_and_nothing_is_written(tmp_path, cap
 
 
 def test_model_max_length_above_the_positions_is_not_a_disagreement(tmp_path):
-    from concise_attention.training.inference import sources
+    from concise_attention.training import artifacts
     directory = write_tiny_checkpoint(tmp_path / "bert")
     _change_json("tokenizer_config.json", model_max_length=100_000)(directory)
-    source = sources.read_source(directory, "hf")
+    source = artifacts.read(directory, "hf")
     assert source.model["max_sequence_length"] == POSITIONS and source.tokenizer == {"lowercase": False, "strip_accents": False}
 
 

@@ -93,7 +93,8 @@ def test_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
     )
     train(config, tmp_path / "run", verbose=0)
     assert (tmp_path / "run" / "vocab.txt").read_bytes() == (MINILM / "vocab.txt").read_bytes()
-    _, pretrainer, _, _ = runs.load_model(tmp_path / "run")
+    loaded = runs.load(tmp_path / "run")
+    pretrainer = loaded.task_model
     ids = np.array([[101, 7592, 2088, 102, 0]], "int32")
     inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
     expected = load_hf_bert(MINILM)(inputs)["sequence_output"]

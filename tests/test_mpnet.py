@@ -193,13 +193,13 @@ def test_token_ids_equal_mpnets_tokenizer_on_the_tokenisation_corpus(tiny_mpnet)
     Hugging Face's MPNet ids on every line of the hostile corpus, <s> ... </s> included."""
     from test_text import build_corpus
 
-    from concise_attention.training.inference import sources
+    from concise_attention.training import artifacts
     from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     typed_special = ("<s>", "</s>", "<pad>", "<unk>", "<mask>")
     corpus = [line for line in build_corpus() if not any(token in line for token in typed_special)]
     assert len(corpus) >= 3000
-    source = sources.read_source(tiny_mpnet["dir"])
+    source = artifacts.read(tiny_mpnet["dir"])
     tokenizer = wordpiece_tokenizer(source.vocabulary, **source.tokenizer)
     expected = [encoding.ids for encoding in hugging_face_mpnet_tokenizer(tiny_mpnet["tokens"]).encode_batch(corpus)]
     ours = embeddings.token_ids(tokenizer, corpus, 100_000)
@@ -276,7 +276,8 @@ def test_a_concise_student_distils_from_an_mpnet_teacher(tiny_mpnet, tmp_path):
     for override in overrides:
         argv += ["--set", override]
     assert cli.main(argv) == 0
-    config, _, backbone, _ = runs.load_model(tmp_path / "run")
+    loaded = runs.load(tmp_path / "run")
+    config, backbone = loaded.config, loaded.backbone
     teacher_bias = safetensors.numpy.load_file(tiny_mpnet["dir"] / "model.safetensors")["encoder.relative_attention_bias.weight"]
     np.testing.assert_allclose(backbone.relative_attention_bias.embeddings.numpy(), teacher_bias[:, :2], atol=0.02)
     assert backbone.type_embeddings is None and backbone.position_offset == 2 and config.task.teacher_width == HIDDEN
@@ -299,7 +300,8 @@ def test_a_classifier_fine_tunes_from_an_mpnet_folder(tiny_mpnet, tmp_path):
     argv = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", f"task.init={tiny_mpnet['dir']}",
             *(item for override in short for item in ("--set", override))]
     assert cli.main(argv) == 0
-    config, _, backbone, _ = runs.load_model(tmp_path / "run")
+    loaded = runs.load(tmp_path / "run")
+    config, backbone = loaded.config, loaded.backbone
     assert (config.model.type_vocab_size, config.model.position_offset, config.model.relative_attention_buckets) == (0, 2, BUCKETS)
     assert config.task.pooling == "mean" and backbone.hidden_size == HIDDEN
 
@@ -392,10 +394,10 @@ def test_a_bad_mpnet_config_json_is_one_line(tiny_mpnet, tmp_path, capsys, field
 def test_an_mpnet_folder_loads_where_the_cache_cannot_be_written(tiny_mpnet, tmp_path, monkeypatch):
     """The BERT-named vocabulary goes to the temporary directory when the per-user cache cannot be written."""
     from concise_attention.training import files
-    from concise_attention.training.inference import sources
+    from concise_attention.training import artifacts
 
     monkeypatch.setenv("CONCISE_ATTENTION_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(sources.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(artifacts.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     write = files.write_verified
 
     def read_only_cache(base, *args, **kwargs):
@@ -404,5 +406,5 @@ def test_an_mpnet_folder_loads_where_the_cache_cannot_be_written(tiny_mpnet, tmp
         return write(base, *args, **kwargs)
 
     monkeypatch.setattr(files, "write_verified", read_only_cache)
-    vocabulary = sources.read_source(tiny_mpnet["dir"]).vocabulary
+    vocabulary = artifacts.read(tiny_mpnet["dir"]).vocabulary
     assert vocabulary.startswith(str(tmp_path / "tmp")) and open(vocabulary).read().split("\n")[:3] == ["[CLS]", "[PAD]", "[SEP]"]

@@ -91,7 +91,8 @@ def _reloaded_answers(run_dir, examples):
     """Answers decoded from the reloaded run's logits, the windows tokenised by HF `tokenizers`."""
     import tokenizers
 
-    config, model, _, vocabulary = runs.load_model(run_dir)
+    loaded = runs.load(run_dir)
+    config, model, vocabulary = loaded.config, loaded.task_model, loaded.source.vocabulary
     tokenizer = tokenizers.BertWordPieceTokenizer(vocabulary, lowercase=True)
 
     def tokenize_words(words):

@@ -91,7 +91,7 @@ def test_training_lowers_the_loss_and_logs(tmp_path):
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["model"]["hidden_size"] == 32 and saved["training"]["train_steps"] == 60
     # The final weights files hold the model's variables alone, not Adam's two moments beside each (h5py's count).
-    config, model, _, _ = runs.load_model(tmp_path / "run")
+    model = runs.load(tmp_path / "run").task_model
     with h5py.File(tmp_path / "run" / "model.weights.h5", "r") as file:
         assert "optimizer" not in file
         stored = []

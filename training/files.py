@@ -2,7 +2,7 @@
 
 Every file is written whole under a temporary name and renamed, so a reader never sees half of one; Keras' HDF5
 weights go through a local temporary file and are copied. The names of a run directory's files are here too:
-`training.run.runs` writes that directory and `training.inference.sources` reads a finished one back.
+`training.run.runs` writes that directory and `training.artifacts` reads a finished one back.
 """
 
 import hashlib

@@ -12,7 +12,7 @@ RUN (a local folder) receives config.json, vocab.txt, checkpoint/state.npz (ever
 variable, dropout seed states included, every optimizer variable, its step among them, and
 the epoch logs; written at each epoch end under a temporary name, then renamed), then
 backbone.weights.h5, model.weights.h5 and metrics.json: the names of `training.files`, so a
-TensorFlow run starts from it with `task.init` and `runs.load_model` reads it. The same command again resumes from the checkpoint and
+TensorFlow run starts from it with `task.init` and `training.artifacts.load` reads it. The same command again resumes from the checkpoint and
 ends bit-identical to an uninterrupted run. `task.init` names a run directory whose
 backbone.weights.h5 starts the model.
 """

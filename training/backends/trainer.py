@@ -27,9 +27,8 @@ import keras
 import tensorflow as tf
 
 from concise_attention.models import presets
-from concise_attention.models.hf_import import load_hf_weights
 from concise_attention.training import files
-from concise_attention.training.inference import sources
+from concise_attention.training import artifacts
 from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.preprocessing.tokenizer import bert_settings
 from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
@@ -91,7 +90,7 @@ def resolve_config(config):
     section is left out (checked against it otherwise) and the tokenizer settings.
 
     Returns:
-        (config, source): `source` is the `sources.Source` of task.init, or None.
+        (config, source): `source` is the `artifacts.Source` of task.init, or None.
     """
     if config.training is None:
         raise ValueError(f"Config {config.name!r} has no `training` section.")
@@ -100,7 +99,7 @@ def resolve_config(config):
             raise ValueError(f"Config {config.name!r} has no model section and no task.init.")
         return config, None
     try:
-        source = sources.read_source(config.task.init)
+        source = artifacts.read(config.task.init)
     except ValueError as error:
         raise ValueError(f"task.init={config.task.init!r}: {error}") from None
     if config.model is None:
@@ -157,25 +156,14 @@ def prepare_vocabulary(config, run, task, source):
     return path
 
 
-def initialize_backbone(backbone, source):
-    """Copies the backbone weights of `source` (a run directory or a Hugging Face folder)."""
-    if source.kind == "hf":
-        load_hf_weights(backbone, source.path)
-    else:
-        files.load_weights(backbone, source.weights)
-
-
 def initialize_model(model, backbone, source, task_settings):
     """Starts from task.init: the whole task model (head included) when `source` was trained
     for the same task with the same labels (a fine-tuned run, or its `concise-collaborative`
     conversion: fine-tuning goes on with its head), else the backbone alone. Returns "model" or "backbone"."""
     head_fits = (source.model_weights is not None and (source.task or {}).get("name") == task_settings.name
                  and (source.task or {}).get("labels") == getattr(task_settings, "labels", None))
-    if head_fits:
-        files.load_weights(model, source.model_weights)
-        return "model"
-    initialize_backbone(backbone, source)
-    return "backbone"
+    artifacts.load_weights_into(model if head_fits else backbone, source, head=head_fits)
+    return "model" if head_fits else "backbone"
 
 
 def resolve_steps(training, num_examples):

@@ -1,7 +1,7 @@
 """Sentence embeddings of a list of strings: `SentenceEncoder` (a preset or run by name, `encode`).
 
     >>> from concise_attention.training.inference.embeddings import SentenceEncoder
-    >>> encoder = SentenceEncoder.from_preset("path/to/preset")   # or a run directory
+    >>> encoder = SentenceEncoder.from_preset("concise-minilm-d192")   # or a folder: run, export, preset, Hugging Face
     >>> vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell."])   # (2, width) float32, unit rows
 
 Texts are tokenised as the encoder's vocabulary says (`training.preprocessing.tokenizer`, BERT's WordPiece), cut to
@@ -19,8 +19,7 @@ from tqdm import tqdm
 
 from concise_attention.models.heads import mean_pooled
 from concise_attention.models.heads import unit
-from concise_attention.training.inference import sources
-from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+from concise_attention.training import artifacts
 
 
 SORT_WINDOW = 32_768  # texts tokenised and length-sorted together (a multiple of the usual batch sizes)
@@ -54,17 +53,15 @@ class SentenceEncoder:
 
     @classmethod
     def from_preset(cls, preset, sequence_length=None):
-        """A shipped preset's name (`models.presets.shipped_presets()`), a Keras preset folder
-        (`concise-export`'s `keras/`), a run directory (local or gs://) or a Hugging Face BERT folder (a
-        sentence-transformers one with mean pooling too); `sequence_length` defaults to the length the source
+        """Any model on disk `training.artifacts.read` reads: a shipped preset's name (`models.presets.shipped_presets()`),
+        a Keras preset folder, a `concise-export` folder (or one OUT/hub/<version>), a run directory (local or gs://)
+        or a Hugging Face folder (a sentence-transformers one with mean pooling too); `sequence_length` defaults to the length the source
         records for serving (a shipped preset: its teacher's, 256; a sentence-transformers folder: its
-        `max_seq_length`), else the length it was trained at (a run), else 128 (`sources.Source.serving_length`)."""
-        source = sources.read_source(preset)
-        sources.check_mean_pooling(source)
-        backbone = sources.load_backbone(source)
-        tokenizer = wordpiece_tokenizer(source.vocabulary, lowercase=source.tokenizer.get("lowercase", True),
-                                        strip_accents=source.tokenizer.get("strip_accents"))
-        return cls(backbone, tokenizer, source.serving_length if sequence_length is None else sequence_length)
+        `max_seq_length`), else the length it was trained at (a run), else 128 (`artifacts.Source.serving_length`)."""
+        source = artifacts.read(preset)
+        artifacts.check_mean_pooling(source)
+        loaded = artifacts.LoadedModel(source, artifacts.load_backbone(source))  # the encoder alone: no head is built
+        return cls(loaded.backbone, loaded.tokenizer, source.serving_length if sequence_length is None else sequence_length)
 
     @property
     def width(self):

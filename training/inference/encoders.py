@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from concise_attention.models import BUILDERS
 from concise_attention.models.shrink import shrink_into
-from concise_attention.training.inference import sources
+from concise_attention.training import artifacts
 from concise_attention.training.inference.embeddings import SentenceEncoder
 from concise_attention.training.inference.embeddings import unit_rows
 
@@ -103,7 +103,7 @@ class TeacherPca:
 def half_layers(spec, sequence_length=None):
     """The teacher with every other layer dropped (layers 0, 2, 4 of 6): faster, full width, no training."""
     full = SentenceEncoder.from_preset(spec, sequence_length)
-    source = sources.read_source(spec)
+    source = artifacts.read(spec)
     layers = source.model["num_layers"]
     half = BUILDERS[source.model_type](**(source.model | {"num_layers": layers // 2}))
     shrink_into(full.backbone, half)

@@ -15,17 +15,14 @@
 A run directory may be local or any `tf.io.gfile` path (gs://...): every file goes through
 `training.files` (written whole under a temporary name and renamed, so a reader never sees
 half of one); checkpoints are written by the TF runtime (committed by their pointer file
-last). A finished run, a `concise-collaborative` output, a preset and a Hugging Face BERT
-folder are read back alike (`training.inference.sources.read_source`; `load_source` adds the
-task model around the backbone), so anything that starts from a trained model (fine-tuning,
-export, conversion) accepts all of them.
+last). A finished run is read back, with every other kind of model on disk, by `training.artifacts`; `load` adds
+the task model its task builds around the backbone.
 """
 
 import os
 
 import tensorflow as tf
 
-from concise_attention.models.hf_import import load_hf_model
 from concise_attention.training.files import BACKBONE_WEIGHTS
 from concise_attention.training.files import CONFIG
 from concise_attention.training.files import INPUTS
@@ -40,29 +37,9 @@ from concise_attention.training.files import read_json
 from concise_attention.training.files import save_weights
 from concise_attention.training.files import write_bytes_atomically
 from concise_attention.training.files import write_json_atomically
-from concise_attention.training.inference.sources import load_backbone
-from concise_attention.training.inference.sources import read_source
+from concise_attention.training import artifacts
 from concise_attention.training.run import configs
 from concise_attention.training.tasks import make_task
-
-
-def load_source(path, kind=None):
-    """The trained model a source holds, weights loaded: what the exporter starts from.
-
-    Returns:
-        (source, backbone, model): the `Source`; its backbone; the task model around it when
-        the source holds a head (a run's model.weights.h5: e.g. `BertPretrainer`,
-        `BertClassifier`; a Hugging Face checkpoint's MLM head), else None (a
-        `concise-collaborative` output, a BertModel checkpoint).
-    """
-    source = read_source(path, kind)
-    if source.kind == "hf":
-        backbone, model = load_hf_model(source.path)
-    elif source.kind == "run" and tf.io.gfile.exists(join(source.path, MODEL_WEIGHTS)):
-        _, model, backbone, _ = load_model(source.path)
-    else:
-        backbone, model = load_backbone(source), None
-    return source, backbone, model
 
 
 _LOCKS = {}  # absolute run directory -> the open .lock file this process holds (see RunDirectory.lock)
@@ -85,6 +62,9 @@ class RunDirectory:
 
     def file(self, name):
         return join(self.path, name)
+
+    def has(self, name):
+        return tf.io.gfile.exists(self.file(name))
 
     @property
     def checkpoint_dir(self):
@@ -228,23 +208,17 @@ def read_run_config(path):
         raise ValueError(f"{run.file(CONFIG)}: {error}") from error
 
 
-def load_model(path):
-    """The config, task model and backbone of a finished run directory, weights loaded.
-
-    Returns:
-        (config, model, backbone, vocabulary path): an `ExperimentConfig`, the task's
-        model (e.g. `BertPretrainer`, `BertClassifier`; the `CausalLM` itself), its
-        backbone and RUN/vocab.txt.
-    """
-    run, config = RunDirectory(path), read_run_config(path)
-    # Float32 whatever `training.precision` the run trained under (its variables are float32).
+def load(path, kind=None):
+    """`training.artifacts.load`, with the task model of a run that has one (model.weights.h5: the backbone and its
+    head, weights loaded, float32 whatever precision it trained under) and its `ExperimentConfig`."""
+    source = artifacts.read(path, kind)
+    if source.kind != "run" or source.model_weights is None:
+        return artifacts.from_source(source)
+    config = read_run_config(source.path)
     backbone = config.build_model(dtype="float32")
     model = make_task(config).build_model(backbone)
-    weights = run.file(MODEL_WEIGHTS)
-    if not tf.io.gfile.exists(weights):
-        raise ValueError(f"A finished run directory has {CONFIG} and {MODEL_WEIGHTS}; {run.path!r} lacks {MODEL_WEIGHTS}.")
-    load_weights(model, weights)
-    return config, model, backbone, run.file(VOCABULARY)
+    load_weights(model, source.model_weights)
+    return artifacts.LoadedModel(source, backbone, model, config)
 
 
 def _differences(name, saved, now, most=3):

@@ -64,7 +64,7 @@ from concise_attention.training import files
 from concise_attention.training.data.pipeline import corpus_splits
 from concise_attention.training.inference import embeddings
 from concise_attention.training.inference import mteb_protocol
-from concise_attention.training.inference import sources
+from concise_attention.training import artifacts
 from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
@@ -227,12 +227,12 @@ class DistillTask(Task):
 
     @functools.cached_property
     def source(self):
-        return sources.read_source(self.teacher)
+        return artifacts.read(self.teacher)
 
     @functools.cached_property
     def teacher_backbone(self):
         """The teacher's encoder, weights loaded (once: the initialisation and the outputs share it)."""
-        return sources.load_backbone(self.source)
+        return artifacts.load_backbone(self.source)
 
     @functools.cached_property
     def teacher_digest(self):
@@ -247,7 +247,7 @@ class DistillTask(Task):
     def check(self):
         super().check()
         source = self.source
-        sources.check_mean_pooling(source)  # the teacher's embedding is the mean of its token vectors, as computed here
+        artifacts.check_mean_pooling(source)  # the teacher's embedding is the mean of its token vectors, as computed here
         teacher_settings = {"lowercase": source.tokenizer.get("lowercase", True),
                             "strip_accents": source.tokenizer.get("strip_accents")}
         teacher_settings["strip_accents"] = teacher_settings["lowercase"] if teacher_settings["strip_accents"] is None else teacher_settings["strip_accents"]
@@ -336,7 +336,7 @@ class DistillTask(Task):
         """The student's SentenceEmbedder; with the relation term, a frozen copy of the teacher inside it (built
         here, in the strategy's scope; not saved with the model, whose variables are those of one without)."""
         width = self.settings.teacher_width or int(self.source.model["hidden_size"])
-        teacher = sources.load_backbone(self.source) if self.settings.relation_weight else None
+        teacher = artifacts.load_backbone(self.source) if self.settings.relation_weight else None
         return SentenceEmbedder(backbone, teacher_width=width, teacher=teacher, relation_heads=self.settings.relation_heads)
 
     def compile_arguments(self):
@@ -414,7 +414,7 @@ def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
     (a run, a Hugging Face folder or a preset), must hold the same tokens, else a one-line error names it."""
     if not (vocabulary or init):
         return
-    path = vocabulary or sources.read_source(init).vocabulary
+    path = vocabulary or artifacts.read(init).vocabulary
     if read_vocabulary(teacher_vocabulary) != read_vocabulary(path):
         raise ValueError(f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
                          "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset).")

@@ -1,8 +1,15 @@
-"""A trained model to start from, read back: a run directory (local or gs://), a `concise-collaborative`
-output, a Keras preset folder or shipped preset, a Hugging Face BERT folder (`read_source`), and its backbone
-with weights loaded (`load_backbone`). Anything that starts from a trained model (fine-tuning, distillation,
-export, conversion, `SentenceEncoder`) accepts all of them; a task model around the backbone is
-`training.run.runs.load_source`'s.
+"""A model on disk, read by this one module: a shipped preset (by name), a Keras preset folder, a TF-Hub export of
+this project (`concise-export`'s OUT, or one OUT/hub/<version>), a run directory (local or gs://) or a
+`concise-collaborative` output, and a Hugging Face folder (BERT; MPNet, sentence-transformers' too).
+
+    >>> model = load("concise-minilm-d192")          # or a folder of any kind above
+    >>> model.backbone, model.task_model, model.config, model.tokenizer, model.pooling
+
+`read(path)` is what it holds without its weights (a `Source`: architecture, files, tokenizer settings, the sentence
+embedding it was trained to give, lengths); `load(path)` adds the backbone, weights loaded. A run's task model
+(backbone + head) needs its task, which sits above this module: `training.run.runs.load` builds it around what
+this module reads. Fine-tuning, distillation, export, conversion, evaluation and `SentenceEncoder` all read here;
+`load_weights_into` puts a source's weights into a model built elsewhere (under a distribution strategy).
 """
 
 import dataclasses
@@ -21,6 +28,7 @@ from concise_attention.models.hf_import import check_tokenizer_agrees
 from concise_attention.models.hf_import import hf_bert_config
 from concise_attention.models.hf_import import hf_tokenizer_settings
 from concise_attention.models.hf_import import load_hf_model
+from concise_attention.models.hf_import import load_hf_weights
 from concise_attention.models.hf_import import read_hf_config
 from concise_attention.training import files
 from concise_attention.training.files import BACKBONE_WEIGHTS
@@ -31,6 +39,7 @@ from concise_attention.training.files import join
 from concise_attention.training.files import load_weights
 from concise_attention.training.files import read_json
 from concise_attention.training.preprocessing.text import read_vocabulary
+from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
 DEFAULT_SERVING_LENGTH = 128
 DISTILLED_EMBEDDING = "normalized_mean"  # what a distill run's student is trained to give: its teacher's pooling
@@ -83,25 +92,41 @@ def is_hf_folder(path):
     return tf.io.gfile.exists(join(path, "model.safetensors"))
 
 
-def read_source(path, kind=None):
-    """Reads what a run directory, a converter output or a Hugging Face folder holds.
+def read(path, kind=None):
+    """What a model on disk holds (module docstring), as a `Source`; no weights are read.
 
     Args:
-        path: the folder.
+        path: a shipped preset's name or a folder.
         kind: "hf" or "run" to insist on one (the error then says what is missing), or None.
     """
     path = str(path)
     if not tf.io.gfile.isdir(path):
         if kind is None and path in presets.shipped_presets():
             return _read_preset(presets.resolve(path))
-        raise ValueError(f"Not a directory: {path!r} (expected a run directory, a Hugging Face BERT folder, a preset "
-                         f"folder or a shipped preset: {', '.join(presets.shipped_presets()) or 'none is shipped'}).")
+        raise ValueError(f"Not a directory: {path!r} (expected a run directory, a Hugging Face folder, a preset folder, "
+                         f"a TF-Hub export or a shipped preset: {', '.join(presets.shipped_presets()) or 'none is shipped'}).")
     if kind == "hf" and not is_hf_folder(path):
         raise ValueError(f"{path} has no model.safetensors: not a Hugging Face BERT folder.")
     if kind != "run" and is_hf_folder(path):
         return _read_hf_folder(path)
-    if kind is None and is_preset_folder(path):
-        return _read_preset(presets.resolve(path))
+    preset = _preset_in(path) if kind is None else None
+    if preset is not None:
+        return _read_preset(presets.resolve(preset))
+    return _read_run(path)
+
+
+def _preset_in(path):
+    """The Keras preset folder `path` is or holds: itself, a TF-Hub export version's keras/ (OUT/hub/<version>), or
+    an export folder's newest version's (OUT); None for anything else."""
+    hub = join(path, "hub")
+    versions = [name.rstrip("/") for name in tf.io.gfile.listdir(hub)] if tf.io.gfile.isdir(hub) else []
+    newest = max((int(version) for version in versions if version.isdigit()), default=None)
+    candidates = [path, join(path, "keras")] + ([join(join(hub, str(newest)), "keras")] if newest is not None else [])
+    return next((folder for folder in candidates if is_preset_folder(folder)), None)
+
+
+def _read_run(path):
+    """A run directory (or a `concise-collaborative` output) as a `Source`."""
     config = read_json(join(path, CONFIG))
     for key in ("model_type", "model"):
         if key not in config:
@@ -221,6 +246,48 @@ def saved_tokenizer_settings(config, config_path):
     return {"lowercase": lowercase, "strip_accents": strip_accents}
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A model on disk, weights loaded (`load`).
+
+    source: what `read` found; backbone: its encoder (`BertEncoder`) or `CausalLM`, float32; task_model: the task
+    model around it where the source holds a head (a run's model.weights.h5: `BertClassifier`, `BertPretrainer`...,
+    from `training.run.runs.load`; a Hugging Face checkpoint's MLM head), else None; config: a run's
+    `ExperimentConfig` where it has a task model.
+    """
+
+    source: Source
+    backbone: object
+    task_model: object = None
+    config: object = None
+
+    @property
+    def tokenizer(self):
+        """Its WordPiece tokenizer (`training.preprocessing.tokenizer`), as the source's settings say."""
+        settings = self.source.tokenizer
+        return wordpiece_tokenizer(self.source.vocabulary, lowercase=settings.get("lowercase", True),
+                                   strip_accents=settings.get("strip_accents"))
+
+    @property
+    def pooling(self):
+        """The sentence embedding it was trained to give ("normalized_mean", "mean"), None for a plain encoder."""
+        return self.source.embedding
+
+
+def load(path, kind=None):
+    """The model on disk at `path` (a shipped preset's name or a folder: module docstring), weights loaded: its
+    backbone, and a Hugging Face checkpoint's MLM head where it has one. A run's task model is built by its task
+    (`training.run.runs.load`, which reads it with this module)."""
+    return from_source(read(path, kind))
+
+
+def from_source(source):
+    """`load` of what `read` found."""
+    if source.kind == "hf":
+        return LoadedModel(source, *load_hf_model(source.path))
+    return LoadedModel(source, load_backbone(source))
+
+
 def load_backbone(source):
     """The backbone a `Source` holds, weights loaded, float32 (a run's or conversion's backbone.weights.h5)."""
     if source.kind == "preset":
@@ -230,3 +297,14 @@ def load_backbone(source):
     backbone = BUILDERS[source.model_type](**source.model, dtype="float32")  # whatever precision it trained under
     load_weights(backbone, source.weights)
     return backbone
+
+
+def load_weights_into(model, source, head=False):
+    """Copies the weights of `source` into a model of its architecture built elsewhere (under a distribution
+    strategy): the whole task model's (`head`: a run's model.weights.h5), else the backbone's."""
+    if head:
+        load_weights(model, source.model_weights)
+    elif source.kind == "hf":
+        load_hf_weights(model, source.path)
+    else:
+        load_weights(model, source.weights)
