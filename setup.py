@@ -62,7 +62,7 @@ setuptools.setup(
             "concise-export = concise_attention.cli.export:main",
             "concise-quickstart = concise_attention.cli.quickstart:main",
             "concise-collaborative = concise_attention.cli.collaborative:main",
-            "concise-prepare-data = concise_attention.training.backends.prepare_data:main",
+            "concise-prepare-data = concise_attention.training.trainers.prepare_data:main",
             "concise-evaluate = concise_attention.cli.evaluate:main",
         ]
     },

@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from concise_attention.training.backends.lm import fit_language_model  # noqa: E402
+from concise_attention.training.trainers.lm import fit_language_model  # noqa: E402
 from concise_attention.training.data.packing import pack_sentences  # noqa: E402
 from concise_attention.training.data.packing import read_lines  # noqa: E402
 from concise_attention.training.files import write_json_atomically  # noqa: E402

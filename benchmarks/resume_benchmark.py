@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from concise_attention.training.backends import prepare_data  # noqa: E402
+from concise_attention.training.trainers import prepare_data  # noqa: E402
 from concise_attention.training.data import shards  # noqa: E402
 from concise_attention.training.data.packing import SAMPLE_CORPUS  # noqa: E402
 from concise_attention.training.data.pipeline import corpus_lines  # noqa: E402

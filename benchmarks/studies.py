@@ -204,7 +204,7 @@ class Corpus:
 
 def _prepared(config_overrides, out, vocabulary=None):
     """Prepares (once) the data of `config_overrides` into `out`; returns its manifest."""
-    from concise_attention.training.backends import prepare_data
+    from concise_attention.training.trainers import prepare_data
     from concise_attention.training.data import shards
     from concise_attention.training.run import configs
 
@@ -218,7 +218,7 @@ def _prepared(config_overrides, out, vocabulary=None):
 
 def _large_vocabulary(corpus_dir, path):
     """WordPiece vocabulary of the large corpus, trained on one training line in VOCABULARY_EVERY."""
-    from concise_attention.training.backends.trainer import VOCABULARY_TRAINING_LINES
+    from concise_attention.training.trainers.trainer import VOCABULARY_TRAINING_LINES
     from concise_attention.training.data.pipeline import corpus_splits
     from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
     from concise_attention.training.preprocessing.tokenizer import train_wordpiece
@@ -284,7 +284,7 @@ def train_run(corpus, preset, overrides, seed, threads=None):
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
-    from concise_attention.training.backends.trainer import train
+    from concise_attention.training.trainers.trainer import train
     from concise_attention.training.run.checkpoints import Preempted
 
     config = _config(corpus, preset, overrides, seed)
@@ -650,7 +650,7 @@ def canary(study, label, prepared):
     the shipped sample prepared into `prepared` (once): what today's code gives the study, to 6 decimals."""
     import tempfile
 
-    from concise_attention.training.backends.trainer import train
+    from concise_attention.training.trainers.trainer import train
     from concise_attention.training.run import configs
 
     manifest = _prepared(["task.dataset=sample"], pathlib.Path(prepared))

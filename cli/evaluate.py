@@ -30,7 +30,7 @@ import pathlib
 import sys
 
 from concise_attention.training import files
-from concise_attention.training.backends.trainer import cached_eval
+from concise_attention.training.trainers.trainer import cached_eval
 from concise_attention.training.data.pipeline import corpus_splits
 from concise_attention.training.inference import encoders
 from concise_attention.training.inference import mteb_protocol

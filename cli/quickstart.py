@@ -26,7 +26,7 @@ import tensorflow as tf
 from concise_attention.export.savedmodels import export_run
 from concise_attention.models import presets
 from concise_attention.models.bert import BertPretrainer
-from concise_attention.training.backends.trainer import train
+from concise_attention.training.trainers.trainer import train
 from concise_attention.training.inference.embeddings import SentenceEncoder
 from concise_attention.training.run import configs
 from concise_attention.training.tasks.distill import default_teacher

@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from concise_attention.training.backends.trainer import train
+from concise_attention.training.trainers.trainer import train
 from concise_attention.training.run import configs
 from concise_attention.training.run.checkpoints import PREEMPTED_EXIT_CODE
 from concise_attention.training.run.checkpoints import Preempted

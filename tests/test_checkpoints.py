@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 
-from concise_attention.training.backends.trainer import fit_segments
+from concise_attention.training.trainers.trainer import fit_segments
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 from concise_attention.training.run.checkpoints import TrainingCheckpoints

@@ -484,7 +484,7 @@ def test_prepare_data_computes_the_teacher_outputs_once_for_the_run_to_read(tmp_
     """`concise-prepare-data` with a distill config: the folder holds the teacher's embeddings of the run's
     texts (equal to a numpy BERT's on HF `tokenizers` ids) and a manifest; a run pointed at it
     (task.cache_dir) reads them without running the teacher; a second preparation there is refused."""
-    from concise_attention.training.backends import prepare_data
+    from concise_attention.training.trainers import prepare_data
 
     argv = ["--config", "distill_minilm_d192_fixed", "--out", str(tmp_path / "prepared"), "--quiet"]
     for override in TINY:

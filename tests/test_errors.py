@@ -183,7 +183,7 @@ def test_a_refused_trainer_leaves_the_winners_run_as_it_is(tmp_path, capsys, mon
     writes during the refused command (its lock comes before any look at the directory)."""
     import fcntl
 
-    from concise_attention.training.backends import trainer
+    from concise_attention.training.trainers import trainer
 
     run = tmp_path / "run"
     run.mkdir()

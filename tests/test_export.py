@@ -211,7 +211,7 @@ def exported(tmp_path_factory):
     """A tiny fixed-head-size BERT trained 20 MLM steps with the real uncased BERT vocabulary,
     exported; live reference outputs computed; then the run directory deleted."""
     from concise_attention.export.savedmodels import export_run
-    from concise_attention.training.backends.trainer import train
+    from concise_attention.training.trainers.trainer import train
     from concise_attention.training.run import runs
 
     root = tmp_path_factory.mktemp("export")

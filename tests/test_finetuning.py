@@ -271,7 +271,7 @@ def test_a_head_on_the_shipped_sentence_encoder_reads_its_mean_and_exports_it_as
     hub = tf.saved_model.load(written["encoder"])(inputs, training=False)
     mean = np.asarray(backbone(inputs)["sequence_output"])[0, :6].mean(0)  # numpy: over the real tokens
     np.testing.assert_allclose(np.asarray(hub["pooled_output"])[0], mean, rtol=1e-4, atol=1e-5)
-    from concise_attention.training.backends.trainer import resolve_config
+    from concise_attention.training.trainers.trainer import resolve_config
     from concise_attention.training.run import configs
 
     for chosen, resolved in ((None, "mean"), ("cls", "cls")):  # task.pooling chosen stays as chosen

@@ -127,7 +127,7 @@ def gcs_run(gcs, tmp_path_factory):
     it. Only the killed run needs a process of its own: the rest runs here, through the CLIs' `main`."""
     from concise_attention.cli import export
     from concise_attention.cli import train as train_cli
-    from concise_attention.training.backends.trainer import train
+    from concise_attention.training.trainers.trainer import train
 
     root = tmp_path_factory.mktemp("gcs")
     cwd, local = root / "cwd", root / "local"

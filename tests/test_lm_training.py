@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from concise_attention.training.backends.lm import fit_language_model
+from concise_attention.training.trainers.lm import fit_language_model
 from concise_attention.training.data.packing import pack_sentences
 from concise_attention.training.data.packing import read_lines
 from concise_attention.training.preprocessing.tokenizer import train_wordpiece

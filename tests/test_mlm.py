@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from concise_attention.training.backends.trainer import train
+from concise_attention.training.trainers.trainer import train
 from concise_attention.training.data.packing import SAMPLE_CORPUS
 from concise_attention.training.data.packing import read_lines
 from concise_attention.training.data.pipeline import corpus_lines

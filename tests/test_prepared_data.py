@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from concise_attention.cli import train as train_cli
 from concise_attention.training import files
-from concise_attention.training.backends import prepare_data
-from concise_attention.training.backends import shard_trainer
+from concise_attention.training.trainers import prepare_data
+from concise_attention.training.trainers import shard_trainer
 from concise_attention.training.data import shards
 from concise_attention.training.data.packing import SAMPLE_CORPUS
 from concise_attention.training.data.packing import read_lines
@@ -192,7 +192,7 @@ def test_bad_prepared_data_is_one_line(prepared, tmp_path, capsys):
 JAX_RUNS = """
 import json, os, sys
 import numpy as np
-from concise_attention.training.backends import shard_trainer
+from concise_attention.training.trainers import shard_trainer
 data, root, init = sys.argv[1:4]
 common = ["--config", "tiny_lm", "--data", data, "--quiet", "--set", "training.steps_per_epoch=10"]
 def run(name, *overrides):
@@ -264,8 +264,8 @@ def test_the_shuffle_folder_of_a_killed_run_is_removed_by_the_next(tmp_path):
     owner has ended, keeps those of running processes, and its own goes when its block ends."""
     import signal
 
-    from concise_attention.training.backends.prepare_data import WORK_PREFIX
-    from concise_attention.training.backends.prepare_data import work_directory
+    from concise_attention.training.trainers.prepare_data import WORK_PREFIX
+    from concise_attention.training.trainers.prepare_data import work_directory
 
     script = f"import os, sys, time; os.mkdir(os.path.join(sys.argv[1], '{WORK_PREFIX}%d-abc' % os.getpid())); print('ready', flush=True); time.sleep(60)"
     killed = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)

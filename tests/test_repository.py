@@ -120,7 +120,7 @@ def test_code_imports_ours_only_through_the_one_name_and_never_a_higher_tier():
 
 # The rooms of `training`, lowest first: a module in one may import from its own room and the ones before it.
 # Above them, training's own modules are the earlier import paths of a class and of five programs, kept working.
-ROOMS = ("files", "preprocessing", "data", "artifacts", "inference", "tasks", "run", "backends")
+ROOMS = ("files", "preprocessing", "data", "artifacts", "inference", "tasks", "run", "trainers")
 
 
 def _room(module):
@@ -130,7 +130,7 @@ def _room(module):
 
 
 def test_training_imports_only_from_its_own_room_and_the_rooms_below():
-    """preprocessing < data < inference < tasks < run < backends (training/files.py under them all): the tokenizer
+    """preprocessing < data < inference < tasks < run < trainers (training/files.py under them all): the tokenizer
     reads no run, a task loads no trainer; only the earlier import paths (training/*.py) reach into any room."""
     wrong, seen = [], set()
     for path in sorted((ROOT / "training").rglob("*.py")):
@@ -247,7 +247,7 @@ def test_a_wheel_of_the_checkout_holds_one_import_name(tmp_path):
         assert expected in names, expected
     entry_points = zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("entry_points.txt"))).decode()
     targets = re.findall(r"= (\S+):main", entry_points)
-    assert len(targets) == 7 and all(target.startswith("concise_attention.cli.") or target == "concise_attention.training.backends.prepare_data" for target in targets), targets
+    assert len(targets) == 7 and all(target.startswith("concise_attention.cli.") or target == "concise_attention.training.trainers.prepare_data" for target in targets), targets
 
 
 def test_the_package_alone_loads_no_tensorflow_and_lends_the_sentence_encoder_on_first_use():

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from concise_attention.cli import train as cli
-from concise_attention.training.backends.trainer import train
+from concise_attention.training.trainers.trainer import train
 from concise_attention.training.data.packing import SAMPLE_CORPUS
 from concise_attention.training.data.packing import read_lines
 from concise_attention.training.preprocessing.tokenizer import train_wordpiece

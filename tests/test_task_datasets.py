@@ -15,7 +15,7 @@ from test_finetuning import SHORT
 from test_finetuning import TINY_BERT
 from test_finetuning import _write_mrpc
 from test_span_qa import _write_squad
-from concise_attention.training.backends import trainer
+from concise_attention.training.trainers import trainer
 from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 from concise_attention.training.tasks import make_task

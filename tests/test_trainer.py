@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-from concise_attention.training.backends.trainer import train
+from concise_attention.training.trainers.trainer import train
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 from concise_attention.training.run.strategy import choose_strategy
@@ -112,7 +112,7 @@ def test_two_steps_under_mirrored_strategy_on_two_cpus(tmp_path):
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from concise_attention.training.backends.trainer import train
+        from concise_attention.training.trainers.trainer import train
         from concise_attention.training.run import configs
         from concise_attention.training.run.strategy import choose_strategy
         from concise_attention.training.tasks.distill import SimilarityMatrixLoss

@@ -1,7 +1,7 @@
 """Prepared data: tokenised, packed rows in `.npy` shards, and the order training reads them in.
 
 This module owns the format; it imports numpy only, so that a machine without TensorFlow
-(the JAX shard trainer, `training.backends.shard_trainer`) reads what `training.backends.prepare_data` wrote.
+(the JAX shard trainer, `training.trainers.shard_trainer`) reads what `training.trainers.prepare_data` wrote.
 
     DIR/manifest.json        written last: format, task, fields, sequence_length, the
                              vocabulary's SHA-256 and size, tokenizer settings, source, and

@@ -228,7 +228,7 @@ class ExperimentConfig:
     """A resolved preset: which builder, its arguments, the task and how to train it.
 
     `model` is None only while `task.init` is to supply the architecture (see
-    `training.backends.trainer.resolve_config`).
+    `training.trainers.trainer.resolve_config`).
     """
 
     name: str

@@ -1,6 +1,6 @@
 """A short in-memory language-model run with `model.fit` (the Admin study and its test).
 
-No checkpoints, no strategy: `training.backends.trainer` is the resumable, distributed trainer.
+No checkpoints, no strategy: `training.trainers.trainer` is the resumable, distributed trainer.
 """
 
 import keras

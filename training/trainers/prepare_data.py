@@ -35,8 +35,8 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from concise_attention.training import files
-from concise_attention.training.backends.trainer import prepare_vocabulary
-from concise_attention.training.backends.trainer import resolve_config
+from concise_attention.training.trainers.trainer import prepare_vocabulary
+from concise_attention.training.trainers.trainer import resolve_config
 from concise_attention.training.data import shards
 from concise_attention.training.data.pipeline import EVAL_WORD_LINES
 from concise_attention.training.data.pipeline import tokens_per_word

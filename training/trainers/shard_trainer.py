@@ -1,6 +1,6 @@
 """Causal-LM training from prepared shards without TensorFlow: the route for a JAX-only GPU image.
 
-    KERAS_BACKEND=jax python -m concise_attention.training.backends.shard_trainer --config tiny_lm --data DIR --run-dir RUN
+    KERAS_BACKEND=jax python -m concise_attention.training.trainers.shard_trainer --config tiny_lm --data DIR --run-dir RUN
 
 DIR is what `concise-prepare-data` wrote (on a machine with TensorFlow; copy it to a local
 folder). This module imports numpy, keras and the project's TensorFlow-free modules only:
@@ -173,9 +173,9 @@ def _save_weights(model, path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m concise_attention.training.backends.shard_trainer",
+        prog="python -m concise_attention.training.trainers.shard_trainer",
         description="Train a causal LM from prepared .npy shards under KERAS_BACKEND=jax, without TensorFlow (resumable).",
-        epilog="Example: KERAS_BACKEND=jax python -m concise_attention.training.backends.shard_trainer --config tiny_lm --data prepared/ --run-dir runs/jax",
+        epilog="Example: KERAS_BACKEND=jax python -m concise_attention.training.trainers.shard_trainer --config tiny_lm --data prepared/ --run-dir runs/jax",
     )
     configs.add_config_arguments(parser)
     parser.add_argument("--data", required=True, help="the folder concise-prepare-data wrote (local)")
@@ -186,7 +186,7 @@ def main(argv=None):
         config = configs.load_config(args.config, args.set)
         metrics = train(config, args.data, args.run_dir, verbose=0 if args.quiet else "auto")
     except ValueError as error:
-        parser.exit(2, f"python -m concise_attention.training.backends.shard_trainer: error: {error}\n")
+        parser.exit(2, f"python -m concise_attention.training.trainers.shard_trainer: error: {error}\n")
     print(json.dumps({key: value for key, value in metrics.items() if key != "history"}, indent=1))
     return 0
 
