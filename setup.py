@@ -30,14 +30,22 @@ setuptools.setup(
     python_requires=">=3.10,<3.13",
     # One import name: the design's top-level folders are the sub-packages of `concise_attention` (this
     # folder), so that a user's own `models/` or `training/` can neither shadow ours nor be shadowed.
-    packages=["concise_attention"] + [
-        f"concise_attention.{name}" for name in setuptools.find_packages(include=["models*", "training*", "export*", "configs*", "cli*"])
+    packages=["concise_attention"]
+    + [
+        f"concise_attention.{name}"
+        for name in setuptools.find_packages(include=["models*", "training*", "export*", "configs*", "cli*"])
     ],
     package_dir={"concise_attention": "."},
     cmdclass={"build_py": BuildPy},
     package_data={
         "concise_attention.configs": ["*.yaml"],
-        "concise_attention.training.data": ["*.txt", "wordnet_topics/*", "debian_sections/*", "mteb/*.json", "mteb/*/*.jsonl"],
+        "concise_attention.training.data": [
+            "*.txt",
+            "wordnet_topics/*",
+            "debian_sections/*",
+            "mteb/*.json",
+            "mteb/*/*.jsonl",
+        ],
         "concise_attention.models": ["shipped/*/*", "shipped/*/assets/tokenizer/*"],
     },
     install_requires=[
@@ -86,6 +94,6 @@ setuptools.setup(
             "trustme>=1.1",
             # the linter the suite runs (tests/test_repository.py; its rules: pyproject.toml)
             "ruff>=0.6",
-        ],
+        ]
     },
 )

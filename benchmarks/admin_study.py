@@ -47,13 +47,22 @@ def main():
     packed = pack_sentences([np.asarray(ids).tolist() for ids in tokenizer(lines)], args.sequence_length)
     head_size = args.width // 8
     common = [
-        f"model.vocab_size={tokenizer.vocabulary_size()}", f"model.hidden_size={args.width}",
-        f"model.max_sequence_length={args.sequence_length}", "model.dropout=0", "model.attention_dropout=0",
+        f"model.vocab_size={tokenizer.vocabulary_size()}",
+        f"model.hidden_size={args.width}",
+        f"model.max_sequence_length={args.sequence_length}",
+        "model.dropout=0",
+        "model.attention_dropout=0",
     ]
     runs = {
         "shallow 6 layers x 8 heads": ("lm1b_shallow_multi_head", [f"model.intermediate_size={4 * args.width}"]),
-        "deep 48 layers x 1 head, no Admin": ("lm1b_deep_single_head", [f"model.attention.head_size={head_size}", f"model.intermediate_size={args.width // 2}"]),
-        "deep 48 layers x 1 head, Admin": ("lm1b_deep_single_head_admin", [f"model.attention.head_size={head_size}", f"model.intermediate_size={args.width // 2}"]),
+        "deep 48 layers x 1 head, no Admin": (
+            "lm1b_deep_single_head",
+            [f"model.attention.head_size={head_size}", f"model.intermediate_size={args.width // 2}"],
+        ),
+        "deep 48 layers x 1 head, Admin": (
+            "lm1b_deep_single_head_admin",
+            [f"model.attention.head_size={head_size}", f"model.intermediate_size={args.width // 2}"],
+        ),
     }
     curves = {}
     for label, (preset, overrides) in runs.items():
@@ -64,17 +73,38 @@ def main():
             model.initialize_admin({name: value[: args.batch_size] for name, value in packed.items()})
         start = time.perf_counter()
         losses = fit_language_model(
-            model, packed, args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
-            warmup_steps=args.warmup_steps, seed=args.seed, jit_compile=False,
+            model,
+            packed,
+            args.steps,
+            batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            warmup_steps=args.warmup_steps,
+            seed=args.seed,
+            jit_compile=False,
         )
-        curves[label] = {"preset": preset, "overrides": common + overrides, "parameters": model.count_params(),
-                         "seconds": time.perf_counter() - start, "loss": losses}
-        print(f"{label:36s} params={model.count_params():,} loss {losses[0]:.3f} -> {losses[-1]:.3f} "
-              f"({curves[label]['seconds']:.0f} s)", flush=True)
+        curves[label] = {
+            "preset": preset,
+            "overrides": common + overrides,
+            "parameters": model.count_params(),
+            "seconds": time.perf_counter() - start,
+            "loss": losses,
+        }
+        print(
+            f"{label:36s} params={model.count_params():,} loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+            f"({curves[label]['seconds']:.0f} s)",
+            flush=True,
+        )
 
-    record = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
-              "cpu_count": os.cpu_count(), "corpus": "training/data/python_reference.txt",
-              "tokens": int((packed["segment_ids"] > 0).sum()), "steps_per_point": 10, "curves": curves}
+    record = {
+        "args": vars(args),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "corpus": "training/data/python_reference.txt",
+        "tokens": int((packed["segment_ids"] > 0).sum()),
+        "steps_per_point": 10,
+        "curves": curves,
+    }
     os.makedirs(RESULTS, exist_ok=True)
     write_json_atomically(os.path.join(RESULTS, "admin_study.json"), record)
     _plot(record, os.path.join(RESULTS, "admin_study.png"))
@@ -92,8 +122,11 @@ def _plot(record, path):
         axes.plot(steps, curve["loss"], label=f"{label} ({curve['parameters'] / 1e6:.2f}M)")
     axes.set_xlabel("training step")
     axes.set_ylabel("training loss (nats / token)")
-    axes.set_title(f"Deep single-head vs shallow multi-head, shipped corpus\n"
-                   f"{record['cpu_count']}-core CPU, {record['date']}, lr {record['args']['learning_rate']}", fontsize=10)
+    axes.set_title(
+        f"Deep single-head vs shallow multi-head, shipped corpus\n"
+        f"{record['cpu_count']}-core CPU, {record['date']}, lr {record['args']['learning_rate']}",
+        fontsize=10,
+    )
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()

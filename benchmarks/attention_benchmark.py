@@ -90,12 +90,27 @@ def _cases(batch, length):
         ("collaborative D~k=192 vs keras", 768, CollaborativeAttention(12, 192, 64), mha(12, key_dim=64), {}),
         ("collaborative D~k=96 vs standard h=12", 768, CollaborativeAttention(12, 96, 64), StandardAttention(12), {}),
         ("standard h=12, fused vs explicit", 768, StandardAttention(12), StandardAttention(12, use_fused=False), {}),
-        ("fixed h=8 d_p=128 (d=512), padding, fused vs explicit", 512, fixed(8, 128), fixed(8, 128, False),
-         {"attention_mask": padding}),
-        ("fixed h=12 d_p=64, causal, fused vs explicit", 768, fixed(12, 64), fixed(12, 64, False),
-         {"use_causal_mask": True}),
-        ("fixed h=32 d_p=128 (d=512), padding+causal, fused vs explicit", 512, fixed(32, 128), fixed(32, 128, False),
-         {"attention_mask": padding, "use_causal_mask": True}),
+        (
+            "fixed h=8 d_p=128 (d=512), padding, fused vs explicit",
+            512,
+            fixed(8, 128),
+            fixed(8, 128, False),
+            {"attention_mask": padding},
+        ),
+        (
+            "fixed h=12 d_p=64, causal, fused vs explicit",
+            768,
+            fixed(12, 64),
+            fixed(12, 64, False),
+            {"use_causal_mask": True},
+        ),
+        (
+            "fixed h=32 d_p=128 (d=512), padding+causal, fused vs explicit",
+            512,
+            fixed(32, 128),
+            fixed(32, 128, False),
+            {"attention_mask": padding, "use_causal_mask": True},
+        ),
     ]
 
 
@@ -119,8 +134,11 @@ def _row(name, ours, reference, timings, args):
     if isinstance(ours, CollaborativeAttention) and isinstance(reference, StandardAttention):
         ours_flops = ours.query_key_flops(args.length) * args.batch
         reference_flops = reference.query_key_flops(args.length) * args.batch
-        row.update(query_key_gflops=ours_flops / 1e9, reference_query_key_gflops=reference_flops / 1e9,
-                   query_key_flop_reduction=reference_flops / ours_flops)
+        row.update(
+            query_key_gflops=ours_flops / 1e9,
+            reference_query_key_gflops=reference_flops / 1e9,
+            query_key_flop_reduction=reference_flops / ours_flops,
+        )
     return row
 
 
@@ -150,11 +168,15 @@ def main():
     timings = _timed_rounds(steps, args.rounds, args.iterations)
     rows = [_row(name, ours, reference, timings[name], args) for name, ours, _, reference, _ in steps]
 
-    print(f"\nbackend={backend} batch={args.batch} length={args.length} forward+backward, XLA, median of {args.rounds} rounds")
+    print(
+        f"\nbackend={backend} batch={args.batch} length={args.length} forward+backward, XLA, median of {args.rounds} rounds"
+    )
     print(f"{'case':62s} {'ours ms':>9s} {'ref ms':>9s} {'ref/ours':>9s} {'q/k FLOPs ref/ours':>19s}")
     for row in rows:
         flops = f"{row['query_key_flop_reduction']:.2f}x" if "query_key_flop_reduction" in row else ""
-        print(f"{row['case']:62s} {row['ours_ms']:9.2f} {row['reference_ms']:9.2f} {row['speed_ratio']:9.3f} {flops:>19s}")
+        print(
+            f"{row['case']:62s} {row['ours_ms']:9.2f} {row['reference_ms']:9.2f} {row['speed_ratio']:9.3f} {flops:>19s}"
+        )
 
     record = {
         "backend": backend,

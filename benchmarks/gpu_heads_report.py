@@ -38,25 +38,39 @@ def rows(study, manifest):
         count = parameters(run["config"]["name"])
         for epoch in history:
             tokens = epoch["step"] * run["config"]["training"]["batch_size"] * tokens_per_row
-            table.append({"run": name, "parameters": count, "step": epoch["step"], "tokens": round(tokens),
-                          "passes": round(tokens / train["tokens"], 3), "val_loss": epoch["val_loss"],
-                          "subword_perplexity": math.exp(epoch["val_loss"]),
-                          "word_perplexity": math.exp(epoch["val_loss"] * manifest["tokens_per_word"])})
+            table.append(
+                {
+                    "run": name,
+                    "parameters": count,
+                    "step": epoch["step"],
+                    "tokens": round(tokens),
+                    "passes": round(tokens / train["tokens"], 3),
+                    "val_loss": epoch["val_loss"],
+                    "subword_perplexity": math.exp(epoch["val_loss"]),
+                    "word_perplexity": math.exp(epoch["val_loss"] * manifest["tokens_per_word"]),
+                }
+            )
     return table
 
 
 def markdown(table):
     """The comparison at the last step every run reached, and each run's own last evaluation."""
-    runs = sorted({row["run"] for row in table}, key=lambda name: next(r["parameters"] for r in table if r["run"] == name))
+    runs = sorted(
+        {row["run"] for row in table}, key=lambda name: next(r["parameters"] for r in table if r["run"] == name)
+    )
     common = min(max(row["step"] for row in table if row["run"] == name) for name in runs)
-    lines = [f"| run | parameters | perplexity at step {common} (subword / word) | last step | perplexity there (subword) |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"| run | parameters | perplexity at step {common} (subword / word) | last step | perplexity there (subword) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for name in runs:
         mine = [row for row in table if row["run"] == name]
         at_common = next(row for row in mine if row["step"] == common)
         last = mine[-1]
-        lines.append(f"| {name} | {at_common['parameters'] / 1e6:.1f}M | {at_common['subword_perplexity']:.1f} / "
-                     f"{at_common['word_perplexity']:.1f} | {last['step']} | {last['subword_perplexity']:.1f} |")
+        lines.append(
+            f"| {name} | {at_common['parameters'] / 1e6:.1f}M | {at_common['subword_perplexity']:.1f} / "
+            f"{at_common['word_perplexity']:.1f} | {last['step']} | {last['subword_perplexity']:.1f} |"
+        )
     return "\n".join(lines), common
 
 
@@ -70,17 +84,35 @@ def plot(table, common, path, machine):
     for name in sorted({row["run"] for row in table}):
         mine = [row for row in table if row["run"] == name]
         style = "-" if "standard" in name else "--"
-        curves.plot([row["tokens"] / 1e6 for row in mine], [row["subword_perplexity"] for row in mine], style, marker="o",
-                    markersize=3, label=name.removeprefix("lm1b_"))
+        curves.plot(
+            [row["tokens"] / 1e6 for row in mine],
+            [row["subword_perplexity"] for row in mine],
+            style,
+            marker="o",
+            markersize=3,
+            label=name.removeprefix("lm1b_"),
+        )
         at = next(row for row in mine if row["step"] == common)
-        against.scatter(at["parameters"] / 1e6, at["subword_perplexity"], marker="o" if "standard" in name else "^",
-                        color="tab:blue" if "standard" in name else "tab:orange")
+        against.scatter(
+            at["parameters"] / 1e6,
+            at["subword_perplexity"],
+            marker="o" if "standard" in name else "^",
+            color="tab:blue" if "standard" in name else "tab:orange",
+        )
         against.annotate(name.removeprefix("lm1b_"), (at["parameters"] / 1e6, at["subword_perplexity"]), fontsize=7)
-    curves.set(xscale="log", yscale="log", xlabel="training tokens (millions)", ylabel="held-out perplexity per subword",
-               title="learning curves")
+    curves.set(
+        xscale="log",
+        yscale="log",
+        xlabel="training tokens (millions)",
+        ylabel="held-out perplexity per subword",
+        title="learning curves",
+    )
     curves.legend(fontsize=7)
-    against.set(xlabel="parameters (millions)", ylabel="held-out perplexity per subword",
-                title=f"at step {common} (every run reached it): standard o, fixed head size ^")
+    against.set(
+        xlabel="parameters (millions)",
+        ylabel="held-out perplexity per subword",
+        title=f"at step {common} (every run reached it): standard o, fixed head size ^",
+    )
     figure.suptitle(f"LM1B-shape heads study, 6 layers, sequence 256, batch 64 ({machine})", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -88,7 +120,9 @@ def plot(table, common, path, machine):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=pathlib.Path, default=RESULTS, help="folder of study.json, device.txt, prepared_manifest.json")
+    parser.add_argument(
+        "--results", type=pathlib.Path, default=RESULTS, help="folder of study.json, device.txt, prepared_manifest.json"
+    )
     args = parser.parse_args()
     study = json.loads((args.results / "study.json").read_text())
     manifest = json.loads((args.results / "prepared_manifest.json").read_text())

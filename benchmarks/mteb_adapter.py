@@ -44,11 +44,26 @@ class MtebEncoder:
     def mteb_model_meta(self):
         from mteb.models import ModelMeta
 
-        return ModelMeta(loader=None, name=f"concise-attention/{self.encoder.name}", revision="local", release_date=None,
-                         languages=["eng-Latn"], n_parameters=None, memory_usage_mb=None, max_tokens=None,
-                         embed_dim=self.encoder.width, license=None, open_weights=True, public_training_code=None,
-                         public_training_data=None, similarity_fn_name="cosine", framework=["TensorFlow"],
-                         reference=None, use_instructions=False, training_datasets=None)
+        return ModelMeta(
+            loader=None,
+            name=f"concise-attention/{self.encoder.name}",
+            revision="local",
+            release_date=None,
+            languages=["eng-Latn"],
+            n_parameters=None,
+            memory_usage_mb=None,
+            max_tokens=None,
+            embed_dim=self.encoder.width,
+            license=None,
+            open_weights=True,
+            public_training_code=None,
+            public_training_data=None,
+            similarity_fn_name="cosine",
+            framework=["TensorFlow"],
+            reference=None,
+            use_instructions=False,
+            training_datasets=None,
+        )
 
 
 def _unit(rows):
@@ -68,7 +83,9 @@ def local_task(name):
         splits = {"test": mteb_protocol.read_split(name, "test")}
     else:
         splits = {split: mteb_protocol.read_split(name, split) for split in ("train", "test")}
-    task.dataset = {"default": datasets.DatasetDict({split: datasets.Dataset.from_list(rows) for split, rows in splits.items()})}
+    task.dataset = {
+        "default": datasets.DatasetDict({split: datasets.Dataset.from_list(rows) for split, rows in splits.items()})
+    }
     task.data_loaded = True
     return task
 
@@ -77,7 +94,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--encoder", required=True)
     parser.add_argument("--tasks", nargs="+", default=["STSBenchmark", "Banking77Classification"])
-    parser.add_argument("--local", action="store_true", help="mteb's task code on the package's copies of the data (offline)")
+    parser.add_argument(
+        "--local", action="store_true", help="mteb's task code on the package's copies of the data (offline)"
+    )
     args = parser.parse_args(argv)
     import mteb
 

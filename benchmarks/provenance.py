@@ -24,6 +24,7 @@ def commit():
     (a copy of the tree without .git, even inside another repository). Clean means no tracked file differs from
     the commit outside benchmarks/results/: the results a study writes as it goes (its CSV gains a row per run)
     do not make the code that measures them another."""
+
     def git(*arguments):
         return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
@@ -39,6 +40,7 @@ def commit():
 def command_line(script, argv):
     """The command that regenerates a result, runnable from the repository root, naming no machine's folders:
     each absolute path in `argv` is given relative to the working directory."""
+
     def shown(argument):
         return os.path.relpath(argument) if os.path.isabs(argument) else argument
 

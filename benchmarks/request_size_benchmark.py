@@ -21,6 +21,7 @@ import tempfile
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import provenance  # noqa: E402  (benchmarks/, beside this script)
+
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 REQUEST = r"""
@@ -45,7 +46,9 @@ def serve_in_fresh_process(serving_dir, texts):
         path = os.path.join(directory, "texts.json")
         with open(path, "w", encoding="utf-8") as file:
             json.dump(texts, file)
-        result = subprocess.run([sys.executable, "-c", REQUEST, str(serving_dir), path], capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            [sys.executable, "-c", REQUEST, str(serving_dir), path], capture_output=True, text=True, check=False
+        )
         if result.returncode != 0:
             raise SystemExit(f"the request failed: {result.stderr.strip().splitlines()[-1:]}")
         return json.loads(result.stdout.strip().splitlines()[-1])
@@ -54,7 +57,9 @@ def serve_in_fresh_process(serving_dir, texts):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strings", type=int, default=100_000)
-    parser.add_argument("--export", help="an export folder (its serving/1 is served); default: all-MiniLM-L6-v2 exported here")
+    parser.add_argument(
+        "--export", help="an export folder (its serving/1 is served); default: all-MiniLM-L6-v2 exported here"
+    )
     parser.add_argument("--out", default=str(RESULTS / "request_size_benchmark.json"))
     args = parser.parse_args(argv)
     from concise_attention.training.data.packing import read_lines
@@ -66,13 +71,21 @@ def main(argv=None):
             from concise_attention.export.savedmodels import export_run
             from concise_attention.training.tasks.distill import default_teacher
 
-            export = str(pathlib.Path(export_run(default_teacher(), os.path.join(workdir, "minilm"), seq_length=128)["serving"]).parents[1])
+            export = str(
+                pathlib.Path(
+                    export_run(default_teacher(), os.path.join(workdir, "minilm"), seq_length=128)["serving"]
+                ).parents[1]
+            )
         serving = pathlib.Path(export) / "serving" / "1"
         small = serve_in_fresh_process(serving, sentences)
         large = serve_in_fresh_process(serving, ["hello world"] * args.strings)
-    result = {**provenance.record(), "small": small, "large": large,
-              "peak_ratio": large["peak_kb"] / small["peak_kb"],
-              "cost_per_string_ratio": (large["seconds"] / large["strings"]) / (small["seconds"] / small["strings"])}
+    result = {
+        **provenance.record(),
+        "small": small,
+        "large": large,
+        "peak_ratio": large["peak_kb"] / small["peak_kb"],
+        "cost_per_string_ratio": (large["seconds"] / large["strings"]) / (small["seconds"] / small["strings"]),
+    }
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 

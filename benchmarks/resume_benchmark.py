@@ -52,8 +52,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=20, help="copies of the sample corpus")
     parser.add_argument("--steps", type=int, nargs="+", default=[100, 1000, 10000])
-    parser.add_argument("--prepared-only-steps", type=int, nargs="+", default=[100000, 1000000],
-                        help="resume steps timed for the prepared shards only (the text pipeline would take minutes)")
+    parser.add_argument(
+        "--prepared-only-steps",
+        type=int,
+        nargs="+",
+        default=[100000, 1000000],
+        help="resume steps timed for the prepared shards only (the text pipeline would take minutes)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
@@ -73,14 +78,27 @@ def main(argv=None):
         tokenizer = wordpiece_tokenizer(os.path.join(prepared, shards.VOCABULARY))
         lines = corpus_lines("text_files", corpus, "train")
         text_dataset = lambda step: language_model_dataset(  # noqa: E731
-            lines, tokenizer, training.sequence_length, training.batch_size, training=True, seed=training.seed, skip_batches=step)
+            lines,
+            tokenizer,
+            training.sequence_length,
+            training.batch_size,
+            training=True,
+            seed=training.seed,
+            skip_batches=step,
+        )
         prepared_reader = lambda: shards.ShardReader(prepared, "train", tf.io.gfile.GFile, training.seed)  # noqa: E731
         results = []
         for step in args.steps + args.prepared_only_steps:
-            row = {"resume_step": step,
-                   "prepared_seconds": _first_batch_seconds(lambda: prepared_dataset(prepared_reader(), training.batch_size, step), args.rounds)}
+            row = {
+                "resume_step": step,
+                "prepared_seconds": _first_batch_seconds(
+                    lambda: prepared_dataset(prepared_reader(), training.batch_size, step), args.rounds
+                ),
+            }
             if step in args.steps:
-                row["text_seconds"] = _first_batch_seconds(lambda: text_dataset(step), 1 if step >= 10000 else args.rounds)
+                row["text_seconds"] = _first_batch_seconds(
+                    lambda: text_dataset(step), 1 if step >= 10000 else args.rounds
+                )
             results.append(row)
             print(row, flush=True)
     first, last = results[0], results[len(args.steps) - 1]
@@ -88,8 +106,8 @@ def main(argv=None):
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, TensorFlow {tf.__version__}",
         "date": time.strftime("%Y-%m-%d"),
         "corpus": f"the shipped sample repeated {args.repeat} times ({manifest['splits']['train']['lines']} training lines, "
-                  f"{manifest['splits']['train']['rows']} rows of {training.sequence_length} tokens, "
-                  f"{len(manifest['splits']['train']['shards'])} shards)",
+        f"{manifest['splits']['train']['rows']} rows of {training.sequence_length} tokens, "
+        f"{len(manifest['splits']['train']['shards'])} shards)",
         "batch": f"{training.batch_size} x {training.sequence_length}",
         "prepare_seconds": prepare_seconds,
         "results": results,

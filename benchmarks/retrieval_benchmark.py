@@ -43,7 +43,9 @@ def main():
         indexes[dim] = index / np.linalg.norm(index, axis=1, keepdims=True)
         queries[dim] = [indexes[dim][rng.integers(0, args.vectors, args.queries)] for _ in range(args.rounds)]
     for dim in args.dims:  # warm-up; a stored vector must find itself first
-        assert (top_k(indexes[dim], queries[dim][0], 10)[:, 0] == np.argmax(queries[dim][0] @ indexes[dim].T, axis=1)).all()
+        assert (
+            top_k(indexes[dim], queries[dim][0], 10)[:, 0] == np.argmax(queries[dim][0] @ indexes[dim].T, axis=1)
+        ).all()
     timings = {dim: [] for dim in args.dims}
     for round_index in range(args.rounds):
         for dim in args.dims:
@@ -53,14 +55,31 @@ def main():
     rows = []
     for dim in args.dims:
         p50 = float(np.percentile(timings[dim], 50))
-        rows.append({"dim": dim, "index_mb": indexes[dim].nbytes / 2**20, "p50_ms": 1000 * p50, "queries_per_s": args.queries / p50})
-        print(f"dim {dim:5d}: index {rows[-1]['index_mb']:7.1f} MiB, top-10 of {args.queries} queries p50 {rows[-1]['p50_ms']:7.1f} ms, "
-              f"{rows[-1]['queries_per_s']:8.0f} queries/s")
+        rows.append(
+            {
+                "dim": dim,
+                "index_mb": indexes[dim].nbytes / 2**20,
+                "p50_ms": 1000 * p50,
+                "queries_per_s": args.queries / p50,
+            }
+        )
+        print(
+            f"dim {dim:5d}: index {rows[-1]['index_mb']:7.1f} MiB, top-10 of {args.queries} queries p50 {rows[-1]['p50_ms']:7.1f} ms, "
+            f"{rows[-1]['queries_per_s']:8.0f} queries/s"
+        )
     if len(rows) >= 2:
-        print(f"cost ratio dim {rows[-1]['dim']} / dim {rows[0]['dim']}: time {rows[-1]['p50_ms'] / rows[0]['p50_ms']:.2f}x, "
-              f"memory {rows[-1]['index_mb'] / rows[0]['index_mb']:.2f}x")
-    record = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
-              "vectors": args.vectors, "queries_per_batch": args.queries, "rounds": args.rounds, "rows": rows}
+        print(
+            f"cost ratio dim {rows[-1]['dim']} / dim {rows[0]['dim']}: time {rows[-1]['p50_ms'] / rows[0]['p50_ms']:.2f}x, "
+            f"memory {rows[-1]['index_mb'] / rows[0]['index_mb']:.2f}x"
+        )
+    record = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d"),
+        "vectors": args.vectors,
+        "queries_per_batch": args.queries,
+        "rounds": args.rounds,
+        "rows": rows,
+    }
     temporary = pathlib.Path(args.out).with_suffix(".json.tmp")  # numpy only: no TensorFlow import for one atomic write
     temporary.write_text(json.dumps(record, indent=1))
     os.replace(temporary, args.out)

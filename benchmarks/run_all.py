@@ -26,9 +26,14 @@ RESULTS = HERE / "results"
 
 
 def _steps(quick):
-    rounds = (lambda full, fast: str(fast if quick else full))  # noqa: E731
+    rounds = lambda full, fast: str(fast if quick else full)  # noqa: E731
     return [
-        ("attention (tensorflow)", "attention_benchmark.py", {"KERAS_BACKEND": "tensorflow"}, ["--rounds", rounds(15, 5)]),
+        (
+            "attention (tensorflow)",
+            "attention_benchmark.py",
+            {"KERAS_BACKEND": "tensorflow"},
+            ["--rounds", rounds(15, 5)],
+        ),
         ("attention (jax)", "attention_benchmark.py", {"KERAS_BACKEND": "jax"}, ["--rounds", rounds(15, 5)]),
         ("training (tensorflow)", "train_benchmark.py", {"KERAS_BACKEND": "tensorflow"}, ["--rounds", rounds(7, 3)]),
         ("training (jax)", "train_benchmark.py", {"KERAS_BACKEND": "jax"}, ["--rounds", rounds(7, 3)]),
@@ -52,22 +57,34 @@ def summary():
     for backend in ("tensorflow", "jax"):
         record = _load(f"train_{backend}.json")
         if record:
-            lines.append(f"training, {backend} ({record.get('date', '?')}; vs keras-hub GPT2Backbone of the same size):")
-            lines += [f"  {row['model']:48s} {row['tokens_per_second']:8.0f} tokens/s  speed ratio {row.get('speed_vs_gpt2', 1.0):.2f}"
-                      f"  MFU {100 * row['mfu']:.1f}%" for row in record["rows"]]
+            lines.append(
+                f"training, {backend} ({record.get('date', '?')}; vs keras-hub GPT2Backbone of the same size):"
+            )
+            lines += [
+                f"  {row['model']:48s} {row['tokens_per_second']:8.0f} tokens/s  speed ratio {row.get('speed_vs_gpt2', 1.0):.2f}"
+                f"  MFU {100 * row['mfu']:.1f}%"
+                for row in record["rows"]
+            ]
     record = _load("serving_benchmark.json")
     if record:
         lines.append("serving, tensorflow (text in vs ids in, p50; overhead of in-graph tokenisation):")
-        lines += [f"  {row['model']:48s} batch {row['batch']:2d}  {row['text_p50_ms']:7.1f} vs {row['ids_p50_ms']:7.1f} ms"
-                  f"  overhead {100 * row['tokenisation_overhead']:+.1f}%" for row in record["rows"]]
+        lines += [
+            f"  {row['model']:48s} batch {row['batch']:2d}  {row['text_p50_ms']:7.1f} vs {row['ids_p50_ms']:7.1f} ms"
+            f"  overhead {100 * row['tokenisation_overhead']:+.1f}%"
+            for row in record["rows"]
+        ]
     record = _load("retrieval_benchmark.json")
     if record and len(record["rows"]) >= 2:
         small, large = record["rows"][0], record["rows"][-1]
         lines.append(f"retrieval, {record['vectors']:,} vectors, top-10 of {record['queries_per_batch']} queries:")
-        lines += [f"  dim {row['dim']:5d}  {row['index_mb']:7.1f} MiB  {row['p50_ms']:7.1f} ms  {row['queries_per_s']:8.0f} queries/s"
-                  for row in record["rows"]]
-        lines.append(f"  dim {large['dim']} costs {large['p50_ms'] / small['p50_ms']:.2f}x the time and "
-                     f"{large['index_mb'] / small['index_mb']:.2f}x the memory of dim {small['dim']}")
+        lines += [
+            f"  dim {row['dim']:5d}  {row['index_mb']:7.1f} MiB  {row['p50_ms']:7.1f} ms  {row['queries_per_s']:8.0f} queries/s"
+            for row in record["rows"]
+        ]
+        lines.append(
+            f"  dim {large['dim']} costs {large['p50_ms'] / small['p50_ms']:.2f}x the time and "
+            f"{large['index_mb'] / small['index_mb']:.2f}x the memory of dim {small['dim']}"
+        )
     return "\n".join(lines)
 
 

@@ -83,7 +83,9 @@ def texts_by_length(tokenizer, count=1024):
     from concise_attention.training.data.packing import read_lines
 
     lines = [line.strip() for line in read_lines() if line.strip()]
-    candidates = sorted({part.strip() for line in lines for part in (line, *line.split(". ")) if len(part.split()) >= 3})
+    candidates = sorted(
+        {part.strip() for line in lines for part in (line, *line.split(". ")) if len(part.split()) >= 3}
+    )
     pieces = tokenizer.token_ids(tf.constant(candidates), max_length=None).row_lengths().numpy()
     chosen = {}
     for name, (low, high) in LENGTHS.items():
@@ -98,8 +100,11 @@ def encoder_flops(encoder, tokens):
     """FLOPs (a multiply-add counts 2) of the encoder's dense layers and attention (scores and the
     weighted sum of values) for one sentence of `tokens` real tokens; embeddings and pooler excluded."""
     config = encoder.get_config()
-    dense = sum(int(np.prod(weight.shape)) for weight in encoder.trainable_weights
-                if len(weight.shape) >= 2 and "embedding" not in weight.path and "pooler" not in weight.path)
+    dense = sum(
+        int(np.prod(weight.shape))
+        for weight in encoder.trainable_weights
+        if len(weight.shape) >= 2 and "embedding" not in weight.path and "pooler" not in weight.path
+    )
     head_size = config["attention"].get("head_size")
     width = config["num_heads"] * head_size if head_size else config["hidden_size"]
     return 2 * tokens * dense + config["num_layers"] * 2 * 2 * tokens * tokens * width
@@ -147,16 +152,20 @@ def variants(serving_dir, encoder, tokenizer):
     def keras_ids(batch_ids):  # tokenised beforehand: (word_ids, mask) of each batch
         return np.concatenate([by_ids(ids, mask).numpy() for ids, mask in batch_ids])
 
-    return {"export": lambda texts: served(text=tf.constant(texts))["embedding"].numpy(),
-            "fixed_length": lambda texts: fixed(tf.constant(texts)).numpy(), "keras_ids": keras_ids}
+    return {
+        "export": lambda texts: served(text=tf.constant(texts))["embedding"].numpy(),
+        "fixed_length": lambda texts: fixed(tf.constant(texts)).numpy(),
+        "keras_ids": keras_ids,
+    }
 
 
 def tokenised_batches(tokenizer, texts, batch):
     """(word_ids, mask) per batch of `texts`, each padded to its own longest text."""
     out = []
     for start in range(0, len(texts), batch):
-        inputs = tokenizer.pack([tokenizer.tokenize(tf.constant(texts[start:start + batch]), max_length=SEQ_LENGTH)],
-                                SEQ_LENGTH)
+        inputs = tokenizer.pack(
+            [tokenizer.tokenize(tf.constant(texts[start : start + batch]), max_length=SEQ_LENGTH)], SEQ_LENGTH
+        )
         longest = int(inputs["input_mask"].numpy().sum(1).max())
         out.append((inputs["input_word_ids"][:, :longest], inputs["input_mask"][:, :longest]))
     return out
@@ -168,10 +177,16 @@ def sentence_transformers_rates(st_python, folder, texts, batch, rounds):
         path = os.path.join(directory, "texts.json")
         with open(path, "w", encoding="utf-8") as file:
             json.dump(texts, file)
-        result = subprocess.run([st_python, "-c", ST_SCRIPT, str(folder), path, str(batch), str(rounds)],
-                                capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            [st_python, "-c", ST_SCRIPT, str(folder), path, str(batch), str(rounds)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if result.returncode != 0:
-            raise ValueError(f"--st-python {st_python}: sentence-transformers failed: {result.stderr.strip().splitlines()[-1:]}")
+            raise ValueError(
+                f"--st-python {st_python}: sentence-transformers failed: {result.stderr.strip().splitlines()[-1:]}"
+            )
         details = json.loads(result.stdout.strip().splitlines()[-1])
         return details.pop("rates"), np.load(path + ".npy"), details
 
@@ -194,14 +209,14 @@ def check_answers(functions, reference, texts, batch_ids):
 def measure(functions, texts, batch_ids, batch, rounds):
     """{variant: median sentences/s} over `rounds`, the variants interleaved within each round."""
     rates = {name: [] for name in functions}
-    batches = [texts[start:start + batch] for start in range(0, len(texts), batch)]
+    batches = [texts[start : start + batch] for start in range(0, len(texts), batch)]
     for name, function in functions.items():  # warm-up: tracing, thread pools
         function(batch_ids[:1] if name == "keras_ids" else batches[0])
     for _ in range(rounds):
         for name, function in functions.items():
             start = time.perf_counter()
             for index, chunk in enumerate(batches):
-                function(batch_ids[index:index + 1] if name == "keras_ids" else chunk)
+                function(batch_ids[index : index + 1] if name == "keras_ids" else chunk)
             rates[name].append(len(texts) / (time.perf_counter() - start))
     return {name: float(np.median(values)) for name, values in rates.items()}
 
@@ -213,13 +228,19 @@ def encoders(chosen=None):
     from concise_attention.training.preprocessing.text import WordPieceModule
     from concise_attention.training import artifacts
 
-    for name, source in [("all-MiniLM-L6-v2", str(minilm_folder())), *[(preset, preset) for preset in presets.shipped_presets()]]:
+    for name, source in [
+        ("all-MiniLM-L6-v2", str(minilm_folder())),
+        *[(preset, preset) for preset in presets.shipped_presets()],
+    ]:
         if chosen and name not in chosen:
             continue
         model = artifacts.load(source)
         loaded, backbone = model.source, model.backbone
-        tokenizer = WordPieceModule(loaded.vocabulary, lowercase=loaded.tokenizer.get("lowercase", True),
-                                    strip_accents=loaded.tokenizer.get("strip_accents"))
+        tokenizer = WordPieceModule(
+            loaded.vocabulary,
+            lowercase=loaded.tokenizer.get("lowercase", True),
+            strip_accents=loaded.tokenizer.get("strip_accents"),
+        )
         yield name, source, backbone, tokenizer
 
 
@@ -237,30 +258,51 @@ def benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir):
             count = min(len(texts), max(batch * 4, 64)) if batch < 1024 else len(texts)
             chosen = texts[:count]
             batch_ids = tokenised_batches(tokenizer, chosen, batch)
-            cosines = check_answers({key: value for key, value in functions.items() if key != "keras_ids"},
-                                    functions["keras_ids"], chosen[:batch], batch_ids[:1])
+            cosines = check_answers(
+                {key: value for key, value in functions.items() if key != "keras_ids"},
+                functions["keras_ids"],
+                chosen[:batch],
+                batch_ids[:1],
+            )
             rates = measure(functions, chosen, batch_ids, batch, args.rounds)
             if args.st_python and name == "all-MiniLM-L6-v2":
                 st_rates, st_first, _ = sentence_transformers_rates(args.st_python, source, chosen, batch, args.rounds)
                 rates["sentence_transformers"] = float(np.median(st_rates))
-                cosines["sentence_transformers"] = float(np.min(np.sum(unit(st_first) * unit(functions["keras_ids"](batch_ids[:1])), axis=1)))
-            row = {"encoder": name, "length": length, "tokens": tokens, "batch": batch, "texts": count,
-                   "sentences_per_s": rates, "lowest_cosine_to_keras": cosines,
-                   "share_of_matmul_rate": {key: value * flops / rate for key, value in rates.items()}}
+                cosines["sentence_transformers"] = float(
+                    np.min(np.sum(unit(st_first) * unit(functions["keras_ids"](batch_ids[:1])), axis=1))
+                )
+            row = {
+                "encoder": name,
+                "length": length,
+                "tokens": tokens,
+                "batch": batch,
+                "texts": count,
+                "sentences_per_s": rates,
+                "lowest_cosine_to_keras": cosines,
+                "share_of_matmul_rate": {key: value * flops / rate for key, value in rates.items()},
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
 
 
 def table(result):
-    variants_seen = list(dict.fromkeys(key for row in result["rows"] for key in row["sentences_per_s"]))  # a student has no sentence_transformers
-    lines = ["| encoder | texts | batch | " + " | ".join(variants_seen) + " | export / fixed_length | export, share of matmul rate |",
-             "|---|---|---:|" + "---:|" * (len(variants_seen) + 2)]
+    variants_seen = list(
+        dict.fromkeys(key for row in result["rows"] for key in row["sentences_per_s"])
+    )  # a student has no sentence_transformers
+    lines = [
+        "| encoder | texts | batch | "
+        + " | ".join(variants_seen)
+        + " | export / fixed_length | export, share of matmul rate |",
+        "|---|---|---:|" + "---:|" * (len(variants_seen) + 2),
+    ]
     for row in result["rows"]:
         rates = row["sentences_per_s"]
-        lines.append(f"| {row['encoder']} | {row['length']} ({row['tokens']:.0f} tokens) | {row['batch']} | "
-                     + " | ".join(f"{rates[key]:.0f}" if key in rates else "" for key in variants_seen)
-                     + f" | {rates['export'] / rates['fixed_length']:.1f}x | {row['share_of_matmul_rate']['export']:.0%} |")
+        lines.append(
+            f"| {row['encoder']} | {row['length']} ({row['tokens']:.0f} tokens) | {row['batch']} | "
+            + " | ".join(f"{rates[key]:.0f}" if key in rates else "" for key in variants_seen)
+            + f" | {rates['export'] / rates['fixed_length']:.1f}x | {row['share_of_matmul_rate']['export']:.0%} |"
+        )
     return "\n".join(lines)
 
 
@@ -269,7 +311,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--count", type=int, default=1024, help="texts of each length (batch 1024 uses them all)")
-    parser.add_argument("--encoders", nargs="+", help="only these (all-MiniLM-L6-v2 and shipped preset names; default: all)")
+    parser.add_argument(
+        "--encoders", nargs="+", help="only these (all-MiniLM-L6-v2 and shipped preset names; default: all)"
+    )
     parser.add_argument("--st-python", help="a Python with sentence-transformers and PyTorch CPU (a separate venv)")
     parser.add_argument("--out", default=str(RESULTS / "serving_benchmark.json"))
     parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
@@ -283,14 +327,25 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as workdir:
         for name, source, backbone, tokenizer in encoders(args.encoders):
             rows += benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir)
-    result = {**provenance.record(), "tensorflow": tf.__version__, "onednn": bool(_pywrap_util_port.IsMklEnabled()), "sequence_length": SEQ_LENGTH,
-              "matmul_gflops": rate / 1e9, "rounds": args.rounds,
-              "command": provenance.command_line("benchmarks/serving_benchmark.py", argv if argv is not None else sys.argv[1:]), "rows": rows}
+    result = {
+        **provenance.record(),
+        "tensorflow": tf.__version__,
+        "onednn": bool(_pywrap_util_port.IsMklEnabled()),
+        "sequence_length": SEQ_LENGTH,
+        "matmul_gflops": rate / 1e9,
+        "rounds": args.rounds,
+        "command": provenance.command_line(
+            "benchmarks/serving_benchmark.py", argv if argv is not None else sys.argv[1:]
+        ),
+        "rows": rows,
+    }
     from concise_attention.training.files import write_json_atomically
 
     write_json_atomically(args.out, result)
-    print(f"\n{result['machine']}, {result['date']}, oneDNN {'on' if result['onednn'] else 'off'}, "
-          f"matmul {result['matmul_gflops']:.0f} GFLOP/s\n\n" + table(result))
+    print(
+        f"\n{result['machine']}, {result['date']}, oneDNN {'on' if result['onednn'] else 'off'}, "
+        f"matmul {result['matmul_gflops']:.0f} GFLOP/s\n\n" + table(result)
+    )
 
 
 if __name__ == "__main__":

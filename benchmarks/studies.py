@@ -92,11 +92,19 @@ WIDTH = 64  # w: the scaled-down counterpart of the paper's 256
 HEAD_SIZE = 16  # p: w/4, as the paper's 32 is 256/8
 SEQUENCE_LENGTH = 64
 COMMON = [
-    "model.vocab_size=2000", "model.num_layers=4", "model.intermediate_size=256", f"model.max_sequence_length={SEQUENCE_LENGTH}",
-    f"training.sequence_length={SEQUENCE_LENGTH}", "training.batch_size=16", "training.train_steps=1500",
+    "model.vocab_size=2000",
+    "model.num_layers=4",
+    "model.intermediate_size=256",
+    f"model.max_sequence_length={SEQUENCE_LENGTH}",
+    f"training.sequence_length={SEQUENCE_LENGTH}",
+    "training.batch_size=16",
+    "training.train_steps=1500",
     # One epoch: one evaluation before the final one (an epoch end changes no weight: identical runs).
-    "training.steps_per_epoch=1500", "training.learning_rate=0.002", "training.warmup_steps=150",
-    "training.steps_per_execution=50", "training.jit_compile=true",
+    "training.steps_per_epoch=1500",
+    "training.learning_rate=0.002",
+    "training.warmup_steps=150",
+    "training.steps_per_execution=50",
+    "training.jit_compile=true",
     # The LM1B presets train in mixed_bfloat16 (TPU); on a CPU float32 is the faster and exact choice.
     "training.precision=float32",
 ]
@@ -107,20 +115,31 @@ def _standard(width, heads):
 
 
 def _fixed(width, heads, head_size=HEAD_SIZE):
-    return ("lm1b_fixed_d256_p32_h8", [f"model.hidden_size={width}", f"model.num_heads={heads}", f"model.attention.head_size={head_size}"])
+    return (
+        "lm1b_fixed_d256_p32_h8",
+        [f"model.hidden_size={width}", f"model.num_heads={heads}", f"model.attention.head_size={head_size}"],
+    )
 
 
 def _collaborative(width, heads, shared_key_dim):
     preset, overrides = _standard(width, heads)
-    return preset, overrides + [f"model.attention={{type: collaborative, head_size: {width // heads}, "
-                                f"shared_key_dim: {shared_key_dim}, mixing_initializer: random}}"]
+    return preset, overrides + [
+        f"model.attention={{type: collaborative, head_size: {width // heads}, "
+        f"shared_key_dim: {shared_key_dim}, mixing_initializer: random}}"
+    ]
 
 
 def _depth(layers, heads, admin):
     preset = "lm1b_deep_single_head_admin" if admin else "lm1b_shallow_multi_head"
-    return preset, [f"model.hidden_size={WIDTH}", f"model.num_layers={layers}", f"model.num_heads={heads}",
-                    f"model.attention={{type: fixed, head_size: {HEAD_SIZE}}}", f"model.intermediate_size={256 * heads // 4}",
-                    "model.norm_position=post", f"model.residual_scaling={'admin' if admin else 'none'}"]
+    return preset, [
+        f"model.hidden_size={WIDTH}",
+        f"model.num_layers={layers}",
+        f"model.num_heads={heads}",
+        f"model.attention={{type: fixed, head_size: {HEAD_SIZE}}}",
+        f"model.intermediate_size={256 * heads // 4}",
+        "model.norm_position=post",
+        f"model.residual_scaling={'admin' if admin else 'none'}",
+    ]
 
 
 # Issue 26: the fixed-head-size gap against the tokens a run sees (steps of 16 x 64, the schedule scaled to each
@@ -129,8 +148,11 @@ TREND_STEPS = (400, 1500, 6000, 12000)  # about 0.3M, 1.2M, 4.8M and 9.5M tokens
 # The pair of the heads study and a fixed model whose head size is the sequence length (64), its heads (8) chosen
 # so that its parameters are those of "fixed p=16 w=64 h=32" (the same query/key/value widths, 512), within
 # 0.5% of the standard w=128 model's.
-TREND_MODELS = {"standard w=128 h=8": _standard(128, 8), "fixed p=16 w=64 h=32": _fixed(64, 32),
-                "fixed p=64 w=64 h=8": _fixed(64, 8, 64)}
+TREND_MODELS = {
+    "standard w=128 h=8": _standard(128, 8),
+    "fixed p=16 w=64 h=32": _fixed(64, 32),
+    "fixed p=64 w=64 h=8": _fixed(64, 8, 64),
+}
 
 
 HEAD_SIZES = (HEAD_SIZE, 32, SEQUENCE_LENGTH, 128)  # the head-size study's: w/4 up to past the sequence length
@@ -139,12 +161,16 @@ WIDTH_PAIRS = {32: 24, 64: 32, 128: 48}  # width w of the fixed model: its heads
 
 ONE_EPOCH_UP_TO = 6000  # budgets up to this many steps run as one epoch (their measured runs keep their directories)
 CHECKPOINT_STEPS = 2000  # longer ones checkpoint this often, so that a stopped session resumes them (an epoch end
-                         # changes no weight: the same run either way)
+# changes no weight: the same run either way)
 
 
 def _budget(steps):
     per_epoch = steps if steps <= ONE_EPOCH_UP_TO else CHECKPOINT_STEPS
-    return [f"training.train_steps={steps}", f"training.steps_per_epoch={per_epoch}", f"training.warmup_steps={steps // 10}"]
+    return [
+        f"training.train_steps={steps}",
+        f"training.steps_per_epoch={per_epoch}",
+        f"training.warmup_steps={steps // 10}",
+    ]
 
 
 STUDIES = {
@@ -153,33 +179,46 @@ STUDIES = {
         **{f"fixed p={HEAD_SIZE} w={WIDTH} h={h}": _fixed(WIDTH, h) for h in (8, 16, 32)},
         **{f"standard w={w} h={w // HEAD_SIZE}": _standard(w, w // HEAD_SIZE) for w in (96, 128)},
     },
-    "collaborative": {
-        f"concatenate w={w} h={w // HEAD_SIZE}": _standard(w, w // HEAD_SIZE) for w in (WIDTH, 128)
-    } | {
+    "collaborative": {f"concatenate w={w} h={w // HEAD_SIZE}": _standard(w, w // HEAD_SIZE) for w in (WIDTH, 128)}
+    | {
         f"collaborative w={w} D~k={w // ratio} (D_k/{ratio})": _collaborative(w, w // HEAD_SIZE, w // ratio)
-        for w in (WIDTH, 128) for ratio in (4, 8)
+        for w in (WIDTH, 128)
+        for ratio in (4, 8)
     },
     "depth": {
         "shallow 4 layers x 4 heads": _depth(4, 4, admin=False),
         "deep 16 layers x 1 head, no Admin": _depth(16, 1, admin=False),
         "deep 16 layers x 1 head, Admin": _depth(16, 1, admin=True),
     },
-    "tokens": {f"{label} @{steps}": (preset, [*overrides, *_budget(steps)])
-               for steps in TREND_STEPS for label, (preset, overrides) in TREND_MODELS.items()},
+    "tokens": {
+        f"{label} @{steps}": (preset, [*overrides, *_budget(steps)])
+        for steps in TREND_STEPS
+        for label, (preset, overrides) in TREND_MODELS.items()
+    },
     # Fixed head size 16 at width w against standard attention at 2w (head size 16), the heads chosen so that the
     # parameters match within 2% (WIDTH_PAIRS; at w=64 the heads study's pair); the feed-forward stays COMMON's 256.
-    "width": {label: model for w, h in WIDTH_PAIRS.items() for label, model in (
-        (f"standard w={2 * w} h={2 * w // HEAD_SIZE}", _standard(2 * w, 2 * w // HEAD_SIZE)),
-        (f"fixed p={HEAD_SIZE} w={w} h={h}", _fixed(w, h)))},
+    "width": {
+        label: model
+        for w, h in WIDTH_PAIRS.items()
+        for label, model in (
+            (f"standard w={2 * w} h={2 * w // HEAD_SIZE}", _standard(2 * w, 2 * w // HEAD_SIZE)),
+            (f"fixed p={HEAD_SIZE} w={w} h={h}", _fixed(w, h)),
+        )
+    },
     # Bhojanapalli et al. (2020), Table 2B and Figure 3b: width 64, 4 heads, the head size alone varied.
     "head_size": {f"fixed p={p} w={WIDTH} h=4": _fixed(WIDTH, 4, p) for p in HEAD_SIZES},
 }
 # The seed-paired verdicts below the width and head-size tables: (model, partner) pairs, the perplexity gap; the
 # head sizes against 16 (standard attention's w/4) and a head larger than the sequence (128 > 64) against one equal to it.
 PAIRED = {
-    "width": [(f"fixed p={HEAD_SIZE} w={w} h={h}", f"standard w={2 * w} h={2 * w // HEAD_SIZE}") for w, h in WIDTH_PAIRS.items()],
-    "head_size": [*((f"fixed p={p} w={WIDTH} h=4", f"fixed p={HEAD_SIZE} w={WIDTH} h=4") for p in HEAD_SIZES[1:]),
-                  (f"fixed p={HEAD_SIZES[-1]} w={WIDTH} h=4", f"fixed p={SEQUENCE_LENGTH} w={WIDTH} h=4")],
+    "width": [
+        (f"fixed p={HEAD_SIZE} w={w} h={h}", f"standard w={2 * w} h={2 * w // HEAD_SIZE}")
+        for w, h in WIDTH_PAIRS.items()
+    ],
+    "head_size": [
+        *((f"fixed p={p} w={WIDTH} h=4", f"fixed p={HEAD_SIZE} w={WIDTH} h=4") for p in HEAD_SIZES[1:]),
+        (f"fixed p={HEAD_SIZES[-1]} w={WIDTH} h=4", f"fixed p={SEQUENCE_LENGTH} w={WIDTH} h=4"),
+    ],
 }
 
 
@@ -226,9 +265,18 @@ def _large_vocabulary(corpus_dir, path):
 
     if not path.is_file():
         config = configs.load_config("lm1b_standard_d256", COMMON)
-        sampled = (line for index, line in enumerate(corpus_splits("text_files", str(corpus_dir))[0]()) if index % VOCABULARY_EVERY == 0)
+        sampled = (
+            line
+            for index, line in enumerate(corpus_splits("text_files", str(corpus_dir))[0]())
+            if index % VOCABULARY_EVERY == 0
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
-        train_wordpiece(list(itertools.islice(sampled, VOCABULARY_TRAINING_LINES)), config.model.vocab_size, path, **tokenizer_settings(config))
+        train_wordpiece(
+            list(itertools.islice(sampled, VOCABULARY_TRAINING_LINES)),
+            config.model.vocab_size,
+            path,
+            **tokenizer_settings(config),
+        )
     return path
 
 
@@ -238,21 +286,38 @@ def corpus(corpus_dir=None, cache=CACHE):
     if corpus_dir is None:
         # The sample runs read the text pipeline; the same rows, prepared once, give the counts.
         manifest = _prepared(["task.dataset=sample"], cache / "prepared_sample")
-        return Corpus("sample", ("task.dataset=sample", "training.eval_batches=20"), STUDIES_DIR, cache / "studies",
-                      manifest["splits"]["train"])
+        return Corpus(
+            "sample",
+            ("task.dataset=sample", "training.eval_batches=20"),
+            STUDIES_DIR,
+            cache / "studies",
+            manifest["splits"]["train"],
+        )
     corpus_dir = pathlib.Path(corpus_dir).resolve()
     if not (corpus_dir / "manifest.json").is_file() or not (corpus_dir / "heldout").is_dir():
-        raise SystemExit(f"studies.py: error: --corpus {corpus_dir} is not a corpus built by scripts/make_corpus.py "
-                         "(no manifest.json or heldout/)")
+        raise SystemExit(
+            f"studies.py: error: --corpus {corpus_dir} is not a corpus built by scripts/make_corpus.py "
+            "(no manifest.json or heldout/)"
+        )
     prepared = cache / "prepared_large"
     vocabulary = _large_vocabulary(corpus_dir, cache / "large_vocab.txt")
     manifest = _prepared(["task.dataset=text_files", f"task.data_dir={corpus_dir}"], prepared, vocabulary)
     # The whole held-out split is evaluated.
     eval_batches = manifest["splits"]["eval"]["rows"] // 16
     built = json.loads((corpus_dir / "manifest.json").read_text())
-    return Corpus("large", ("task.dataset=prepared", f"task.data_dir={prepared}", f"tokenizer.vocabulary={prepared / 'vocab.txt'}",
-                            f"training.eval_batches={eval_batches}"), LARGE_STUDIES_DIR, cache / "studies_large", manifest["splits"]["train"],
-                  built.get("corpus_sha256", ""))
+    return Corpus(
+        "large",
+        (
+            "task.dataset=prepared",
+            f"task.data_dir={prepared}",
+            f"tokenizer.vocabulary={prepared / 'vocab.txt'}",
+            f"training.eval_batches={eval_batches}",
+        ),
+        LARGE_STUDIES_DIR,
+        cache / "studies_large",
+        manifest["splits"]["train"],
+        built.get("corpus_sha256", ""),
+    )
 
 
 def _config(corpus, preset, overrides, seed):
@@ -314,19 +379,34 @@ def make_row(corpus, study, label, seed, metrics):
     parameters = configs.count_parameters(config)
     passes = metrics["step"] * training.batch_size / corpus.train["rows"]
     return {
-        "study": study, "label": label, "seed": seed, "preset": preset, "attention": model.attention["type"],
-        "width": model.hidden_size, "layers": model.num_layers, "heads": model.num_heads,
-        "head_size": head_size_of(model), "shared_key_dim": model.attention.get("shared_key_dim", ""),
-        "admin": model.residual_scaling == "admin", "parameters": parameters,
+        "study": study,
+        "label": label,
+        "seed": seed,
+        "preset": preset,
+        "attention": model.attention["type"],
+        "width": model.hidden_size,
+        "layers": model.num_layers,
+        "heads": model.num_heads,
+        "head_size": head_size_of(model),
+        "shared_key_dim": model.attention.get("shared_key_dim", ""),
+        "admin": model.residual_scaling == "admin",
+        "parameters": parameters,
         "non_embedding_parameters": parameters - model.vocab_size * model.hidden_size,
-        "steps": metrics["step"], "eval_loss": round(metrics["eval_loss"], 5),
+        "steps": metrics["step"],
+        "eval_loss": round(metrics["eval_loss"], 5),
         "eval_subword_perplexity": round(metrics["eval_subword_perplexity"], 3),
-        "eval_word_perplexity": round(metrics["eval_word_perplexity"], 3), "seconds": round(metrics.get("seconds", 0.0), 1),
-        "date": metrics.get("date", "unknown"), "machine": metrics.get("machine", "unknown"),
-        "commit": metrics.get("commit", "unknown"), "clean": metrics.get("clean", ""),
-        "corpus": corpus.name, "corpus_sha256": corpus.sha256, "train_split_tokens": corpus.train["tokens"],
+        "eval_word_perplexity": round(metrics["eval_word_perplexity"], 3),
+        "seconds": round(metrics.get("seconds", 0.0), 1),
+        "date": metrics.get("date", "unknown"),
+        "machine": metrics.get("machine", "unknown"),
+        "commit": metrics.get("commit", "unknown"),
+        "clean": metrics.get("clean", ""),
+        "corpus": corpus.name,
+        "corpus_sha256": corpus.sha256,
+        "train_split_tokens": corpus.train["tokens"],
         "tokens_seen": round(passes * corpus.train["tokens"]),
-        "passes": round(passes, 4), "seen_twice": passes > 1,
+        "passes": round(passes, 4),
+        "seen_twice": passes > 1,
     }
 
 
@@ -336,7 +416,9 @@ def write_rows(results, study, rows):
     temporary = path.with_suffix(".csv.tmp")
     with temporary.open("w", newline="") as file:
         # Every row's columns (rows older than a column have none: "unknown").
-        writer = csv.DictWriter(file, fieldnames=list(dict.fromkeys(key for row in rows for key in row)), restval="unknown")
+        writer = csv.DictWriter(
+            file, fieldnames=list(dict.fromkeys(key for row in rows for key in row)), restval="unknown"
+        )
         writer.writeheader()
         writer.writerows(rows)
     os.replace(temporary, path)
@@ -357,9 +439,13 @@ def _mean_by_label(rows):
     for row in rows:
         grouped.setdefault(row["label"], []).append(row)
     return {
-        label: {**group[0], "perplexity": float(np.mean([float(r["eval_subword_perplexity"]) for r in group])),
-                "low": min(float(r["eval_subword_perplexity"]) for r in group),
-                "high": max(float(r["eval_subword_perplexity"]) for r in group), "seeds": len(group)}
+        label: {
+            **group[0],
+            "perplexity": float(np.mean([float(r["eval_subword_perplexity"]) for r in group])),
+            "low": min(float(r["eval_subword_perplexity"]) for r in group),
+            "high": max(float(r["eval_subword_perplexity"]) for r in group),
+            "seeds": len(group),
+        }
         for label, group in grouped.items()
     }
 
@@ -385,10 +471,15 @@ def _span(values):
 def caption(study, rows):
     """The data, where and when of the plotted runs, read from the rows themselves."""
     passes = max(float(row["passes"]) for row in rows)
-    data = ("shipped 31k-word corpus" if rows[0]["corpus"] == "sample" else
-            f"{int(rows[0]['train_split_tokens']) / 1e6:.0f}M-token corpus held out by document")
-    return (f"{study}: {data}, {_span(int(row['steps']) for row in rows)} steps of 16 x 64 (at most {passes:.2g} passes); "
-            f"{' / '.join(sorted({row['machine'] for row in rows}))}; {_span(row['date'] for row in rows)}")
+    data = (
+        "shipped 31k-word corpus"
+        if rows[0]["corpus"] == "sample"
+        else f"{int(rows[0]['train_split_tokens']) / 1e6:.0f}M-token corpus held out by document"
+    )
+    return (
+        f"{study}: {data}, {_span(int(row['steps']) for row in rows)} steps of 16 x 64 (at most {passes:.2g} passes); "
+        f"{' / '.join(sorted({row['machine'] for row in rows}))}; {_span(row['date'] for row in rows)}"
+    )
 
 
 TREND_BASELINE = "standard w=128 h=8"
@@ -398,9 +489,15 @@ def paired_gaps(rows, label, baseline):
     """[(seed, tokens seen, gap %)] of `label` against `baseline` for each seed both have: the gap is
     100 * (perplexity / the baseline's perplexity of the same seed - 1)."""
     runs = {(row["label"], int(row["seed"])): row for row in rows}
-    return [(seed, int(row["tokens_seen"]),
-             100 * (float(row["eval_subword_perplexity"]) / float(runs[baseline, seed]["eval_subword_perplexity"]) - 1))
-            for (name, seed), row in sorted(runs.items()) if name == label and (baseline, seed) in runs]
+    return [
+        (
+            seed,
+            int(row["tokens_seen"]),
+            100 * (float(row["eval_subword_perplexity"]) / float(runs[baseline, seed]["eval_subword_perplexity"]) - 1),
+        )
+        for (name, seed), row in sorted(runs.items())
+        if name == label and (baseline, seed) in runs
+    ]
 
 
 def _budget_gaps(rows, label):
@@ -417,15 +514,23 @@ def trend(rows, label, steps=TREND_STEPS):
     None)}, over the budgets `steps`. The gap is 100 * (perplexity / the baseline's perplexity of the same seed and budget - 1)."""
     import numpy as np
 
-    points = [(tokens, seed, gap) for budget in steps
-              for seed, tokens, gap in paired_gaps(rows, f"{label} @{budget}", f"{TREND_BASELINE} @{budget}")]
+    points = [
+        (tokens, seed, gap)
+        for budget in steps
+        for seed, tokens, gap in paired_gaps(rows, f"{label} @{budget}", f"{TREND_BASELINE} @{budget}")
+    ]
     result = {"points": points, "slope": None, "intercept": None, "closes_at": None}
     if len({tokens for tokens, _, _ in points}) < 2 or len(points) < 4:
         return result  # a line through fewer points has no uncertainty
     x, y = np.log10([p[0] for p in points]), np.array([p[2] for p in points])
     (slope, intercept), covariance = np.polyfit(x, y, 1, cov=True)
-    result.update(slope=float(slope), intercept=float(intercept), slope_se=float(np.sqrt(covariance[0, 0])),
-                  intercept_se=float(np.sqrt(covariance[1, 1])), covariance=float(covariance[0, 1]))
+    result.update(
+        slope=float(slope),
+        intercept=float(intercept),
+        slope_se=float(np.sqrt(covariance[0, 0])),
+        intercept_se=float(np.sqrt(covariance[1, 1])),
+        covariance=float(covariance[0, 1]),
+    )
     if slope < 0 < intercept + slope * x.min():
         result["closes_at"] = float(10 ** (-intercept / slope))
     return result
@@ -439,16 +544,31 @@ def _plot_trend(axes, rows):
         if not fit["points"]:
             continue
         tokens, _, gaps = zip(*fit["points"])
-        color = axes.scatter(tokens, gaps, marker=marker, label=f"{label} vs {TREND_BASELINE} (paired by seed)").get_facecolor()[0]
-        budgets = _budget_gaps(rows, label).values()  # the seeds' mean at each budget, joined: where the straight line misleads, this shows it
-        axes.plot([np.mean([t for _, t, _ in points]) for points in budgets], [np.mean([g for _, _, g in points]) for points in budgets],
-                  color=color, linestyle=":", linewidth=1, label="mean over seeds")
+        color = axes.scatter(
+            tokens, gaps, marker=marker, label=f"{label} vs {TREND_BASELINE} (paired by seed)"
+        ).get_facecolor()[0]
+        budgets = _budget_gaps(
+            rows, label
+        ).values()  # the seeds' mean at each budget, joined: where the straight line misleads, this shows it
+        axes.plot(
+            [np.mean([t for _, t, _ in points]) for points in budgets],
+            [np.mean([g for _, _, g in points]) for points in budgets],
+            color=color,
+            linestyle=":",
+            linewidth=1,
+            label="mean over seeds",
+        )
         if fit["slope"] is not None:
             x = np.linspace(np.log10(min(tokens)) - 0.3, np.log10(max(tokens)) + 1.0, 50)
             line = fit["intercept"] + fit["slope"] * x
             spread = np.sqrt(fit["intercept_se"] ** 2 + (x * fit["slope_se"]) ** 2 + 2 * x * fit["covariance"])
-            axes.plot(10 ** x, line, color=color, label=f"fit: {fit['slope']:+.2f} ± {fit['slope_se']:.2f} % per decade of tokens")
-            axes.fill_between(10 ** x, line - spread, line + spread, color=color, alpha=0.2)
+            axes.plot(
+                10**x,
+                line,
+                color=color,
+                label=f"fit: {fit['slope']:+.2f} ± {fit['slope_se']:.2f} % per decade of tokens",
+            )
+            axes.fill_between(10**x, line - spread, line + spread, color=color, alpha=0.2)
     axes.axhline(0, color="black", linewidth=0.8)
     axes.set_xscale("log")
     axes.set_xlabel("tokens seen per run (one pass at most)")
@@ -472,18 +592,36 @@ def _plot_pairs(axes, study, points):
     model at w and standard attention at 2w against their (matched) parameters, one line each."""
     if study == "head_size":
         series = sorted(points.values(), key=lambda p: int(p["head_size"]))
-        _errorbars(axes, series, [int(p["head_size"]) for p in series], f"fixed head size, width {WIDTH}, 4 heads", "s",
-                   lambda p: f"{int(p['non_embedding_parameters']) / 1e3:.0f}k")
-        axes.axvline(SEQUENCE_LENGTH, color="grey", linestyle=":",
-                     label="the sequence length (a head this size can express any attention pattern)")
+        _errorbars(
+            axes,
+            series,
+            [int(p["head_size"]) for p in series],
+            f"fixed head size, width {WIDTH}, 4 heads",
+            "s",
+            lambda p: f"{int(p['non_embedding_parameters']) / 1e3:.0f}k",
+        )
+        axes.axvline(
+            SEQUENCE_LENGTH,
+            color="grey",
+            linestyle=":",
+            label="the sequence length (a head this size can express any attention pattern)",
+        )
         axes.set_xscale("log", base=2)
         axes.set_xlabel("head size (annotated: non-embedding parameters)")
     else:
-        for attention, name, marker in (("fixed", f"fixed head size {HEAD_SIZE} at width w", "s"),
-                                         ("standard", f"standard attention at width 2w (head size {HEAD_SIZE})", "o")):
+        for attention, name, marker in (
+            ("fixed", f"fixed head size {HEAD_SIZE} at width w", "s"),
+            ("standard", f"standard attention at width 2w (head size {HEAD_SIZE})", "o"),
+        ):
             series = sorted((p for p in points.values() if p["attention"] == attention), key=lambda p: int(p["width"]))
-            _errorbars(axes, series, [int(p["parameters"]) / 1e3 for p in series], name, marker,
-                       lambda p: f"w{p['width']} h{p['heads']}")
+            _errorbars(
+                axes,
+                series,
+                [int(p["parameters"]) / 1e3 for p in series],
+                name,
+                marker,
+                lambda p: f"w{p['width']} h{p['heads']}",
+            )
         axes.set_xscale("log")
         axes.set_xlabel("parameters (thousands; each pair matched within 2%)")
     axes.set_ylabel("held-out perplexity per subword")
@@ -504,21 +642,38 @@ def plot(study, rows, results=STUDIES_DIR):
         figure, axes = plt.subplots(figsize=(8, 4.5))
         _plot_trend(axes, rows)
     elif study == "heads":
-        standard_w = sorted((p for p in points.values() if p["attention"] == "standard" and int(p["width"]) == WIDTH), key=lambda p: int(p["heads"]))
-        fixed_w = [p for p in points.values() if p["attention"] == "fixed"] + [p for p in standard_w if int(p["head_size"]) == HEAD_SIZE]
+        standard_w = sorted(
+            (p for p in points.values() if p["attention"] == "standard" and int(p["width"]) == WIDTH),
+            key=lambda p: int(p["heads"]),
+        )
+        fixed_w = [p for p in points.values() if p["attention"] == "fixed"] + [
+            p for p in standard_w if int(p["head_size"]) == HEAD_SIZE
+        ]
         fixed_w.sort(key=lambda p: int(p["heads"]))
-        standard_p = sorted((p for p in points.values() if p["attention"] == "standard" and int(p["head_size"]) == HEAD_SIZE),
-                            key=lambda p: int(p["width"]))
+        standard_p = sorted(
+            (p for p in points.values() if p["attention"] == "standard" and int(p["head_size"]) == HEAD_SIZE),
+            key=lambda p: int(p["width"]),
+        )
         figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for series, name, marker in ((standard_p, f"standard, head size {HEAD_SIZE}, width {WIDTH}..128", "o"),
-                                     (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}, more heads", "s")):
-            _errorbars(axes[0], series, [int(p["non_embedding_parameters"]) / 1e3 for p in series], name, marker,
-                       lambda p: f"w{p['width']} h{p['heads']}")
+        for series, name, marker in (
+            (standard_p, f"standard, head size {HEAD_SIZE}, width {WIDTH}..128", "o"),
+            (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}, more heads", "s"),
+        ):
+            _errorbars(
+                axes[0],
+                series,
+                [int(p["non_embedding_parameters"]) / 1e3 for p in series],
+                name,
+                marker,
+                lambda p: f"w{p['width']} h{p['heads']}",
+            )
         axes[0].set_xlabel("non-embedding parameters (thousands)")
         axes[0].set_ylabel("held-out perplexity per subword")
         axes[0].set_title("Perplexity vs parameters (their Figure 1)", fontsize=10)
-        for series, name, marker in ((standard_w, f"standard, width {WIDTH} (head size {WIDTH}/h)", "o"),
-                                     (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}", "s")):
+        for series, name, marker in (
+            (standard_w, f"standard, width {WIDTH} (head size {WIDTH}/h)", "o"),
+            (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}", "s"),
+        ):
             _errorbars(axes[1], series, [int(p["heads"]) for p in series], name, marker)
         axes[1].set_xscale("log", base=2)
         axes[1].set_xlabel("number of heads")
@@ -537,8 +692,13 @@ def plot(study, rows, results=STUDIES_DIR):
         errors = [[p["perplexity"] - p["low"] for p in ordered], [p["high"] - p["perplexity"] for p in ordered]]
         axes.barh(labels, values, xerr=errors, capsize=3, color="tab:blue", alpha=0.8)
         for index, p in enumerate(ordered):
-            axes.annotate(f"{p['perplexity']:.1f}  ({int(p['parameters']) / 1e3:.0f}k params)", (p["high"], index),
-                          xytext=(6, -3), textcoords="offset points", fontsize=8)
+            axes.annotate(
+                f"{p['perplexity']:.1f}  ({int(p['parameters']) / 1e3:.0f}k params)",
+                (p["high"], index),
+                xytext=(6, -3),
+                textcoords="offset points",
+                fontsize=8,
+            )
         axes.set_xlabel("held-out perplexity per subword")
         axes.invert_yaxis()
         axes.grid(alpha=0.3, axis="x")
@@ -554,10 +714,22 @@ def markdown(study, rows):
     the data each run saw (steps, tokens, whether a token was seen twice) and where and when."""
     import numpy as np
 
-    points = sorted(_mean_by_label(rows).values(), key=lambda p: (p["attention"] != "standard", int(p["width"]), int(p["heads"]), int(p["head_size"]), int(p["steps"]), p["label"]))
-    lines = ["| model | attention | width | layers x heads | head size | D~k | parameters (non-embedding) | seeds | "
-             "held-out perplexity per subword (min-max) | per word | steps | tokens seen | seen twice | minutes per run | date | machine | commit |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    points = sorted(
+        _mean_by_label(rows).values(),
+        key=lambda p: (
+            p["attention"] != "standard",
+            int(p["width"]),
+            int(p["heads"]),
+            int(p["head_size"]),
+            int(p["steps"]),
+            p["label"],
+        ),
+    )
+    lines = [
+        "| model | attention | width | layers x heads | head size | D~k | parameters (non-embedding) | seeds | "
+        "held-out perplexity per subword (min-max) | per word | steps | tokens seen | seen twice | minutes per run | date | machine | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in points:
         group = [r for r in rows if r["label"] == p["label"]]
         spread = f" ({p['low']:.1f}-{p['high']:.1f})" if p["seeds"] > 1 else ""
@@ -565,12 +737,14 @@ def markdown(study, rows):
         word = float(np.mean([float(r["eval_word_perplexity"]) for r in group]))
         tokens = _span(f"{int(r['tokens_seen']):,}" for r in group)
         twice = f"yes ({float(group[0]['passes']):.0f} passes)" if group[0]["seen_twice"] == "True" else "no"
-        lines.append(f"| {p['label']} | {p['attention']}{' + Admin' if p['admin'] == 'True' else ''} | {p['width']} | "
-                     f"{p['layers']} x {p['heads']} | {p['head_size']} | {p['shared_key_dim'] or '-'} | "
-                     f"{int(p['parameters']):,} ({int(p['non_embedding_parameters']):,}) | {p['seeds']} | {p['perplexity']:.2f}{spread} | "
-                     f"{word:,.0f} | {_span(r['steps'] for r in group)} | {tokens} | {twice} | "
-                     f"{minutes:.1f} | {_span(r['date'] for r in group)} | {' / '.join(sorted({r['machine'] for r in group}))} | "
-                     f"{' / '.join(sorted({_commit(r) for r in group}))} |")
+        lines.append(
+            f"| {p['label']} | {p['attention']}{' + Admin' if p['admin'] == 'True' else ''} | {p['width']} | "
+            f"{p['layers']} x {p['heads']} | {p['head_size']} | {p['shared_key_dim'] or '-'} | "
+            f"{int(p['parameters']):,} ({int(p['non_embedding_parameters']):,}) | {p['seeds']} | {p['perplexity']:.2f}{spread} | "
+            f"{word:,.0f} | {_span(r['steps'] for r in group)} | {tokens} | {twice} | "
+            f"{minutes:.1f} | {_span(r['date'] for r in group)} | {' / '.join(sorted({r['machine'] for r in group}))} | "
+            f"{' / '.join(sorted({_commit(r) for r in group}))} |"
+        )
     if study == "tokens":
         lines += ["", *(_trend_verdict(rows, label) for label in TREND_MODELS if label != TREND_BASELINE)]
     if study in PAIRED:
@@ -583,8 +757,10 @@ def _paired_verdict(rows, label, baseline):
     if not gaps:
         return f"- {label} against {baseline}: no seed measured for both."
     side = "behind at every seed" if min(gaps) > 0 else "ahead at every seed" if max(gaps) < 0 else "on both sides"
-    return (f"- {label} against {baseline}: perplexity {', '.join(f'{gap:+.1f}%' for gap in gaps)} seed by seed "
-            f"(mean {sum(gaps) / len(gaps):+.1f}%), {side}.")
+    return (
+        f"- {label} against {baseline}: perplexity {', '.join(f'{gap:+.1f}%' for gap in gaps)} seed by seed "
+        f"(mean {sum(gaps) / len(gaps):+.1f}%), {side}."
+    )
 
 
 def _trend_verdict(rows, label):
@@ -593,18 +769,27 @@ def _trend_verdict(rows, label):
     fit = trend(rows, label)
     if fit["slope"] is None:
         return f"- {label}: {len(fit['points'])} paired points, too few for a trend."
-    where = (f"the line reaches 0 at about {fit['closes_at']:.2g} tokens (extrapolated)" if fit["closes_at"] else
-             "the line does not fall to 0 from above")
+    where = (
+        f"the line reaches 0 at about {fit['closes_at']:.2g} tokens (extrapolated)"
+        if fit["closes_at"]
+        else "the line does not fall to 0 from above"
+    )
     means = {budget: np.mean([gap for _, _, gap in points]) for budget, points in _budget_gaps(rows, label).items()}
-    line = (f"- {label} against {TREND_BASELINE}: gap {fit['intercept']:+.1f} % {fit['slope']:+.2f} ± {fit['slope_se']:.2f} % "
-            f"per decade of tokens ({len(fit['points'])} paired points); {where}. Mean gap at "
-            + ", ".join(f"{budget} steps {mean:+.1f}%" for budget, mean in means.items()))
+    line = (
+        f"- {label} against {TREND_BASELINE}: gap {fit['intercept']:+.1f} % {fit['slope']:+.2f} ± {fit['slope_se']:.2f} % "
+        f"per decade of tokens ({len(fit['points'])} paired points); {where}. Mean gap at "
+        + ", ".join(f"{budget} steps {mean:+.1f}%" for budget, mean in means.items())
+    )
     recent = trend(rows, label, list(means)[-2:]) if len(means) > 2 else {"slope": None}
     if recent["slope"] is not None:
         flat = abs(recent["slope"]) < 2 * recent["slope_se"]
-        line += (f"; over the last two budgets alone {recent['slope']:+.2f} ± {recent['slope_se']:.2f} % per decade"
-                 + (", not distinguishable from no change (within two standard errors)" if flat else
-                    f", reaching 0 at about {recent['closes_at']:.2g} tokens" if recent["closes_at"] else ""))
+        line += f"; over the last two budgets alone {recent['slope']:+.2f} ± {recent['slope_se']:.2f} % per decade" + (
+            ", not distinguishable from no change (within two standard errors)"
+            if flat
+            else f", reaching 0 at about {recent['closes_at']:.2g} tokens"
+            if recent["closes_at"]
+            else ""
+        )
     return line + "."
 
 
@@ -627,8 +812,11 @@ def _record(corpus, uses, metrics):
         rows = [r for r in read_rows(study, corpus.results) if (r["label"], int(r["seed"])) != (label, seed)] + [row]
         write_rows(corpus.results, study, rows)
         plot(study, read_rows(study, corpus.results), corpus.results)  # as strings, like every row read back
-        print(f"{study:13s} {label:40s} seed {seed}: perplexity {row['eval_subword_perplexity']:8.2f} "
-              f"({row['parameters']:,} params, {row['seconds']:.0f} s, {row['passes']:.3g} passes)", flush=True)
+        print(
+            f"{study:13s} {label:40s} seed {seed}: perplexity {row['eval_subword_perplexity']:8.2f} "
+            f"({row['parameters']:,} params, {row['seconds']:.0f} s, {row['passes']:.3g} passes)",
+            flush=True,
+        )
 
 
 def _train_all(arguments, jobs):
@@ -639,7 +827,9 @@ def _train_all(arguments, jobs):
             yield key, train_run(*argument)
         return
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent
+    ) as pool:
         futures = {pool.submit(train_run, *argument, threads): key for key, argument in arguments.items()}
         for future in concurrent.futures.as_completed(futures):
             yield futures[future], future.result()
@@ -655,11 +845,23 @@ def canary(study, label, prepared):
 
     manifest = _prepared(["task.dataset=sample"], pathlib.Path(prepared))
     preset, overrides = STUDIES[study][label]
-    config = configs.load_config(preset, [
-        *COMMON, *overrides, "task.dataset=prepared", f"task.data_dir={prepared}", f"tokenizer.vocabulary={pathlib.Path(prepared) / 'vocab.txt'}",
-        f"training.eval_batches={min(4, manifest['splits']['eval']['rows'] // 16)}", f"training.train_steps={CANARY_STEPS}",
-        f"training.steps_per_epoch={CANARY_STEPS}", "training.warmup_steps=5", "training.steps_per_execution=5",
-        *CANARY_OVERRIDES, "training.seed=0"])
+    config = configs.load_config(
+        preset,
+        [
+            *COMMON,
+            *overrides,
+            "task.dataset=prepared",
+            f"task.data_dir={prepared}",
+            f"tokenizer.vocabulary={pathlib.Path(prepared) / 'vocab.txt'}",
+            f"training.eval_batches={min(4, manifest['splits']['eval']['rows'] // 16)}",
+            f"training.train_steps={CANARY_STEPS}",
+            f"training.steps_per_epoch={CANARY_STEPS}",
+            "training.warmup_steps=5",
+            "training.steps_per_execution=5",
+            *CANARY_OVERRIDES,
+            "training.seed=0",
+        ],
+    )
     with tempfile.TemporaryDirectory() as run_dir:
         return round(train(config, run_dir, verbose=0)["eval_loss"], 6)
 
@@ -711,18 +913,34 @@ def check_tables(corpus, studies, jobs):
         before, now = float(row["eval_subword_perplexity"]), rerun["eval_subword_perplexity"]
         relative = now / before - 1
         same_corpus = same_build(row, corpus)
-        record[study] = {"label": row["label"], "seed": int(row["seed"]), "committed": before, "committed_commit": row.get("commit", "unknown"),
-                         "rerun": now, "relative": round(relative, 5),
-                         # like with like: on another build of the corpus the difference is cross-build variance, not staleness
-                         "same_corpus": same_corpus, "reproduced": abs(relative) <= CHECK_TOLERANCE if same_corpus else None,
-                         "cross_build_relative": None if same_corpus else round(relative, 5),
-                         "committed_corpus_sha256": row.get("corpus_sha256", ""), "corpus_sha256": corpus.sha256,
-                         "committed_train_split_tokens": int(row["train_split_tokens"]), "train_split_tokens": corpus.train["tokens"],
-                         **{key: rerun[key] for key in ("date", "machine", "commit", "clean", "seconds")}}
+        record[study] = {
+            "label": row["label"],
+            "seed": int(row["seed"]),
+            "committed": before,
+            "committed_commit": row.get("commit", "unknown"),
+            "rerun": now,
+            "relative": round(relative, 5),
+            # like with like: on another build of the corpus the difference is cross-build variance, not staleness
+            "same_corpus": same_corpus,
+            "reproduced": abs(relative) <= CHECK_TOLERANCE if same_corpus else None,
+            "cross_build_relative": None if same_corpus else round(relative, 5),
+            "committed_corpus_sha256": row.get("corpus_sha256", ""),
+            "corpus_sha256": corpus.sha256,
+            "committed_train_split_tokens": int(row["train_split_tokens"]),
+            "train_split_tokens": corpus.train["tokens"],
+            **{key: rerun[key] for key in ("date", "machine", "commit", "clean", "seconds")},
+        }
         write_bytes_atomically(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
-        verdict = ("reproduced" if record[study]["reproduced"] else "STALE") if same_corpus else "another corpus build: cross-build difference"
-        print(f"{study:13s} {row['label']:40s} seed {row['seed']}: committed {before:.3f}, today {now:.3f} "
-              f"({100 * relative:+.2f}%): {verdict}", flush=True)
+        verdict = (
+            ("reproduced" if record[study]["reproduced"] else "STALE")
+            if same_corpus
+            else "another corpus build: cross-build difference"
+        )
+        print(
+            f"{study:13s} {row['label']:40s} seed {row['seed']}: committed {before:.3f}, today {now:.3f} "
+            f"({100 * relative:+.2f}%): {verdict}",
+            flush=True,
+        )
     losses = {}
     for study in committed:
         record[study]["canaries"] = canary_losses(study, corpus.runs.parent / "prepared_sample", losses)
@@ -734,12 +952,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", choices=[*STUDIES, "all"], default="all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--corpus", help="a corpus folder built by `python scripts/make_corpus.py` (default: the shipped sample)")
+    parser.add_argument(
+        "--corpus", help="a corpus folder built by `python scripts/make_corpus.py` (default: the shipped sample)"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each on cpu_count / jobs threads")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots from the CSVs, train nothing")
-    parser.add_argument("--markdown", action="store_true", help="print the docs/results.md tables from the CSVs, train nothing")
-    parser.add_argument("--check", action="store_true", help="re-run each table's first row from scratch with today's code and "
-                        "compare its perplexity with the committed one (results in check.json; exit 1 if a table is stale)")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the docs/results.md tables from the CSVs, train nothing"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="re-run each table's first row from scratch with today's code and "
+        "compare its perplexity with the committed one (results in check.json; exit 1 if a table is stale)",
+    )
     args = parser.parse_args()
     studies = list(STUDIES) if args.study == "all" else [args.study]
     results = LARGE_STUDIES_DIR if args.corpus else STUDIES_DIR

@@ -42,8 +42,13 @@ RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
 def _gpt2_lm(vocabulary, width, layers, heads, feedforward, length):
     backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=vocabulary, num_layers=layers, num_heads=heads, hidden_dim=width,
-        intermediate_dim=feedforward, max_sequence_length=length, dropout=0.0,
+        vocabulary_size=vocabulary,
+        num_layers=layers,
+        num_heads=heads,
+        hidden_dim=width,
+        intermediate_dim=feedforward,
+        max_sequence_length=length,
+        dropout=0.0,
     )
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
     hidden = backbone({"token_ids": token_ids, "padding_mask": keras.ops.ones_like(token_ids)})
@@ -114,23 +119,29 @@ def _timed_rounds(timers, rounds):
     seconds = {name: [] for name in timers}
     print(f"timing {len(timers)} models x {rounds} rounds ...", flush=True)
     for round_index in range(rounds):
-        for name in (list(timers) if round_index % 2 == 0 else list(timers)[::-1]):
+        for name in list(timers) if round_index % 2 == 0 else list(timers)[::-1]:
             seconds[name].append(timers[name]())
     return seconds
 
 
 def _print_table(record):
     args, rows = record["args"], record["rows"]
-    print(f"\n{record['backend']} backend, batch {args['batch']} x length {args['length']}, width {args['width']}, "
-          f"{args['layers']} layers, {args['heads']} heads, vocabulary {args['vocabulary']}")
+    print(
+        f"\n{record['backend']} backend, batch {args['batch']} x length {args['length']}, width {args['width']}, "
+        f"{args['layers']} layers, {args['heads']} heads, vocabulary {args['vocabulary']}"
+    )
     print(f"{'model':28s} {'params':>10s} {'ms/step':>9s} {'tokens/s':>10s} {'vs GPT-2':>9s} {'MFU':>7s}")
     for row in rows:
-        print(f"{row['model']:28s} {row['parameters']:10,d} {row['step_ms']:9.1f} {row['tokens_per_second']:10.0f} "
-              f"{row['speed_vs_gpt2']:9.3f} {row['mfu']:7.1%}")
+        print(
+            f"{row['model']:28s} {row['parameters']:10,d} {row['step_ms']:9.1f} {row['tokens_per_second']:10.0f} "
+            f"{row['speed_vs_gpt2']:9.3f} {row['mfu']:7.1%}"
+        )
     fastest = max(row["tokens_per_second"] for row in rows)
     pipeline = record["pipeline_tokens_per_second"]
-    print(f"large matmul: {record['matmul_peak_gflops']:.1f} GFLOP/s; input pipeline: {pipeline:,.0f} tokens/s "
-          f"= {pipeline / fastest:.1f}x what the fastest training step consumes")
+    print(
+        f"large matmul: {record['matmul_peak_gflops']:.1f} GFLOP/s; input pipeline: {pipeline:,.0f} tokens/s "
+        f"= {pipeline / fastest:.1f}x what the fastest training step consumes"
+    )
 
 
 def main():
@@ -147,21 +158,34 @@ def main():
     keras.utils.set_random_seed(0)
     feedforward = 4 * args.width
     common = [
-        f"model.vocab_size={args.vocabulary}", f"model.hidden_size={args.width}", f"model.num_layers={args.layers}",
-        f"model.num_heads={args.heads}", f"model.intermediate_size={feedforward}", f"model.max_sequence_length={args.length}",
-        "model.dropout=0", "model.attention_dropout=0", "model.activation=gelu_approximate", "model.position_embedding=learned",
+        f"model.vocab_size={args.vocabulary}",
+        f"model.hidden_size={args.width}",
+        f"model.num_layers={args.layers}",
+        f"model.num_heads={args.heads}",
+        f"model.intermediate_size={feedforward}",
+        f"model.max_sequence_length={args.length}",
+        "model.dropout=0",
+        "model.attention_dropout=0",
+        "model.activation=gelu_approximate",
+        "model.position_embedding=learned",
     ]
     models = {
         "ours standard": configs.load_config("tiny_lm", common + ["model.attention={type: standard}"]).build_model(),
         "ours fixed (head size 2x)": configs.load_config(
             "tiny_lm", common + [f"model.attention={{type: fixed, head_size: {2 * args.width // args.heads}}}"]
         ).build_model(),
-        "keras-hub GPT2Backbone": _gpt2_lm(args.vocabulary, args.width, args.layers, args.heads, feedforward, args.length),
+        "keras-hub GPT2Backbone": _gpt2_lm(
+            args.vocabulary, args.width, args.layers, args.heads, feedforward, args.length
+        ),
     }
     rng = np.random.default_rng(0)
     tokens = rng.integers(5, args.vocabulary, size=(args.batch, args.length)).astype("int32")
     labels = np.roll(tokens, -1, axis=1)
-    packed = {"token_ids": tokens, "segment_ids": np.ones_like(tokens), "positions": np.tile(np.arange(args.length, dtype="int32"), (args.batch, 1))}
+    packed = {
+        "token_ids": tokens,
+        "segment_ids": np.ones_like(tokens),
+        "positions": np.tile(np.arange(args.length, dtype="int32"), (args.batch, 1)),
+    }
     timers = {}
     for name, model in models.items():
         inputs = tokens if name.startswith("keras-hub") else packed
@@ -174,14 +198,32 @@ def main():
     for name, model in models.items():
         step = statistics.median(seconds[name])
         flops = _model_flops_per_token(model, args.layers, args.width, args.length, args.vocabulary) * tokens_per_step
-        rows.append({"model": name, "parameters": model.count_params(), "step_ms": step * 1e3, "tokens_per_second": tokens_per_step / step,
-                     "speed_vs_gpt2": reference / step, "mfu": flops / step / peak})
+        rows.append(
+            {
+                "model": name,
+                "parameters": model.count_params(),
+                "step_ms": step * 1e3,
+                "tokens_per_second": tokens_per_step / step,
+                "speed_vs_gpt2": reference / step,
+                "mfu": flops / step / peak,
+            }
+        )
     backend = keras.backend.backend()
-    record = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
-              "cpu_count": os.cpu_count(), "backend": backend, "backend_version": _backend_version(backend),
-              "tensorflow": tf.__version__, "keras": keras.__version__, "keras_hub": keras_hub.__version__,
-              "matmul_peak_gflops": peak / 1e9, "pipeline_tokens_per_second": pipeline_tokens_per_second, "rows": rows,
-              "raw_seconds": seconds}
+    record = {
+        "args": vars(args),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "backend": backend,
+        "backend_version": _backend_version(backend),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "keras_hub": keras_hub.__version__,
+        "matmul_peak_gflops": peak / 1e9,
+        "pipeline_tokens_per_second": pipeline_tokens_per_second,
+        "rows": rows,
+        "raw_seconds": seconds,
+    }
     _print_table(record)
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, f"train_{backend}.json")

@@ -73,9 +73,13 @@ def _write_run(directory, source, converted, reports, task=None):
     arguments = _arguments(converted)
     shared_key_dim = arguments["attention"]["shared_key_dim"]
     config = {
-        "name": f"{pathlib.Path(source.path).name}_collaborative_k{shared_key_dim}", "model_type": source.model_type,
-        "model": arguments, "task": source.task, "tokenizer": source.tokenizer,
-        "description": f"{source.path} converted to collaborative attention (D~k={shared_key_dim})"}
+        "name": f"{pathlib.Path(source.path).name}_collaborative_k{shared_key_dim}",
+        "model_type": source.model_type,
+        "model": arguments,
+        "task": source.task,
+        "tokenizer": source.tokenizer,
+        "description": f"{source.path} converted to collaborative attention (D~k={shared_key_dim})",
+    }
     if task is not None and task[0].training is not None:
         config["training"] = dataclasses.asdict(task[0].training)
     files.write_json_atomically(run.file(files.CONFIG), config)
@@ -87,7 +91,9 @@ def _write_run(directory, source, converted, reports, task=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="concise-collaborative", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="concise-collaborative", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf-dir", help="Hugging Face BERT directory (config.json + model.safetensors)")
     source.add_argument("--run", help="a run directory of this project (config.json + backbone.weights.h5)")
@@ -120,10 +126,12 @@ def main(argv=None):
         shutil.rmtree(staging, ignore_errors=True)
         raise
     for report in reports:
-        print(f"{report['layer']}: D~k={report['shared_key_dim']} relative error {report['relative_error']:.4f}, "
-              f"query/key parameters {report['query_key_parameters_before']:,} -> {report['query_key_parameters_after']:,}, "
-              f"FLOPs at length {report['flops_length']} {report['query_key_flops_before']:,} -> {report['query_key_flops_after']:,}, "
-              f"{report['seconds']:.1f} s")
+        print(
+            f"{report['layer']}: D~k={report['shared_key_dim']} relative error {report['relative_error']:.4f}, "
+            f"query/key parameters {report['query_key_parameters_before']:,} -> {report['query_key_parameters_after']:,}, "
+            f"FLOPs at length {report['flops_length']} {report['query_key_flops_before']:,} -> {report['query_key_flops_after']:,}, "
+            f"{report['seconds']:.1f} s"
+        )
     print(f"wrote {out}")
     return 0
 

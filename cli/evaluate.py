@@ -55,8 +55,10 @@ def evaluate_run(path, data_dir=None):
     loaded = runs.load(path, kind="run")
     model, vocabulary = loaded.task_model, loaded.source.vocabulary
     if config.training is None:
-        raise ValueError(f"{files.join(path, files.CONFIG)} has no `training` section: it does not say how to evaluate "
-                         "(sequence length, batch size).")
+        raise ValueError(
+            f"{files.join(path, files.CONFIG)} has no `training` section: it does not say how to evaluate "
+            "(sequence length, batch size)."
+        )
     task = make_task(config)
     task.check()
     task.read()
@@ -72,12 +74,18 @@ def _with_data_dir(config, path, data_dir):
         return config
     recorded = getattr(config.task, "data_dir", None)
     if recorded is None:
-        raise ValueError(f"--data-dir {' '.join(data_dir)}: the run in {path!r} (task {config.task.name!r}, task.dataset="
-                         f"{getattr(config.task, 'dataset', None)!r}) reads no data folder.")
+        raise ValueError(
+            f"--data-dir {' '.join(data_dir)}: the run in {path!r} (task {config.task.name!r}, task.dataset="
+            f"{getattr(config.task, 'dataset', None)!r}) reads no data folder."
+        )
     folders = recorded if isinstance(recorded, list) else [recorded]
     if len(data_dir) != len(folders):
-        raise ValueError(f"--data-dir {' '.join(data_dir)}: the run in {path!r} read task.data_dir={recorded!r}; give as many folders.")
-    return dataclasses.replace(config, task=dataclasses.replace(config.task, data_dir=data_dir if isinstance(recorded, list) else data_dir[0]))
+        raise ValueError(
+            f"--data-dir {' '.join(data_dir)}: the run in {path!r} read task.data_dir={recorded!r}; give as many folders."
+        )
+    return dataclasses.replace(
+        config, task=dataclasses.replace(config.task, data_dir=data_dir if isinstance(recorded, list) else data_dir[0])
+    )
 
 
 def _check_data_dir(config, path, given):
@@ -87,8 +95,17 @@ def _check_data_dir(config, path, given):
     if getattr(config.task, "dataset", None) == "sample":
         return
     for folder in folders if isinstance(folders, list) else [folders]:
-        if folder is not None and not os.path.isabs(os.path.expanduser(folder)) and "://" not in folder and not os.path.isdir(folder):
-            where = "--data-dir" if given else f"the task.data_dir the run in {path!r} recorded (give --data-dir: where it is from here)"
+        if (
+            folder is not None
+            and not os.path.isabs(os.path.expanduser(folder))
+            and "://" not in folder
+            and not os.path.isdir(folder)
+        ):
+            where = (
+                "--data-dir"
+                if given
+                else f"the task.data_dir the run in {path!r} recorded (give --data-dir: where it is from here)"
+            )
             raise ValueError(f"{where}: no folder {folder!r} under {os.getcwd()!r}.")
 
 
@@ -103,8 +120,16 @@ def _check_output(output):
         raise ValueError(f"--output {output!r}: its folder {str(path.parent)!r} does not exist (it is not created)")
 
 
-def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, tasks=mteb_protocol.TASKS, pca_widths=(),
-                      sequence_length=None, report=print):
+def evaluate_encoders(
+    specs,
+    teacher=None,
+    fit_texts=None,
+    fit_count=FIT_COUNT,
+    tasks=mteb_protocol.TASKS,
+    pca_widths=(),
+    sequence_length=None,
+    report=print,
+):
     """{"tasks", "rows": {encoder name: {width, each task's score, mean}}, "teacher"} of the encoders named by `specs`
     and, with `teacher`, the teacher, its PCA (centred and not) to each narrower width and each of `pca_widths` (fitted on `fit_count`
     texts of the corpus folder `fit_texts`) and the teacher with half its layers; `sequence_length`: the cut every
@@ -114,7 +139,9 @@ def evaluate_encoders(specs, teacher=None, fit_texts=None, fit_count=FIT_COUNT, 
     if teacher is None:
         return {"tasks": list(tasks), "rows": mteb_protocol.score_rows(loaded, tasks, report=report), "teacher": None}
     teacher_encoder = encoders.load_encoder(teacher, sequence_length)
-    widths = sorted({encoder.width for encoder in loaded if encoder.width < teacher_encoder.width} | set(pca_widths), reverse=True)
+    widths = sorted(
+        {encoder.width for encoder in loaded if encoder.width < teacher_encoder.width} | set(pca_widths), reverse=True
+    )
     baselines = [teacher_encoder]
     if widths:
         texts = draw_fit_texts(fit_texts, fit_count)
@@ -133,32 +160,62 @@ def draw_fit_texts(folder, count):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="concise-evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="concise-evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--encoder", nargs="+", help="sentence encoders to score with MTEB's protocols (names or folders)")
+    what.add_argument(
+        "--encoder", nargs="+", help="sentence encoders to score with MTEB's protocols (names or folders)"
+    )
     what.add_argument("--run", help="a finished run directory, or a concise-collaborative output of one")
     parser.add_argument("--output", help="also write the scores or metrics to this JSON file")
     parser.add_argument("--teacher", help="with --encoder: score the teacher and its baselines beside them")
     parser.add_argument("--fit-texts", help="with --teacher: the text corpus folder the teacher's PCA is fitted on")
-    parser.add_argument("--pca-width", type=int, nargs="+", default=[], help="with --teacher: more widths of its PCA baseline")
-    parser.add_argument("--fit-count", type=int, default=FIT_COUNT, help=f"texts the PCA is fitted on (default {FIT_COUNT})")
-    parser.add_argument("--sequence-length", type=int, help="with --encoder: the cut every encoder reads texts at (default: "
-                        "each its own: a preset's serving length, a run's training length)")
-    parser.add_argument("--tasks", nargs="+", default=list(mteb_protocol.TASKS), help="default: " + " ".join(mteb_protocol.TASKS))
-    parser.add_argument("--data-dir", nargs="+", help="with --run: the run's data folder(s) as seen from here, replacing the "
-                        "task.data_dir it recorded (which may be relative to where it started)")
+    parser.add_argument(
+        "--pca-width", type=int, nargs="+", default=[], help="with --teacher: more widths of its PCA baseline"
+    )
+    parser.add_argument(
+        "--fit-count", type=int, default=FIT_COUNT, help=f"texts the PCA is fitted on (default {FIT_COUNT})"
+    )
+    parser.add_argument(
+        "--sequence-length",
+        type=int,
+        help="with --encoder: the cut every encoder reads texts at (default: "
+        "each its own: a preset's serving length, a run's training length)",
+    )
+    parser.add_argument(
+        "--tasks", nargs="+", default=list(mteb_protocol.TASKS), help="default: " + " ".join(mteb_protocol.TASKS)
+    )
+    parser.add_argument(
+        "--data-dir",
+        nargs="+",
+        help="with --run: the run's data folder(s) as seen from here, replacing the "
+        "task.data_dir it recorded (which may be relative to where it started)",
+    )
     args = parser.parse_args(argv)
     with configs.one_line_errors(parser, "concise-evaluate"):
         _check_output(args.output)  # before the evaluation: a bad --output must not cost one
         _check_flags(args)
         if args.encoder:
-            result = evaluate_encoders(args.encoder, args.teacher, args.fit_texts, args.fit_count, args.tasks,
-                                       args.pca_width, args.sequence_length, report=lambda line: print(line, file=sys.stderr, flush=True))
+            result = evaluate_encoders(
+                args.encoder,
+                args.teacher,
+                args.fit_texts,
+                args.fit_count,
+                args.tasks,
+                args.pca_width,
+                args.sequence_length,
+                report=lambda line: print(line, file=sys.stderr, flush=True),
+            )
         else:
             result = evaluate_run(args.run, args.data_dir)
         if args.output:
             files.write_json_atomically(args.output, result)
-    print(mteb_protocol.table(result["rows"], result["tasks"], result["teacher"]) if args.encoder else json.dumps(result, indent=1))
+    print(
+        mteb_protocol.table(result["rows"], result["tasks"], result["teacher"])
+        if args.encoder
+        else json.dumps(result, indent=1)
+    )
     return 0
 
 

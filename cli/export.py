@@ -25,23 +25,41 @@ from concise_attention.training.run import configs
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="concise-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="concise-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--run", help="a run directory (config.json, backbone.weights.h5, vocab.txt) or a concise-collaborative output")
-    source.add_argument("--hf-dir", help="a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt, tokenizer_config.json)")
+    source.add_argument(
+        "--run", help="a run directory (config.json, backbone.weights.h5, vocab.txt) or a concise-collaborative output"
+    )
+    source.add_argument(
+        "--hf-dir", help="a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt, tokenizer_config.json)"
+    )
     source.add_argument("--preset", help="a preset shipped with the package (by name) or a Keras preset folder")
     parser.add_argument("--out", required=True, help="export directory (versions already in it are kept)")
     parser.add_argument("--version", type=int, help="integer version (default: one above the highest present)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
-    parser.add_argument("--seq-length", type=int, help="sequence length of the preprocessor and serving model (default: the length the model records for serving, "
-                             "a shipped preset's 256 or a sentence-transformers folder's max_seq_length, else a run's own "
-                             "training.sequence_length, else 128)")
+    parser.add_argument(
+        "--seq-length",
+        type=int,
+        help="sequence length of the preprocessor and serving model (default: the length the model records for serving, "
+        "a shipped preset's 256 or a sentence-transformers folder's max_seq_length, else a run's own "
+        "training.sequence_length, else 128)",
+    )
     parser.add_argument("--model-name", help="TF Serving model name (default: the run's config name)")
-    parser.add_argument("--pooling", choices=POOLINGS, default=None,
-                        help="the served `embedding` (and the TF-Hub encoder's): mean of the real tokens, that mean at unit length, or the "
-                             "pooled [CLS]; default: the sentence embedding the model was distilled to give, or its sentence-transformers "
-                             "pooling (normalized_mean or mean), else mean")
-    parser.add_argument("--recover", action="store_true", help="only finish the commits of killed exports into OUT and remove their leftovers")
+    parser.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        default=None,
+        help="the served `embedding` (and the TF-Hub encoder's): mean of the real tokens, that mean at unit length, or the "
+        "pooled [CLS]; default: the sentence embedding the model was distilled to give, or its sentence-transformers "
+        "pooling (normalized_mean or mean), else mean",
+    )
+    parser.add_argument(
+        "--recover",
+        action="store_true",
+        help="only finish the commits of killed exports into OUT and remove their leftovers",
+    )
     args = parser.parse_args(argv)
     if not args.recover and not (args.run or args.hf_dir or args.preset):
         parser.error("--run, --hf-dir or --preset is required (unless --recover)")
@@ -50,8 +68,16 @@ def main(argv=None):
             print(json.dumps(commit.recover(args.out, _store(args.out)), indent=1))
             return 0
         commit.check_out_dir(args.out, _store(args.out))  # before any model is loaded or built
-        written = export_run(args.run or args.hf_dir or args.preset, args.out, version=args.version, overwrite=args.overwrite, seq_length=args.seq_length,
-                             model_name=args.model_name, pooling=args.pooling, kind="hf" if args.hf_dir else None)
+        written = export_run(
+            args.run or args.hf_dir or args.preset,
+            args.out,
+            version=args.version,
+            overwrite=args.overwrite,
+            seq_length=args.seq_length,
+            model_name=args.model_name,
+            pooling=args.pooling,
+            kind="hf" if args.hf_dir else None,
+        )
     print(json.dumps(written, indent=1))
     return 0
 

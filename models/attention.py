@@ -255,9 +255,7 @@ class FixedHeadSizeAttention(keras.layers.Layer):
         self._value_head_size = self.value_head_size or self._head_size
         self._scale = 1.0 / math.sqrt(self._head_size)
         self._build_query_key(query_shape, key_shape)
-        self._value_dense = self._dense(
-            "value", "BSI,INH->BSNH", (None, self.num_heads, self._value_head_size), "NH"
-        )
+        self._value_dense = self._dense("value", "BSI,INH->BSNH", (None, self.num_heads, self._value_head_size), "NH")
         self._value_dense.build(value_shape)
         output_size = self.output_size or query_shape[-1]
         self._output_dense = self._dense("attention_output", "BTNH,NHO->BTO", (None, output_size), "O")
@@ -563,8 +561,7 @@ class CollaborativeAttention(FixedHeadSizeAttention):
     def get_config(self):
         config = super().get_config()
         config.update(
-            shared_key_dim=self.shared_key_dim,
-            mixing_initializer=keras.initializers.serialize(self.mixing_initializer),
+            shared_key_dim=self.shared_key_dim, mixing_initializer=keras.initializers.serialize(self.mixing_initializer)
         )
         return config
 
@@ -601,14 +598,19 @@ def _variant_arguments(layer_class):
     return {
         parameter.name: parameter
         for parameter in parameters
-        if parameter.name != "self" and parameter.name not in SET_BY_THE_MODEL
+        if parameter.name != "self"
+        and parameter.name not in SET_BY_THE_MODEL
         and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
     }
 
 
 # The flat attention fields of configs and run directories written before the nested `model.attention` config.
-FLAT_ATTENTION_KEYS = {"attention_type": "type", "head_size": "head_size", "shared_key_dim": "shared_key_dim",
-                       "mixing_initializer": "mixing_initializer"}
+FLAT_ATTENTION_KEYS = {
+    "attention_type": "type",
+    "head_size": "head_size",
+    "shared_key_dim": "shared_key_dim",
+    "mixing_initializer": "mixing_initializer",
+}
 
 
 def check_nested_attention(model):
@@ -616,8 +618,10 @@ def check_nested_attention(model):
     flat = next((key for key in FLAT_ATTENTION_KEYS if key in model), None)
     if flat is not None:
         nested = f"model.attention.{FLAT_ATTENTION_KEYS[flat]}"
-        raise ValueError(f"`model.{flat}` is the flat form of `{nested}` that earlier versions wrote, which this version "
-                         f"does not read: set `{nested}` instead.")
+        raise ValueError(
+            f"`model.{flat}` is the flat form of `{nested}` that earlier versions wrote, which this version "
+            f"does not read: set `{nested}` instead."
+        )
     return model
 
 
@@ -656,7 +660,9 @@ def attention_config(attention=None, prefix="attention"):
                 f"Unknown key `{prefix}.{key}` for attention type {kind!r} ({layer_class.__name__}). "
                 f"Known keys: type, {', '.join(known)}"
             )
-    missing = [name for name, parameter in known.items() if parameter.default is parameter.empty and name not in arguments]
+    missing = [
+        name for name, parameter in known.items() if parameter.default is parameter.empty and name not in arguments
+    ]
     if missing:
         raise ValueError(
             f"`{prefix}.{missing[0]}` is required for attention type {kind!r} ({layer_class.__name__}). "
@@ -693,13 +699,7 @@ def _masked_softmax(logits, mask, dtype):
 
 
 def compute_attention_mask(
-    query,
-    value,
-    attention_mask=None,
-    use_causal_mask=False,
-    query_mask=None,
-    value_mask=None,
-    key_mask=None,
+    query, value, attention_mask=None, use_causal_mask=False, query_mask=None, value_mask=None, key_mask=None
 ):
     """Combines every mask source into one boolean (B or 1, 1, T, S) mask, or None.
 

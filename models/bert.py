@@ -92,8 +92,11 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         arguments = dict(locals())  # the constructor arguments, before any other local exists
         arguments["attention"] = attention = attention_config(attention)
         _check_sizes(dropout, attention_dropout, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
-        for name, value, least in (("type_vocab_size", type_vocab_size, 0), ("position_offset", position_offset or 1, 1),
-                                   ("relative_attention_buckets", relative_attention_buckets, 0)):
+        for name, value, least in (
+            ("type_vocab_size", type_vocab_size, 0),
+            ("position_offset", position_offset or 1, 1),
+            ("relative_attention_buckets", relative_attention_buckets, 0),
+        ):
             check_integer(name, value, least)
         self.max_sequence_length, self.position_offset = max_sequence_length, position_offset  # read by _embed
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
@@ -102,42 +105,80 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
             vocab_size, hidden_size, embeddings_initializer=initializer, dtype=dtype, name="word_embeddings"
         )
         self.position_embeddings = PositionEmbedding(
-            max_sequence_length + (position_offset or 0), embeddings_initializer=initializer, dtype=dtype, name="position_embeddings"
+            max_sequence_length + (position_offset or 0),
+            embeddings_initializer=initializer,
+            dtype=dtype,
+            name="position_embeddings",
         )
-        self.type_embeddings = keras.layers.Embedding(
-            type_vocab_size, hidden_size, embeddings_initializer=initializer, dtype=dtype, name="type_embeddings"
-        ) if type_vocab_size else None
-        self.relative_attention_bias = RelativePositionBias(
-            num_heads, max_sequence_length, relative_attention_buckets, relative_attention_max_distance, dtype=dtype,
-            name="relative_attention_bias") if relative_attention_buckets else None
-        self.embeddings_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_norm")
+        self.type_embeddings = (
+            keras.layers.Embedding(
+                type_vocab_size, hidden_size, embeddings_initializer=initializer, dtype=dtype, name="type_embeddings"
+            )
+            if type_vocab_size
+            else None
+        )
+        self.relative_attention_bias = (
+            RelativePositionBias(
+                num_heads,
+                max_sequence_length,
+                relative_attention_buckets,
+                relative_attention_max_distance,
+                dtype=dtype,
+                name="relative_attention_bias",
+            )
+            if relative_attention_buckets
+            else None
+        )
+        self.embeddings_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_norm"
+        )
         self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
         self.blocks = build_blocks(
-            num_layers, num_heads=num_heads, intermediate_size=intermediate_size, attention=attention, activation=activation,
-            norm_position="post", residual_scaling=residual_scaling, dropout=dropout, attention_dropout=attention_dropout,
-            layer_norm_epsilon=layer_norm_epsilon, kernel_initializer=initializer, dtype=dtype)
-        self.pooler = keras.layers.Dense(hidden_size, activation="tanh", kernel_initializer=initializer, dtype=dtype, name="pooler")
+            num_layers,
+            num_heads=num_heads,
+            intermediate_size=intermediate_size,
+            attention=attention,
+            activation=activation,
+            norm_position="post",
+            residual_scaling=residual_scaling,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            layer_norm_epsilon=layer_norm_epsilon,
+            kernel_initializer=initializer,
+            dtype=dtype,
+        )
+        self.pooler = keras.layers.Dense(
+            hidden_size, activation="tanh", kernel_initializer=initializer, dtype=dtype, name="pooler"
+        )
         super().__init__(*self._functional_graph(), dtype=dtype, **kwargs)
         self._keep_arguments(arguments)
 
     def _functional_graph(self):
         """(inputs, outputs): the symbolic tensors that make this a functional model."""
-        inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name)
-                  for name in ("input_word_ids", "input_mask", "input_type_ids")}
+        inputs = {
+            name: keras.Input(shape=(None,), dtype="int32", name=name)
+            for name in ("input_word_ids", "input_mask", "input_type_ids")
+        }
         x = self._embed(inputs)
         bias = self.attention_bias(x)
         encoder_outputs = []
         for block in self.blocks:
             x = block(x, attention_mask=inputs["input_mask"], attention_bias=bias)
             encoder_outputs.append(x)
-        return inputs, {"sequence_output": x, "pooled_output": self.pooler(x[:, 0, :]), "encoder_outputs": encoder_outputs}
+        return inputs, {
+            "sequence_output": x,
+            "pooled_output": self.pooler(x[:, 0, :]),
+            "encoder_outputs": encoder_outputs,
+        }
 
     def _embed(self, inputs, training=None):
         words = self.word_embeddings(inputs["input_word_ids"])
         length = words.shape[1]
         if isinstance(length, int) and length > self.max_sequence_length:
-            raise ValueError(f"The sequence is longer than the model's max_sequence_length={self.max_sequence_length}. "
-                             f"Received: sequence length {length}")
+            raise ValueError(
+                f"The sequence is longer than the model's max_sequence_length={self.max_sequence_length}. "
+                f"Received: sequence length {length}"
+            )
         positions = None
         if self.position_offset is not None:
             mask = ops.cast(inputs["input_mask"], "int32")
@@ -155,7 +196,9 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         """Admin: sets every block's omegas from a profiling pass over `inputs` (a batch dict)."""
         inputs = {name: ops.convert_to_tensor(value, "int32") for name, value in inputs.items()}
         x = self._embed(inputs, training=False)
-        return admin_initialize(self.blocks, x, attention_mask=inputs["input_mask"], attention_bias=self.attention_bias(x))
+        return admin_initialize(
+            self.blocks, x, attention_mask=inputs["input_mask"], attention_bias=self.attention_bias(x)
+        )
 
 
 class EncoderHead(TaskPresetMixin, keras.Model):
@@ -165,8 +208,12 @@ class EncoderHead(TaskPresetMixin, keras.Model):
     head_arguments = ()
 
     def get_config(self):
-        return {"name": self.name, "trainable": self.trainable, "encoder": keras.layers.serialize(self.encoder),
-                **{name: getattr(self, name) for name in self.head_arguments}}
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "encoder": keras.layers.serialize(self.encoder),
+            **{name: getattr(self, name) for name in self.head_arguments},
+        }
 
     @classmethod
     def from_config(cls, config):
@@ -218,7 +265,6 @@ class BertPretrainer(EncoderHead):
         masked_BxPxD = ops.take_along_axis(sequence_BxTxD, positions_BxP[:, :, None], axis=1)
         hidden = self.transform_norm(self.transform(masked_BxPxD))
         return self.output_bias(self.encoder.word_embeddings(hidden, reverse=True))
-
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")

@@ -57,7 +57,13 @@ def _cp_factors(tensor_NxIxI, rank, seed, n_iter_max, tol):
 
     tensorly.set_backend("numpy")
     weights, (mixing_NxK, query_IxK, key_IxK) = parafac(
-        tensor_NxIxI, rank=rank, init="random", random_state=seed, n_iter_max=n_iter_max, tol=tol, normalize_factors=False
+        tensor_NxIxI,
+        rank=rank,
+        init="random",
+        random_state=seed,
+        n_iter_max=n_iter_max,
+        tol=tol,
+        normalize_factors=False,
     )
     return query_IxK, key_IxK, mixing_NxK * weights[None, :]
 
@@ -124,7 +130,8 @@ def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, f
         "shared_key_dim": shared_key_dim,
         "relative_error": error,
         "query_key_parameters_before": 2 * input_size * exact + (2 * exact if layer.use_bias else 0),
-        "query_key_parameters_after": (2 * input_size + layer.num_heads) * shared_key_dim + input_size * layer.num_heads,
+        "query_key_parameters_after": (2 * input_size + layer.num_heads) * shared_key_dim
+        + input_size * layer.num_heads,
         "flops_length": flops_length,
         "query_key_flops_before": layer.query_key_flops(flops_length),
         "query_key_flops_after": converted.query_key_flops(flops_length),
@@ -163,8 +170,12 @@ def convert_model(model, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, progr
         raise ValueError(f"The model {model.name!r} already uses collaborative attention.")
     head_size = head_size_of(model)
     arguments = {key: value for key, value in model.get_config().items() if key not in ("name", "trainable", "dtype")}
-    arguments["attention"] = {"type": "collaborative", "head_size": head_size, "shared_key_dim": shared_key_dim,
-                              "mixing_initializer": "concatenate"}
+    arguments["attention"] = {
+        "type": "collaborative",
+        "head_size": head_size,
+        "shared_key_dim": shared_key_dim,
+        "mixing_initializer": "concatenate",
+    }
     for block in model.blocks:  # every layer checked before the first is converted (or a progress bar shown)
         _check_shared_key_dim(block.attention, shared_key_dim)
     converted_layers = []

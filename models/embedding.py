@@ -90,7 +90,9 @@ def relative_position_buckets(max_length, num_buckets, max_distance):
     half = num_buckets // 2
     exact = half // 2
     distance = np.abs(relative)
-    scaled = np.log(np.maximum(distance, 1).astype(np.float32) / np.float32(exact)) / np.float32(math.log(max_distance / exact))
+    scaled = np.log(np.maximum(distance, 1).astype(np.float32) / np.float32(exact)) / np.float32(
+        math.log(max_distance / exact)
+    )
     large = np.minimum(exact + (scaled * np.float32(half - exact)).astype(np.int64), half - 1)
     return ((relative > 0) * half + np.where(distance < exact, distance, large)).astype("int32")
 
@@ -114,23 +116,31 @@ class RelativePositionBias(keras.layers.Layer):
         (1, num_heads, T, T) biases.
     """
 
-    def __init__(self, num_heads, max_sequence_length, num_buckets=32, max_distance=128,
-                 embeddings_initializer="zeros", **kwargs):
+    def __init__(
+        self, num_heads, max_sequence_length, num_buckets=32, max_distance=128, embeddings_initializer="zeros", **kwargs
+    ):
         super().__init__(**kwargs)
-        for name, value, least in (("num_heads", num_heads, 1), ("max_sequence_length", max_sequence_length, 1),
-                                   ("num_buckets", num_buckets, 4), ("max_distance", max_distance, 1)):
+        for name, value, least in (
+            ("num_heads", num_heads, 1),
+            ("max_sequence_length", max_sequence_length, 1),
+            ("num_buckets", num_buckets, 4),
+            ("max_distance", max_distance, 1),
+        ):
             check_integer(name, value, least)
         if num_buckets % 2 or max_distance <= num_buckets // 4:
-            raise ValueError(f"`num_buckets` must be even and `max_distance` above num_buckets / 4. "
-                             f"Received: num_buckets={num_buckets}, max_distance={max_distance}")
+            raise ValueError(
+                f"`num_buckets` must be even and `max_distance` above num_buckets / 4. "
+                f"Received: num_buckets={num_buckets}, max_distance={max_distance}"
+            )
         self.num_heads, self.max_sequence_length = num_heads, max_sequence_length
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self._buckets = relative_position_buckets(max_sequence_length, num_buckets, max_distance)
 
     def build(self, inputs_shape):
-        self.embeddings = self.add_weight(name="embeddings", shape=(self.num_buckets, self.num_heads),
-                                          initializer=self.embeddings_initializer)
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=(self.num_buckets, self.num_heads), initializer=self.embeddings_initializer
+        )
 
     def call(self, inputs):
         length = ops.shape(inputs)[1]
@@ -141,7 +151,11 @@ class RelativePositionBias(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_heads=self.num_heads, max_sequence_length=self.max_sequence_length, num_buckets=self.num_buckets,
-                      max_distance=self.max_distance,
-                      embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer))
+        config.update(
+            num_heads=self.num_heads,
+            max_sequence_length=self.max_sequence_length,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+            embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
+        )
         return config

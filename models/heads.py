@@ -53,8 +53,10 @@ class BertClassifier(EncoderHead):
         rate = encoder.dropout if dropout is None else dropout
         self.head_dropout = keras.layers.Dropout(rate, name="head_dropout")
         self.classifier = keras.layers.Dense(
-            num_outputs, kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
-            dtype=encoder.dtype_policy, name="classifier",
+            num_outputs,
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
+            dtype=encoder.dtype_policy,
+            name="classifier",
         )
         inputs = dict(encoder.input)
         logits = ops.cast(self.classifier(self.head_dropout(sentence_vector(encoder, inputs, pooling))), "float32")
@@ -94,8 +96,10 @@ class BertSpanLabeler(EncoderHead):
         _check_encoder(encoder)
         self.encoder = encoder
         self.span = keras.layers.Dense(
-            2, kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
-            dtype=encoder.dtype_policy, name="span_logits",
+            2,
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
+            dtype=encoder.dtype_policy,
+            name="span_logits",
         )
         inputs = dict(encoder.input)
         logits_BxTx2 = ops.cast(self.span(encoder(inputs)["sequence_output"]), "float32")
@@ -148,8 +152,10 @@ class SentenceEmbedder(EncoderHead):
         check_integer("teacher_width", teacher_width)
         self.encoder = encoder
         self.projection = keras.layers.Dense(
-            teacher_width, kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
-            dtype=encoder.dtype_policy, name="teacher_projection",
+            teacher_width,
+            kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
+            dtype=encoder.dtype_policy,
+            name="teacher_projection",
         )
         inputs = dict(encoder.input)
         encoded = encoder(inputs)
@@ -194,7 +200,10 @@ class RelationDivergence(keras.layers.Layer):
 def attention_widths(encoder):
     """The query, key and value widths (the heads side by side) of `encoder`'s last layer."""
     attention = encoder.blocks[-1].attention
-    return [math.prod(dense.partial_output_shape[1:]) for dense in (attention.query_dense, attention.key_dense, attention.value_dense)]
+    return [
+        math.prod(dense.partial_output_shape[1:])
+        for dense in (attention.query_dense, attention.key_dense, attention.value_dense)
+    ]
 
 
 def check_relation_heads(teacher, student, relation_heads=None):
@@ -203,12 +212,21 @@ def check_relation_heads(teacher, student, relation_heads=None):
     _check_encoder(teacher)
     for role, encoder in (("teacher", teacher), ("student", student)):
         if len(encoder.blocks) < 2:
-            raise ValueError(f"Relation distillation reads the input of the last of 2 or more layers; the {role} has {len(encoder.blocks)}.")
+            raise ValueError(
+                f"Relation distillation reads the input of the last of 2 or more layers; the {role} has {len(encoder.blocks)}."
+            )
     heads = teacher.num_heads if relation_heads is None else relation_heads
     widths = {"teacher": attention_widths(teacher), "student": attention_widths(student)}
-    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or any(w % heads for v in widths.values() for w in v):
-        raise ValueError(f"`relation_heads` must be a positive integer dividing the last layers' query, key and value widths "
-                         f"(teacher {widths['teacher']}, student {widths['student']}). Received: relation_heads={heads!r}")
+    if (
+        isinstance(heads, bool)
+        or not isinstance(heads, int)
+        or heads < 1
+        or any(w % heads for v in widths.values() for w in v)
+    ):
+        raise ValueError(
+            f"`relation_heads` must be a positive integer dividing the last layers' query, key and value widths "
+            f"(teacher {widths['teacher']}, student {widths['student']}). Received: relation_heads={heads!r}"
+        )
     return heads
 
 
@@ -238,6 +256,8 @@ def relation_divergence(teacher_qkv, student_qkv, mask_BxT, heads):
 def _relation_log_probabilities(x_BxTxW, key_bias_Bx1x1xS, heads):
     x_BxTxW = ops.cast(x_BxTxW, "float32")
     size = x_BxTxW.shape[-1] // heads
-    x_BxRxTxH = ops.transpose(ops.reshape(x_BxTxW, (ops.shape(x_BxTxW)[0], ops.shape(x_BxTxW)[1], heads, size)), (0, 2, 1, 3))
+    x_BxRxTxH = ops.transpose(
+        ops.reshape(x_BxTxW, (ops.shape(x_BxTxW)[0], ops.shape(x_BxTxW)[1], heads, size)), (0, 2, 1, 3)
+    )
     logits_BxRxTxS = ops.matmul(x_BxRxTxH, ops.transpose(x_BxRxTxH, (0, 1, 3, 2))) / math.sqrt(size)
     return ops.log_softmax(logits_BxRxTxS + key_bias_Bx1x1xS, axis=-1)

@@ -34,15 +34,37 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_approximate", "gelu_pytorch_ta
 
 
 # tokenizer_config.json fields naming the special tokens, and the tokens BERT's and MPNet's vocabularies use.
-_SPECIAL_TOKEN_FIELDS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
-_MPNET_SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "</s>", "pad_token": "<pad>", "cls_token": "<s>", "mask_token": "<mask>"}
+_SPECIAL_TOKEN_FIELDS = {
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
+_MPNET_SPECIAL_TOKENS = {
+    "unk_token": "[UNK]",
+    "sep_token": "</s>",
+    "pad_token": "<pad>",
+    "cls_token": "<s>",
+    "mask_token": "<mask>",
+}
 _TOKENIZER_CLASSES = {"bert": ("BertTokenizer", "BertTokenizerFast"), "mpnet": ("MPNetTokenizer", "MPNetTokenizerFast")}
 # Tensor names (after the `bert.` / `mpnet.` prefix) of one layer's attention, by model type.
 _ATTENTION_TENSORS = {
-    "bert": {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
-             "output": "attention.output.dense", "norm": "attention.output"},
-    "mpnet": {"query": "attention.attn.q", "key": "attention.attn.k", "value": "attention.attn.v",
-              "output": "attention.attn.o", "norm": "attention"},
+    "bert": {
+        "query": "attention.self.query",
+        "key": "attention.self.key",
+        "value": "attention.self.value",
+        "output": "attention.output.dense",
+        "norm": "attention.output",
+    },
+    "mpnet": {
+        "query": "attention.attn.q",
+        "key": "attention.attn.k",
+        "value": "attention.attn.v",
+        "output": "attention.attn.o",
+        "norm": "attention",
+    },
 }
 _DISPLAY_NAMES = {"bert": "BERT", "mpnet": "MPNet"}
 MPNET_MAX_DISTANCE = 128  # Hugging Face's MPNet fixes it (relative_position_bucket)
@@ -65,7 +87,9 @@ def read_hf_config(directory):
         raise ValueError(f"No config.json in the Hugging Face BERT directory. Received: directory={str(directory)!r}")
     config = _read_json(path)
     if config.get("model_type") not in _ATTENTION_TENSORS:
-        raise ValueError(f"{path}: only BERT and MPNet checkpoints can be imported. Received: model_type={config.get('model_type')!r}")
+        raise ValueError(
+            f"{path}: only BERT and MPNet checkpoints can be imported. Received: model_type={config.get('model_type')!r}"
+        )
     return config
 
 
@@ -78,16 +102,25 @@ def hf_bert_config(directory):
             f"Only absolute position embeddings are supported. Received: position_embedding_type={config['position_embedding_type']!r}"
         )
     if config.get("hidden_act") not in _ACTIVATIONS:
-        raise ValueError(f"{path}: `hidden_act` must be one of {sorted(_ACTIVATIONS)}. Received: hidden_act={config.get('hidden_act')!r}")
+        raise ValueError(
+            f"{path}: `hidden_act` must be one of {sorted(_ACTIVATIONS)}. Received: hidden_act={config.get('hidden_act')!r}"
+        )
     mpnet = config["model_type"] == "mpnet"
     for field, least in (("pad_token_id", 0), ("relative_attention_num_buckets", 4)) if mpnet else ():
         value = config.get(field, 1 if field == "pad_token_id" else 32)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{path}: `{field}` must be an integer >= {least}. Received: {field}={value!r}")
     offset = config.get("pad_token_id", 1) + 1 if mpnet else 0
-    positions = {"type_vocab_size": 0, "position_offset": offset,
-                 "relative_attention_buckets": config.get("relative_attention_num_buckets", 32),
-                 "relative_attention_max_distance": MPNET_MAX_DISTANCE} if mpnet else {"type_vocab_size": config["type_vocab_size"]}
+    positions = (
+        {
+            "type_vocab_size": 0,
+            "position_offset": offset,
+            "relative_attention_buckets": config.get("relative_attention_num_buckets", 32),
+            "relative_attention_max_distance": MPNET_MAX_DISTANCE,
+        }
+        if mpnet
+        else {"type_vocab_size": config["type_vocab_size"]}
+    )
     return {
         "vocab_size": config["vocab_size"],
         "hidden_size": config["hidden_size"],
@@ -135,12 +168,16 @@ def hf_tokenizer_settings(directory):
     settings = _read_json(path)
     lowercase, strip_accents = settings.get("do_lower_case", True), settings.get("strip_accents")
     if not isinstance(lowercase, bool) or strip_accents not in (None, True, False):
-        raise ValueError(f"{path}: do_lower_case must be true/false and strip_accents true/false/null. "
-                         f"Received: do_lower_case={lowercase!r}, strip_accents={strip_accents!r}")
+        raise ValueError(
+            f"{path}: do_lower_case must be true/false and strip_accents true/false/null. "
+            f"Received: do_lower_case={lowercase!r}, strip_accents={strip_accents!r}"
+        )
     tokenizer_class = settings.get("tokenizer_class")
     classes = _TOKENIZER_CLASSES[read_hf_config(directory)["model_type"]]
     if tokenizer_class and tokenizer_class not in classes:
-        raise ValueError(f"{path}: only {' and '.join(classes)} are supported for this model. Received: tokenizer_class={tokenizer_class!r}")
+        raise ValueError(
+            f"{path}: only {' and '.join(classes)} are supported for this model. Received: tokenizer_class={tokenizer_class!r}"
+        )
     for field in ("do_basic_tokenize", "tokenize_chinese_chars"):  # BERT's basic tokenizer, always applied here
         if settings.get(field, True) is not True:
             raise ValueError(f"{path}: {field}={settings[field]!r} is not supported (BERT's tokenisation applies it).")
@@ -157,37 +194,49 @@ def check_tokenizer_agrees(directory, tokens):
     config, vocabulary = read_hf_config(directory), directory / "vocab.txt"
     special = _MPNET_SPECIAL_TOKENS if config["model_type"] == "mpnet" else _SPECIAL_TOKEN_FIELDS
     if len(tokens) > config["vocab_size"]:
-        raise ValueError(f"{vocabulary} has {len(tokens)} tokens, more than {directory / 'config.json'} vocab_size={config['vocab_size']}.")
+        raise ValueError(
+            f"{vocabulary} has {len(tokens)} tokens, more than {directory / 'config.json'} vocab_size={config['vocab_size']}."
+        )
     if special["pad_token"] not in tokens:
         raise ValueError(f"{vocabulary} lacks the pad token {special['pad_token']!r}.")
     pad = tokens.index(special["pad_token"])
     if config.get("pad_token_id", pad) != pad:
-        raise ValueError(f"{directory / 'config.json'}: pad_token_id={config['pad_token_id']} but {special['pad_token']} is line {pad} of {vocabulary}.")
+        raise ValueError(
+            f"{directory / 'config.json'}: pad_token_id={config['pad_token_id']} but {special['pad_token']} is line {pad} of {vocabulary}."
+        )
     path = directory / "tokenizer_config.json"
     settings = _read_json(path) if path.is_file() else {}
     for field, token in special.items():
         value = settings.get(field, token)
         value = value.get("content") if isinstance(value, dict) else value  # a serialised AddedToken
         if value != token:
-            raise ValueError(f"{path}: {field}={value!r}, but {_DISPLAY_NAMES[config['model_type']]}'s tokenisation uses {token!r}.")
+            raise ValueError(
+                f"{path}: {field}={value!r}, but {_DISPLAY_NAMES[config['model_type']]}'s tokenisation uses {token!r}."
+            )
     for field in ("do_lower_case", "tokenizer_class"):
         if field in config and field in settings and config[field] != settings[field]:
-            raise ValueError(f"{path}: {field}={settings[field]!r} disagrees with {directory / 'config.json'}: {field}={config[field]!r}.")
+            raise ValueError(
+                f"{path}: {field}={settings[field]!r} disagrees with {directory / 'config.json'}: {field}={config[field]!r}."
+            )
 
 
 class _Checkpoint:
     """The tensors of a safetensors file, looked up without the `bert.` (`mpnet.`) prefix."""
 
     def __init__(self, path):
-        self.tensors = {name.removeprefix("bert.").removeprefix("mpnet."): value
-                        for name, value in safetensors.numpy.load_file(path).items()}
+        self.tensors = {
+            name.removeprefix("bert.").removeprefix("mpnet."): value
+            for name, value in safetensors.numpy.load_file(path).items()
+        }
         self.path = path
 
     def __call__(self, name):
         for candidate in (name, name.replace(".weight", ".gamma").replace(".bias", ".beta")):
             if candidate in self.tensors:
                 return self.tensors[candidate]
-        raise ValueError(f"The checkpoint {self.path.name} has no tensor {name!r}: not a BERT checkpoint of this config?")
+        raise ValueError(
+            f"The checkpoint {self.path.name} has no tensor {name!r}: not a BERT checkpoint of this config?"
+        )
 
     def layer_norm(self, prefix):
         return [self(f"{prefix}.LayerNorm.weight"), self(f"{prefix}.LayerNorm.bias")]
@@ -231,14 +280,22 @@ def load_hf_model(directory, **overrides):
     if not any(name.startswith("cls.predictions.") for name in checkpoint.tensors):
         return encoder, None
     pretrainer = BertPretrainer(encoder)
-    _set_dense(pretrainer.transform, checkpoint.dense("cls.predictions.transform.dense"), "cls.predictions.transform.dense")
-    _set_layer_norm(pretrainer.transform_norm, checkpoint.layer_norm("cls.predictions.transform"), "cls.predictions.transform.LayerNorm")
+    _set_dense(
+        pretrainer.transform, checkpoint.dense("cls.predictions.transform.dense"), "cls.predictions.transform.dense"
+    )
+    _set_layer_norm(
+        pretrainer.transform_norm,
+        checkpoint.layer_norm("cls.predictions.transform"),
+        "cls.predictions.transform.LayerNorm",
+    )
     bias = "cls.predictions.bias" if "cls.predictions.bias" in checkpoint.tensors else "cls.predictions.decoder.bias"
     _assign(pretrainer.output_bias.bias, checkpoint(bias), bias)
     decoder = checkpoint.tensors.get("cls.predictions.decoder.weight")
     if decoder is not None and not np.array_equal(decoder, checkpoint("embeddings.word_embeddings.weight")):
-        raise ValueError(f"{checkpoint.path}: cls.predictions.decoder.weight differs from the word embeddings; "
-                         "only a decoder tied to them (tie_word_embeddings, BERT's default) is supported.")
+        raise ValueError(
+            f"{checkpoint.path}: cls.predictions.decoder.weight differs from the word embeddings; "
+            "only a decoder tied to them (tie_word_embeddings, BERT's default) is supported."
+        )
     return encoder, pretrainer
 
 
@@ -246,16 +303,29 @@ def _load_encoder(directory, overrides):
     directory = pathlib.Path(directory)
     weights_path = directory / "model.safetensors"
     if not weights_path.is_file():
-        raise ValueError(f"No model.safetensors in the Hugging Face BERT directory. Received: directory={str(directory)!r}")
+        raise ValueError(
+            f"No model.safetensors in the Hugging Face BERT directory. Received: directory={str(directory)!r}"
+        )
     encoder = BertEncoder(**(hf_bert_config(directory) | overrides))
     checkpoint = _Checkpoint(weights_path)
     _assign(encoder.word_embeddings.embeddings, checkpoint("embeddings.word_embeddings.weight"), "word_embeddings")
-    _assign(encoder.position_embeddings.embeddings, checkpoint("embeddings.position_embeddings.weight"), "position_embeddings")
+    _assign(
+        encoder.position_embeddings.embeddings,
+        checkpoint("embeddings.position_embeddings.weight"),
+        "position_embeddings",
+    )
     if encoder.type_embeddings is not None:
-        _assign(encoder.type_embeddings.embeddings, checkpoint("embeddings.token_type_embeddings.weight"), "token_type_embeddings")
+        _assign(
+            encoder.type_embeddings.embeddings,
+            checkpoint("embeddings.token_type_embeddings.weight"),
+            "token_type_embeddings",
+        )
     if encoder.relative_attention_bias is not None:
-        _assign(encoder.relative_attention_bias.embeddings, checkpoint("encoder.relative_attention_bias.weight"),
-                "encoder.relative_attention_bias")
+        _assign(
+            encoder.relative_attention_bias.embeddings,
+            checkpoint("encoder.relative_attention_bias.weight"),
+            "encoder.relative_attention_bias",
+        )
     _set_layer_norm(encoder.embeddings_norm, checkpoint.layer_norm("embeddings"), "embeddings.LayerNorm")
     names = _ATTENTION_TENSORS[read_hf_config(directory)["model_type"]]
     for index, block in enumerate(encoder.blocks):
@@ -267,7 +337,11 @@ def _load_encoder(directory, overrides):
 def _load_block(block, checkpoint, prefix, names):
     """One transformer layer's weights; `names`: its attention tensors' names (`_ATTENTION_TENSORS`)."""
     attention, heads = block.attention, block.attention.num_heads
-    for dense, name in ((attention.query_dense, "query"), (attention.key_dense, "key"), (attention.value_dense, "value")):
+    for dense, name in (
+        (attention.query_dense, "query"),
+        (attention.key_dense, "key"),
+        (attention.value_dense, "value"),
+    ):
         source = f"{prefix}.{names[name]}"
         kernel, bias = checkpoint.dense(source)
         _assign(dense.kernel, kernel.reshape(kernel.shape[0], heads, -1), f"{source}.weight")
@@ -276,7 +350,9 @@ def _load_block(block, checkpoint, prefix, names):
     kernel, bias = checkpoint.dense(source)
     _assign(attention.output_dense.kernel, kernel.reshape(heads, -1, kernel.shape[-1]), f"{source}.weight")
     _assign(attention.output_dense.bias, bias, f"{source}.bias")
-    _set_layer_norm(block.attention_norm, checkpoint.layer_norm(f"{prefix}.{names['norm']}"), f"{prefix}.{names['norm']}.LayerNorm")
+    _set_layer_norm(
+        block.attention_norm, checkpoint.layer_norm(f"{prefix}.{names['norm']}"), f"{prefix}.{names['norm']}.LayerNorm"
+    )
     _set_dense(block.intermediate, checkpoint.dense(f"{prefix}.intermediate.dense"), f"{prefix}.intermediate.dense")
     _set_dense(block.feedforward_output, checkpoint.dense(f"{prefix}.output.dense"), f"{prefix}.output.dense")
     _set_layer_norm(block.feedforward_norm, checkpoint.layer_norm(f"{prefix}.output"), f"{prefix}.output.LayerNorm")

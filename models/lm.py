@@ -80,18 +80,37 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
         embedding_initializer = keras.initializers.RandomNormal(stddev=hidden_size**-0.5)
         # === Layers ===
         self.token_embeddings = keras.layers.ReversibleEmbedding(
-            vocab_size, hidden_size, tie_weights=tie_embeddings, embeddings_initializer=embedding_initializer, dtype=dtype,
-            name="token_embeddings")
+            vocab_size,
+            hidden_size,
+            tie_weights=tie_embeddings,
+            embeddings_initializer=embedding_initializer,
+            dtype=dtype,
+            name="token_embeddings",
+        )
         self.position_embeddings = PositionEmbedding(
-            max_sequence_length, kind=position_embedding, embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
-            dtype=dtype, name="position_embeddings")
+            max_sequence_length,
+            kind=position_embedding,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
+            dtype=dtype,
+            name="position_embeddings",
+        )
         # Post-LN blocks expect a normalised residual stream from the start (as BERT).
         self.embeddings_norm = _norm_if(norm_position == "post", layer_norm_epsilon, dtype, "embeddings_norm")
         self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
         self.blocks = build_blocks(
-            num_layers, num_heads=num_heads, intermediate_size=intermediate_size, attention=attention, activation=activation,
-            norm_position=norm_position, residual_scaling=residual_scaling, dropout=dropout, attention_dropout=attention_dropout,
-            layer_norm_epsilon=layer_norm_epsilon, kernel_initializer=kernel_initializer, dtype=dtype)
+            num_layers,
+            num_heads=num_heads,
+            intermediate_size=intermediate_size,
+            attention=attention,
+            activation=activation,
+            norm_position=norm_position,
+            residual_scaling=residual_scaling,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            layer_norm_epsilon=layer_norm_epsilon,
+            kernel_initializer=kernel_initializer,
+            dtype=dtype,
+        )
         # Pre-LN leaves the residual stream unnormalised: one last norm before the logits.
         self.final_norm = _norm_if(norm_position == "pre", layer_norm_epsilon, dtype, "final_norm")
         super().__init__(*self._functional_graph(), dtype=dtype, **kwargs)
@@ -99,7 +118,10 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
 
     def _functional_graph(self):
         """(inputs, outputs): the symbolic tensors that make this a functional model."""
-        inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in ("token_ids", "segment_ids", "positions")}
+        inputs = {
+            name: keras.Input(shape=(None,), dtype="int32", name=name)
+            for name in ("token_ids", "segment_ids", "positions")
+        }
         x, mask = self._embed(inputs)
         for block in self.blocks:
             x = block(x, attention_mask=mask, use_causal_mask=True)
@@ -120,4 +142,3 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
         inputs = {name: ops.convert_to_tensor(value, "int32") for name, value in inputs.items()}
         x, mask = self._embed(inputs, training=False)
         return admin_initialize(self.blocks, x, attention_mask=mask, use_causal_mask=True)
-

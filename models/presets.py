@@ -50,8 +50,11 @@ def shipped_presets():
     """The names of the presets shipped inside the package."""
     if not os.path.isdir(SHIPPED_DIR):
         return []
-    return sorted(name for name in os.listdir(SHIPPED_DIR)
-                  if not name.startswith(".") and os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE)))  # .x: staging
+    return sorted(
+        name
+        for name in os.listdir(SHIPPED_DIR)
+        if not name.startswith(".") and os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE))
+    )  # .x: staging
 
 
 def resolve(preset):
@@ -62,9 +65,13 @@ def resolve(preset):
     if path in shipped_presets():
         path = os.path.join(SHIPPED_DIR, path)
         if not os.path.isfile(os.path.join(path, MANIFEST_FILE)):
-            raise ValueError(f"{os.path.join(path, MANIFEST_FILE)} is missing: the shipped preset cannot be checked; reinstall the package.")
+            raise ValueError(
+                f"{os.path.join(path, MANIFEST_FILE)} is missing: the shipped preset cannot be checked; reinstall the package."
+            )
     elif not os.path.isdir(path):
-        raise ValueError(f"{path!r} is neither a preset folder nor a shipped preset (shipped: {', '.join(shipped_presets()) or 'none'}).")
+        raise ValueError(
+            f"{path!r} is neither a preset folder nor a shipped preset (shipped: {', '.join(shipped_presets()) or 'none'})."
+        )
     check_manifest(path)
     return path
 
@@ -87,7 +94,11 @@ def _files(folder):
 
 def write_manifest(folder):
     """Writes manifest.json: the sha256 of every other file of `folder`."""
-    _write(folder, MANIFEST_FILE, {"sha256": {name: _sha256(os.path.join(folder, name)) for name in sorted(_files(folder))}})
+    _write(
+        folder,
+        MANIFEST_FILE,
+        {"sha256": {name: _sha256(os.path.join(folder, name)) for name in sorted(_files(folder))}},
+    )
 
 
 # folder -> the (name, size, mtime) of its manifest and files when their sha256s last matched: one
@@ -110,10 +121,14 @@ def check_manifest(folder):
     (files unchanged since they last matched, in this process, are not hashed again). A folder without
     manifest.json is refused unless UNVERIFIED_VARIABLE names it."""
     if not os.path.isfile(os.path.join(folder, MANIFEST_FILE)):
-        allowed = {os.path.abspath(entry) for entry in os.environ.get(UNVERIFIED_VARIABLE, "").split(os.pathsep) if entry}
+        allowed = {
+            os.path.abspath(entry) for entry in os.environ.get(UNVERIFIED_VARIABLE, "").split(os.pathsep) if entry
+        }
         if os.path.abspath(folder) not in allowed:
-            raise ValueError(f"{os.path.join(folder, MANIFEST_FILE)} is missing: the preset's files cannot be checked. Re-export "
-                             f"it, or name the folder in {UNVERIFIED_VARIABLE} to load it unverified.")
+            raise ValueError(
+                f"{os.path.join(folder, MANIFEST_FILE)} is missing: the preset's files cannot be checked. Re-export "
+                f"it, or name the folder in {UNVERIFIED_VARIABLE} to load it unverified."
+            )
         return
     expected = _read(folder, MANIFEST_FILE)["sha256"]
     missing = {name for name in expected if not os.path.isfile(os.path.join(folder, name))}
@@ -123,7 +138,9 @@ def check_manifest(folder):
     for name, digest in expected.items():
         path = os.path.join(folder, name)
         if name in missing or _sha256(path) != digest:
-            raise ValueError(f"{path} is missing or does not match the sha256 in {os.path.join(folder, MANIFEST_FILE)}: reinstall the package or re-export the preset.")
+            raise ValueError(
+                f"{path} is missing or does not match the sha256 in {os.path.join(folder, MANIFEST_FILE)}: reinstall the package or re-export the preset."
+            )
     _VERIFIED[key] = _stamp(folder, expected)
 
 
@@ -181,7 +198,11 @@ def _carry_tokenizer(source, preset):
     """A backbone loaded by `from_preset` saves with the tokenizer of the preset it came from (tokenizer.json and its
     vocabulary), as keras-hub's presets carry theirs: `SentenceEncoder.from_preset`, `concise-export --preset` and
     `task.init` then read the saved preset. Nothing is copied where `preset` has a tokenizer or is `source` itself."""
-    if source is None or os.path.isfile(os.path.join(str(preset), TOKENIZER_FILE)) or not os.path.isfile(os.path.join(source, TOKENIZER_FILE)):
+    if (
+        source is None
+        or os.path.isfile(os.path.join(str(preset), TOKENIZER_FILE))
+        or not os.path.isfile(os.path.join(source, TOKENIZER_FILE))
+    ):
         return
     settings = _read(source, TOKENIZER_FILE)
     with open(os.path.join(source, settings.get("vocabulary", VOCABULARY_ASSET)), encoding="utf-8") as file:
@@ -199,8 +220,10 @@ class PresetMixin:
         that do not change the weights (OVERRIDABLE: e.g. `dropout=0.1` for fine-tuning); any other is refused."""
         refused = sorted(set(kwargs) - set(OVERRIDABLE))
         if refused:
-            raise ValueError(f"`from_preset` takes only arguments that leave the weights as they are ({', '.join(OVERRIDABLE)}). "
-                             f"Received: {', '.join(f'{name}={kwargs[name]!r}' for name in refused)}")
+            raise ValueError(
+                f"`from_preset` takes only arguments that leave the weights as they are ({', '.join(OVERRIDABLE)}). "
+                f"Received: {', '.join(f'{name}={kwargs[name]!r}' for name in refused)}"
+            )
         preset = resolve(preset)
         config = _read(preset, CONFIG_FILE)
         _check_class(config, cls, os.path.join(str(preset), CONFIG_FILE))
@@ -228,20 +251,29 @@ class TaskPresetMixin:
         preset = resolve(preset)
         saved = _read(preset, TASK_CONFIG_FILE) if os.path.isfile(os.path.join(str(preset), TASK_CONFIG_FILE)) else None
         if saved is not None and saved.get("registered_name") == keras.saving.get_registered_name(cls):
-            changed = {name: value for name, value in kwargs.items() if name in HEAD_SHAPE and value != saved["config"].get(name)}
+            changed = {
+                name: value
+                for name, value in kwargs.items()
+                if name in HEAD_SHAPE and value != saved["config"].get(name)
+            }
             if not changed and set(kwargs) <= set(cls.head_arguments):
                 model = keras.saving.deserialize_keras_object({**saved, "config": {**saved["config"], **kwargs}})
                 model.load_weights(os.path.join(str(preset), TASK_WEIGHTS_FILE))
                 model.encoder.loaded_from_preset = str(preset)
                 return model
             if changed:
-                warnings.warn(f"{preset}: a new {cls.__name__} head for {changed} (its trained head has "
-                              f"{ {name: saved['config'].get(name) for name in changed} }): the trained head's weights are not loaded.")
+                warnings.warn(
+                    f"{preset}: a new {cls.__name__} head for {changed} (its trained head has "
+                    f"{ {name: saved['config'].get(name) for name in changed} }): the trained head's weights are not loaded."
+                )
         backbone = keras.saving.deserialize_keras_object(_read(preset, CONFIG_FILE))
         backbone.load_weights(os.path.join(str(preset), WEIGHTS_FILE))
         backbone.loaded_from_preset = str(preset)
         if "pooling" in cls.head_arguments:  # the saved head's, else a sentence encoder's mean (`head_pooling`)
-            kwargs = {"pooling": (saved or {}).get("config", {}).get("pooling") or head_pooling(sentence_embedding(preset)), **kwargs}
+            kwargs = {
+                "pooling": (saved or {}).get("config", {}).get("pooling") or head_pooling(sentence_embedding(preset)),
+                **kwargs,
+            }
         return cls(backbone, **kwargs)
 
     save_to_preset = save_to_preset
@@ -252,7 +284,11 @@ def stored_dtype(preset):
     where they mix dtypes."""
     dtypes = set()
     with h5py.File(os.path.join(resolve(preset), WEIGHTS_FILE), "r") as weights:
-        weights.visititems(lambda _, item: dtypes.add(str(item.dtype)) if isinstance(item, h5py.Dataset) and item.dtype.kind == "f" else None)
+        weights.visititems(
+            lambda _, item: (
+                dtypes.add(str(item.dtype)) if isinstance(item, h5py.Dataset) and item.dtype.kind == "f" else None
+            )
+        )
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
@@ -269,8 +305,11 @@ def tokenizer_settings(preset):
     dict(path=the vocabulary, lowercase, strip_accents)."""
     preset = resolve(preset)
     settings = _read(preset, TOKENIZER_FILE)
-    return {"path": os.path.join(str(preset), settings["vocabulary"]), "lowercase": settings["lowercase"],
-            "strip_accents": settings["strip_accents"]}
+    return {
+        "path": os.path.join(str(preset), settings["vocabulary"]),
+        "lowercase": settings["lowercase"],
+        "strip_accents": settings["strip_accents"],
+    }
 
 
 def trained_sequence_length(preset):
@@ -282,7 +321,9 @@ def serving_length(preset):
     """The length `preset` embeds and exports at by default (tokenizer.json's `serving_length`: a shipped
     sentence encoder records its teacher's, 256), or None: then the length it was trained at."""
     folder = resolve(preset)
-    return checked_length(_read(folder, TOKENIZER_FILE).get("serving_length"), os.path.join(folder, TOKENIZER_FILE), "serving_length")
+    return checked_length(
+        _read(folder, TOKENIZER_FILE).get("serving_length"), os.path.join(folder, TOKENIZER_FILE), "serving_length"
+    )
 
 
 def checked_length(length, path, field):
@@ -305,10 +346,16 @@ def sentence_embedding(preset):
     """The sentence embedding `preset` was trained to give (tokenizer.json's `embedding`, e.g.
     "normalized_mean" for a distilled sentence encoder), or None for a plain encoder or one saved without a tokenizer."""
     preset = resolve(preset)
-    return _read(preset, TOKENIZER_FILE).get("embedding") if os.path.isfile(os.path.join(str(preset), TOKENIZER_FILE)) else None
+    return (
+        _read(preset, TOKENIZER_FILE).get("embedding")
+        if os.path.isfile(os.path.join(str(preset), TOKENIZER_FILE))
+        else None
+    )
 
 
-def save_tokenizer(preset, vocabulary_text, lowercase, strip_accents, sequence_length=None, embedding=None, serving_length=None):
+def save_tokenizer(
+    preset, vocabulary_text, lowercase, strip_accents, sequence_length=None, embedding=None, serving_length=None
+):
     """Writes tokenizer.json and the vocabulary asset of `preset`; `sequence_length`, when given, is the
     length the encoder was trained at; `serving_length`, the length `SentenceEncoder.from_preset` and
     `concise-export` default to where it differs (else they take `sequence_length`); `embedding`, the

@@ -20,7 +20,7 @@ def principal_directions(vectors_NxD, width):
     """The `width` leading right singular vectors of the rows (uncentred), (D, width), and the share of
     the rows' energy they keep."""
     _, values, right = np.linalg.svd(np.asarray(vectors_NxD, np.float64), full_matrices=False)
-    return right[:width].T, float(np.sum(values[:width] ** 2) / np.sum(values ** 2))
+    return right[:width].T, float(np.sum(values[:width] ** 2) / np.sum(values**2))
 
 
 def stream_directions(teacher, inputs, width):
@@ -64,8 +64,13 @@ def shrunk_value(teacher_value, student_shape, projection, is_norm_gain=False):
             value = value.reshape(student_shape[0], student_shape[1], value.shape[2])
         elif value.shape[1] * value.shape[2] == student_shape[1] * student_shape[2]:
             value = value.reshape(value.shape[0], student_shape[1], student_shape[2])
-    if value.ndim == 2 and len(student_shape) == 2 and value.shape[0] * value.shape[1] == student_shape[0] * student_shape[1] \
-            and value.shape != tuple(student_shape) and hidden_t not in value.shape:
+    if (
+        value.ndim == 2
+        and len(student_shape) == 2
+        and value.shape[0] * value.shape[1] == student_shape[0] * student_shape[1]
+        and value.shape != tuple(student_shape)
+        and hidden_t not in value.shape
+    ):
         value = value.reshape(student_shape)  # a (N, H) bias re-split
     for axis in range(value.ndim):
         if value.shape[axis] == hidden_t and student_shape[axis] == hidden_s:
@@ -74,7 +79,9 @@ def shrunk_value(teacher_value, student_shape, projection, is_norm_gain=False):
             # The first heads (or units): the same ones in the query, key, value and output weights.
             value = np.take(value, np.arange(student_shape[axis]), axis=axis)
     if value.shape != tuple(student_shape):
-        raise ValueError(f"Cannot map a teacher variable of shape {np.shape(teacher_value)} onto {tuple(student_shape)}.")
+        raise ValueError(
+            f"Cannot map a teacher variable of shape {np.shape(teacher_value)} onto {tuple(student_shape)}."
+        )
     return value
 
 
@@ -95,7 +102,10 @@ def shrink_into(teacher, student, projection=None, gain_scale=1.0):
         path = variable.path
         source = teacher_values[_teacher_path(path, layers)]
         shape = tuple(variable.shape)
-        if path.endswith(("intermediate/kernel", "intermediate/bias", "feedforward_output/kernel")) and source.shape != shape:
+        if (
+            path.endswith(("intermediate/kernel", "intermediate/bias", "feedforward_output/kernel"))
+            and source.shape != shape
+        ):
             source = _feedforward_units(teacher_values, _teacher_path(path, layers), shape)
         value = shrunk_value(source, shape, projection, is_norm_gain=path.endswith("gamma"))
         if path.endswith("gamma"):
@@ -107,7 +117,10 @@ def shrink_into(teacher, student, projection=None, gain_scale=1.0):
 def _feedforward_units(teacher_values, path, student_shape):
     """The teacher's feed-forward variable at `path`, cut to the student's units of largest |in| * |out|."""
     layer = path.split("/", 1)[0]
-    inputs, outputs = teacher_values[f"{layer}/intermediate/kernel"], teacher_values[f"{layer}/feedforward_output/kernel"]
+    inputs, outputs = (
+        teacher_values[f"{layer}/intermediate/kernel"],
+        teacher_values[f"{layer}/feedforward_output/kernel"],
+    )
     units = student_shape[0] if path.endswith("feedforward_output/kernel") else student_shape[-1]
     score = np.linalg.norm(inputs, axis=0) * np.linalg.norm(outputs, axis=1)
     keep = np.sort(np.argsort(-score, kind="stable")[:units])

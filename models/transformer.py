@@ -101,7 +101,9 @@ class TransformerBlock(keras.layers.Layer):
         super().__init__(**kwargs)
         check_integer("intermediate_size", intermediate_size)
         if norm_position not in NORM_POSITIONS:
-            raise ValueError(f"`norm_position` must be one of {NORM_POSITIONS}. Received: norm_position={norm_position!r}")
+            raise ValueError(
+                f"`norm_position` must be one of {NORM_POSITIONS}. Received: norm_position={norm_position!r}"
+            )
         if residual_scaling not in RESIDUAL_SCALINGS:
             raise ValueError(
                 f"`residual_scaling` must be one of {RESIDUAL_SCALINGS}. Received: residual_scaling={residual_scaling!r}"
@@ -137,11 +139,17 @@ class TransformerBlock(keras.layers.Layer):
         self.attention.build(input_shape)
         self.attention_norm = self._norm("attention_norm", input_shape)
         self.intermediate = keras.layers.Dense(
-            self.intermediate_size, kernel_initializer=clone_initializer(self.kernel_initializer), dtype=self.dtype_policy, name="intermediate"
+            self.intermediate_size,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            dtype=self.dtype_policy,
+            name="intermediate",
         )
         self.intermediate.build(input_shape)
         self.feedforward_output = keras.layers.Dense(
-            width, kernel_initializer=clone_initializer(self.kernel_initializer), dtype=self.dtype_policy, name="feedforward_output"
+            width,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            dtype=self.dtype_policy,
+            name="feedforward_output",
         )
         self.feedforward_output.build((*input_shape[:-1], self.intermediate_size))
         self.feedforward_norm = self._norm("feedforward_norm", input_shape)
@@ -159,19 +167,35 @@ class TransformerBlock(keras.layers.Layer):
     def _feedforward(self, x):
         return self.feedforward_output(self._activation(self.intermediate(x)))
 
-    def forward_with_sublayer_outputs(self, x, attention_mask=None, use_causal_mask=False, training=None, attention_bias=None):
+    def forward_with_sublayer_outputs(
+        self, x, attention_mask=None, use_causal_mask=False, training=None, attention_bias=None
+    ):
         """The block's output and the outputs f_i(.) of its two sublayers (for profiling)."""
         if self.norm_position == "pre":
-            attended = self.attention(self.attention_norm(x), attention_mask=attention_mask, use_causal_mask=use_causal_mask, training=training,
-                                      attention_bias=attention_bias)
+            attended = self.attention(
+                self.attention_norm(x),
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+                training=training,
+                attention_bias=attention_bias,
+            )
             x = ops.add(x, self.dropout_layer(attended, training=training))
             transformed = self._feedforward(self.feedforward_norm(x))
             return ops.add(x, self.dropout_layer(transformed, training=training)), (attended, transformed)
-        attended = self.attention(x, attention_mask=attention_mask, use_causal_mask=use_causal_mask, training=training,
-                                  attention_bias=attention_bias)
-        x = self.attention_norm(ops.add(self._scale_residual(x, "attention"), self.dropout_layer(attended, training=training)))
+        attended = self.attention(
+            x,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            training=training,
+            attention_bias=attention_bias,
+        )
+        x = self.attention_norm(
+            ops.add(self._scale_residual(x, "attention"), self.dropout_layer(attended, training=training))
+        )
         transformed = self._feedforward(x)
-        x = self.feedforward_norm(ops.add(self._scale_residual(x, "feedforward"), self.dropout_layer(transformed, training=training)))
+        x = self.feedforward_norm(
+            ops.add(self._scale_residual(x, "feedforward"), self.dropout_layer(transformed, training=training))
+        )
         return x, (attended, transformed)
 
     def attention_projections(self, x):
@@ -227,20 +251,22 @@ def admin_initialize(blocks, x, attention_mask=None, use_causal_mask=False, atte
     """
     for block in blocks:
         if block.residual_scaling != "admin":
-            raise ValueError(f"Block {block.name!r} has residual_scaling={block.residual_scaling!r}; Admin needs 'admin'.")
+            raise ValueError(
+                f"Block {block.name!r} has residual_scaling={block.residual_scaling!r}; Admin needs 'admin'."
+            )
         block.attention_omega.assign(ops.ones_like(block.attention_omega))
         block.feedforward_omega.assign(ops.ones_like(block.feedforward_omega))
     variances = []
     for block in blocks:
-        x, sublayer_outputs = block.forward_with_sublayer_outputs(x, attention_mask, use_causal_mask, training=False,
-                                                                  attention_bias=attention_bias)
+        x, sublayer_outputs = block.forward_with_sublayer_outputs(
+            x, attention_mask, use_causal_mask, training=False, attention_bias=attention_bias
+        )
         variances.extend(float(ops.var(ops.cast(output, "float32"))) for output in sublayer_outputs)
     for index, block in enumerate(blocks):
         for offset, omega in enumerate((block.attention_omega, block.feedforward_omega)):
             earlier = sum(variances[: 2 * index + offset])
             omega.assign(ops.full(omega.shape, math.sqrt(1.0 + earlier), dtype=omega.dtype))
     return variances
-
 
 
 def build_blocks(num_layers, **block_arguments):

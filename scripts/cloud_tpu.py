@@ -50,7 +50,10 @@ LOST_STATES = frozenset({"PREEMPTED", "TERMINATED", "NOT_FOUND", "SUSPENDED", "F
 _PATTERNS = {
     "project": (r"([a-z0-9.-]+:)?[a-z][-a-z0-9]{4,28}[a-z0-9]", "a project id such as my-project"),
     "zone": (r"[a-z]+-[a-z]+[0-9]+-[a-z]", "a zone such as us-central2-b"),
-    "name": (r"[a-z]([-a-z0-9]{0,58}[a-z0-9])?", "lower-case letters, digits and hyphens, starting with a letter, at most 60"),
+    "name": (
+        r"[a-z]([-a-z0-9]{0,58}[a-z0-9])?",
+        "lower-case letters, digits and hyphens, starting with a letter, at most 60",
+    ),
     "accelerator_type": (r"v[0-9]+[a-z]*-[0-9]+", "an accelerator type such as v4-8, v5litepod-8 or v6e-8"),
     "runtime_version": (r"[a-z0-9][-a-z0-9._]*", "a TPU software version such as tpu-ubuntu2204-base"),
     "run_dir": (r"gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](/[^\s]*)?", "a gs://BUCKET/PATH the TPU workers can reach"),
@@ -103,13 +106,23 @@ class Options:
                 raise ValueError(f"{_flag(field)} must be {meaning}. Received: {_flag(field)}={value!r}")
         for text in self.overrides:
             if not _OVERRIDE.fullmatch(text):
-                raise ValueError(f"--set must look like section.key=value, e.g. training.train_steps=1000. Received: --set={text!r}")
-        if self.config is not None and (ROOT / "configs").is_dir() and not (ROOT / "configs" / f"{self.config}.yaml").is_file():
+                raise ValueError(
+                    f"--set must look like section.key=value, e.g. training.train_steps=1000. Received: --set={text!r}"
+                )
+        if (
+            self.config is not None
+            and (ROOT / "configs").is_dir()
+            and not (ROOT / "configs" / f"{self.config}.yaml").is_file()
+        ):
             presets = sorted(path.stem for path in (ROOT / "configs").glob("*.yaml"))
-            raise ValueError(f"--config must name a preset in configs/ ({', '.join(presets)}). Received: --config={self.config!r}")
+            raise ValueError(
+                f"--config must name a preset in configs/ ({', '.join(presets)}). Received: --config={self.config!r}"
+            )
         for field, minimum in (("max_restarts", 0), ("poll_interval", 1), ("max_retries", 0), ("lines", 1)):
             if getattr(self, field) < minimum:
-                raise ValueError(f"{_flag(field)} must be an integer >= {minimum}. Received: {_flag(field)}={getattr(self, field)!r}")
+                raise ValueError(
+                    f"{_flag(field)} must be an integer >= {minimum}. Received: {_flag(field)}={getattr(self, field)!r}"
+                )
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port must be in 1..65535. Received: --port={self.port!r}")
         if not re.fullmatch(r"all|[0-9]+", self.worker):
@@ -120,7 +133,9 @@ class Options:
             raise ValueError("queued resources take --spot, not --preemptible. Received: --queued --preemptible")
         for field in ("package", "tf_package"):
             if not getattr(self, field).strip():
-                raise ValueError(f"{_flag(field)} must be a pip requirement. Received: {_flag(field)}={getattr(self, field)!r}")
+                raise ValueError(
+                    f"{_flag(field)} must be a pip requirement. Received: {_flag(field)}={getattr(self, field)!r}"
+                )
         if self.source is not None and not pathlib.Path(self.source).is_dir():
             raise ValueError(f"--source must be a local folder. Received: --source={self.source!r}")
 
@@ -148,26 +163,69 @@ def _gcloud(options, *args):
 
 
 def _ssh(options, remote_command, worker="all"):
-    return _gcloud(options, "compute", "tpus", "tpu-vm", "ssh", options.name, f"--zone={options.zone}",
-                   f"--worker={worker}", f"--command={remote_command}")
+    return _gcloud(
+        options,
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "ssh",
+        options.name,
+        f"--zone={options.zone}",
+        f"--worker={worker}",
+        f"--command={remote_command}",
+    )
 
 
 def create_commands(options):
     """Creates the TPU VM, directly or as a queued resource (which waits for capacity)."""
     provisioning = ["--spot"] if options.spot else ["--preemptible"] if options.preemptible else []
     if options.queued:
-        return [_gcloud(options, "compute", "tpus", "queued-resources", "create", options.queued_resource,
-                        f"--node-id={options.name}", f"--zone={options.zone}",
-                        f"--accelerator-type={options.accelerator_type}", f"--runtime-version={options.runtime}",
-                        *provisioning)]
-    return [_gcloud(options, "compute", "tpus", "tpu-vm", "create", options.name, f"--zone={options.zone}",
-                    f"--accelerator-type={options.accelerator_type}", f"--version={options.runtime}", *provisioning)]
+        return [
+            _gcloud(
+                options,
+                "compute",
+                "tpus",
+                "queued-resources",
+                "create",
+                options.queued_resource,
+                f"--node-id={options.name}",
+                f"--zone={options.zone}",
+                f"--accelerator-type={options.accelerator_type}",
+                f"--runtime-version={options.runtime}",
+                *provisioning,
+            )
+        ]
+    return [
+        _gcloud(
+            options,
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "create",
+            options.name,
+            f"--zone={options.zone}",
+            f"--accelerator-type={options.accelerator_type}",
+            f"--version={options.runtime}",
+            *provisioning,
+        )
+    ]
 
 
 def delete_commands(options):
     if options.queued:
-        return [_gcloud(options, "compute", "tpus", "queued-resources", "delete", options.queued_resource,
-                        f"--zone={options.zone}", "--force", "--quiet")]
+        return [
+            _gcloud(
+                options,
+                "compute",
+                "tpus",
+                "queued-resources",
+                "delete",
+                options.queued_resource,
+                f"--zone={options.zone}",
+                "--force",
+                "--quiet",
+            )
+        ]
     return [_gcloud(options, "compute", "tpus", "tpu-vm", "delete", options.name, f"--zone={options.zone}", "--quiet")]
 
 
@@ -202,14 +260,20 @@ def install_command(options):
     steps = [f"{pip} install --upgrade pip"]
     if options.package == "checkout":
         local = f"$HOME/{STAGED_PACKAGE}"
-        steps = [f"gcloud storage cp {shlex.quote(f'{options.launcher_dir}/{STAGED_PACKAGE}')} \"{local}\"",
-                 *steps, f"{pip} install \"{local}\""]
+        steps = [
+            f'gcloud storage cp {shlex.quote(f"{options.launcher_dir}/{STAGED_PACKAGE}")} "{local}"',
+            *steps,
+            f'{pip} install "{local}"',
+        ]
     else:
         steps.append(f"{pip} install {shlex.quote(options.package)}")
     if options.tf_package != "none":
         tf_package = shlex.quote(options.tf_package)
-        steps += [f"{pip} uninstall -y tensorflow", f"{pip} install {tf_package}",
-                  f"{pip} install --force-reinstall --no-deps {tf_package}"]
+        steps += [
+            f"{pip} uninstall -y tensorflow",
+            f"{pip} install {tf_package}",
+            f"{pip} install --force-reinstall --no-deps {tf_package}",
+        ]
     return _ssh(options, " && ".join(steps))
 
 
@@ -220,27 +284,41 @@ def training_loop(options):
     preempted VM takes its disk with it); the final exit code goes to RUN_DIR/launcher/status.
     """
     overrides = [*options.overrides, *([f"task.data_dir={options.data_dir}"] if options.data_dir else [])]
-    train = shlex.join(["concise-train", "--config", options.config, "--run-dir", options.run_dir.rstrip("/"),
-                        "--strategy", "tpu", "--tpu", "local", *[arg for text in overrides for arg in ("--set", text)]])
+    train = shlex.join(
+        [
+            "concise-train",
+            "--config",
+            options.config,
+            "--run-dir",
+            options.run_dir.rstrip("/"),
+            "--strategy",
+            "tpu",
+            "--tpu",
+            "local",
+            *[arg for text in overrides for arg in ("--set", text)],
+        ]
+    )
     log_copy = shlex.quote(f"{options.launcher_dir}/") + '"$(hostname).log"'
     status = shlex.quote(f"{options.launcher_dir}/status")
-    return "; ".join([
-        'export PATH="$HOME/.local/bin:$PATH"',
-        f'log="{REMOTE_LOG}"',
-        f'(while sleep 300; do gcloud storage cp "$log" {log_copy}; done) 9>&- & copier=$!',
-        "restarts=0",
-        'while true; do echo "$(date -u +%FT%TZ) concise-train start (restart $restarts)" >> "$log"',
-        f'{train} >> "$log" 2>&1',
-        "code=$?",
-        'echo "$(date -u +%FT%TZ) concise-train exit code $code" >> "$log"',
-        f'if [ "$code" -ne {RESTART_EXIT_CODE} ] || [ "$restarts" -ge {options.max_restarts} ]; then break; fi',
-        "restarts=$((restarts + 1))",
-        "sleep 10",
-        "done",
-        'kill "$copier"',
-        f'gcloud storage cp "$log" {log_copy}',
-        f'echo "$code" | gcloud storage cp - {status}',
-    ])
+    return "; ".join(
+        [
+            'export PATH="$HOME/.local/bin:$PATH"',
+            f'log="{REMOTE_LOG}"',
+            f'(while sleep 300; do gcloud storage cp "$log" {log_copy}; done) 9>&- & copier=$!',
+            "restarts=0",
+            'while true; do echo "$(date -u +%FT%TZ) concise-train start (restart $restarts)" >> "$log"',
+            f'{train} >> "$log" 2>&1',
+            "code=$?",
+            'echo "$(date -u +%FT%TZ) concise-train exit code $code" >> "$log"',
+            f'if [ "$code" -ne {RESTART_EXIT_CODE} ] || [ "$restarts" -ge {options.max_restarts} ]; then break; fi',
+            "restarts=$((restarts + 1))",
+            "sleep 10",
+            "done",
+            'kill "$copier"',
+            f'gcloud storage cp "$log" {log_copy}',
+            f'echo "$code" | gcloud storage cp - {status}',
+        ]
+    )
 
 
 def train_command(options):
@@ -251,20 +329,41 @@ def train_command(options):
     it follows the first.
     """
     status = shlex.quote(f"{options.launcher_dir}/status")
-    return _ssh(options, "; ".join([
-        f'exec 9>>"{REMOTE_LOCK}"',
-        'if ! flock -n 9; then echo "concise-train is already running on $(hostname)" >&2; exit 1; fi',
-        f"echo running | gcloud storage cp - {status} || exit 1",
-        f"setsid nohup bash -c {shlex.quote(training_loop(options))} > /dev/null 2>&1 < /dev/null &",
-    ]))
+    return _ssh(
+        options,
+        "; ".join(
+            [
+                f'exec 9>>"{REMOTE_LOCK}"',
+                'if ! flock -n 9; then echo "concise-train is already running on $(hostname)" >&2; exit 1; fi',
+                f"echo running | gcloud storage cp - {status} || exit 1",
+                f"setsid nohup bash -c {shlex.quote(training_loop(options))} > /dev/null 2>&1 < /dev/null &",
+            ]
+        ),
+    )
 
 
 def state_command(options):
     if options.queued:
-        return _gcloud(options, "compute", "tpus", "queued-resources", "describe", options.queued_resource,
-                       f"--zone={options.zone}", "--format=value(state.state)")
-    return _gcloud(options, "compute", "tpus", "tpu-vm", "describe", options.name, f"--zone={options.zone}",
-                   "--format=value(state)")
+        return _gcloud(
+            options,
+            "compute",
+            "tpus",
+            "queued-resources",
+            "describe",
+            options.queued_resource,
+            f"--zone={options.zone}",
+            "--format=value(state.state)",
+        )
+    return _gcloud(
+        options,
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "describe",
+        options.name,
+        f"--zone={options.zone}",
+        "--format=value(state)",
+    )
 
 
 def status_command(options):
@@ -415,7 +514,9 @@ def supervise(options, runner, sleep=time.sleep):
             launched = _recover(options, runner, LAUNCH)
             launch_failures = 0 if launched else launch_failures + 1
             if launch_failures > options.max_retries:
-                _log(f"giving up: launching failed {launch_failures} times in a row (--max-retries={options.max_retries})")
+                _log(
+                    f"giving up: launching failed {launch_failures} times in a row (--max-retries={options.max_retries})"
+                )
                 return 1
         sleep(options.poll_interval)
 
@@ -474,42 +575,71 @@ def _add_dry_run(parser):
 def _add_machine(parser):
     group = parser.add_argument_group("machine")
     group.add_argument("--accelerator-type", default="v4-8", help="default: %(default)s")
-    group.add_argument("--runtime-version", help=f"TPU software version (default: {DEFAULT_RUNTIME} for v2-v4, "
-                       f"{', '.join(f'{v} for {k}' for k, v in BASE_RUNTIMES.items())})")
+    group.add_argument(
+        "--runtime-version",
+        help=f"TPU software version (default: {DEFAULT_RUNTIME} for v2-v4, "
+        f"{', '.join(f'{v} for {k}' for k, v in BASE_RUNTIMES.items())})",
+    )
     group.add_argument("--spot", action="store_true", help="Spot VM: cheaper, can be preempted at any time")
     group.add_argument("--preemptible", action="store_true", help="legacy preemptible TPU VM (not with --queued)")
 
 
 def _add_package(parser):
     group = parser.add_argument_group("package")
-    group.add_argument("--package", default="checkout", help="'checkout' (git archive of this checkout's HEAD, staged in "
-                       "RUN_DIR/launcher) or a pip requirement such as git+https://github.com/ORG/concise-attention")
-    group.add_argument("--tf-package", default="tensorflow-tpu==2.20.0",
-                       help="TensorFlow build for the TPU, installed over `tensorflow` (default: %(default)s; 'none' to skip)")
+    group.add_argument(
+        "--package",
+        default="checkout",
+        help="'checkout' (git archive of this checkout's HEAD, staged in "
+        "RUN_DIR/launcher) or a pip requirement such as git+https://github.com/ORG/concise-attention",
+    )
+    group.add_argument(
+        "--tf-package",
+        default="tensorflow-tpu==2.20.0",
+        help="TensorFlow build for the TPU, installed over `tensorflow` (default: %(default)s; 'none' to skip)",
+    )
 
 
 def _add_run(parser):
     group = parser.add_argument_group("run")
     group.add_argument("--run-dir", required=True, help="gs://BUCKET/runs/NAME: checkpoints, logs, resumed from")
     group.add_argument("--config", required=True, help="preset name, e.g. lm1b_fixed_d256_p32_h8")
-    group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="config override, repeatable, e.g. training.train_steps=100000")
+    group.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, repeatable, e.g. training.train_steps=100000",
+    )
     group.add_argument("--data-dir", help="gs:// folder of the data (sets task.data_dir)")
-    group.add_argument("--max-restarts", type=int, default=100,
-                       help=f"restarts after exit code {RESTART_EXIT_CODE} on one VM (default: %(default)s)")
+    group.add_argument(
+        "--max-restarts",
+        type=int,
+        default=100,
+        help=f"restarts after exit code {RESTART_EXIT_CODE} on one VM (default: %(default)s)",
+    )
 
 
 def _add_supervision(parser):
     group = parser.add_argument_group("supervision")
-    group.add_argument("--poll-interval", type=int, default=300, help="seconds between state checks (default: %(default)s)")
-    group.add_argument("--max-retries", type=int, default=20,
-                       help="recreations (and failed launches) before giving up (default: %(default)s)")
+    group.add_argument(
+        "--poll-interval", type=int, default=300, help="seconds between state checks (default: %(default)s)"
+    )
+    group.add_argument(
+        "--max-retries",
+        type=int,
+        default=20,
+        help="recreations (and failed launches) before giving up (default: %(default)s)",
+    )
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Run `%(prog)s SUBCOMMAND --help` for the options of each.")
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `%(prog)s SUBCOMMAND --help` for the options of each.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     subcommand = {}
     for name, summary in (
@@ -550,14 +680,18 @@ def build_parser():
 def _add_logs_options(parser):
     parser.add_argument("--worker", default="0", help="worker index (default: %(default)s)")
     parser.add_argument("--lines", type=int, default=100, help="last lines to show (default: %(default)s)")
-    parser.add_argument("--no-follow", dest="follow", action="store_false", help="print and return instead of following")
+    parser.add_argument(
+        "--no-follow", dest="follow", action="store_false", help="print and return instead of following"
+    )
     parser.add_argument("--saved", action="store_true", help="print the copies in RUN_DIR/launcher/ (also of lost VMs)")
     parser.add_argument("--run-dir", help="gs://BUCKET/runs/NAME (with --saved)")
 
 
 def options_from(args):
     """The Options named by parsed arguments (fields a subcommand lacks keep their defaults)."""
-    values = {field.name: getattr(args, field.name) for field in dataclasses.fields(Options) if hasattr(args, field.name)}
+    values = {
+        field.name: getattr(args, field.name) for field in dataclasses.fields(Options) if hasattr(args, field.name)
+    }
     if "overrides" in values:
         values["overrides"] = tuple(values["overrides"])
     return Options(**values)

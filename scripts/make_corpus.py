@@ -69,12 +69,35 @@ class SourceSpec:
 
 # Globs excluded from every package: generated indexes, source listings, build by-products, packaging boilerplate.
 COMMON_EXCLUDES = (
-    "*/_sources/*", "*/_static/*", "*/_images/*", "*/_downloads/*", "*/genindex*.html", "*/search.html",
-    "*/py-modindex.html", "*/modindex.html", "*/copyright", "*/copyright.html", "*changelog*", "*/NEWS*",
-    "*/translations/*", "usr/share/lintian/*", "usr/share/doc-base/*", "usr/share/info/*", "*/legal/*",
-    "*/index-files/*", "*/class-use/*", "*-tree.html", "*/allclasses*", "*/allpackages*",
-    "*/deprecated-list.html", "*/constant-values.html", "*/serialized-form.html", "*/help-doc.html",
-    "*_source.html", "*-big-page.html", "*/print.html",
+    "*/_sources/*",
+    "*/_static/*",
+    "*/_images/*",
+    "*/_downloads/*",
+    "*/genindex*.html",
+    "*/search.html",
+    "*/py-modindex.html",
+    "*/modindex.html",
+    "*/copyright",
+    "*/copyright.html",
+    "*changelog*",
+    "*/NEWS*",
+    "*/translations/*",
+    "usr/share/lintian/*",
+    "usr/share/doc-base/*",
+    "usr/share/info/*",
+    "*/legal/*",
+    "*/index-files/*",
+    "*/class-use/*",
+    "*-tree.html",
+    "*/allclasses*",
+    "*/allpackages*",
+    "*/deprecated-list.html",
+    "*/constant-values.html",
+    "*/serialized-form.html",
+    "*/help-doc.html",
+    "*_source.html",
+    "*-big-page.html",
+    "*/print.html",
 )
 
 
@@ -86,87 +109,108 @@ def _html(*directories, exclude=()):
 # SourceSpec): HTML where a package also ships its sources, text or single-page twins; translations
 # left out. Together about 22 million words of prose after filtering and deduplication (see the
 # README for the figures of a build).
-DEFAULT_SOURCES = tuple(SourceSpec(package, **files) for package, files in (
-    ("ada-reference-manual-2020", _html("usr/share/doc/ada-reference-manual-2020/aarm2020.html")),  # annotated = RM + notes
-    ("apache2-doc", _html("usr/share/doc/apache2-doc/manual")),
-    ("bash-doc", {"include": ("usr/share/doc/bash/bashref.html",)}),  # bash.html is the man page, a twin
-    ("bind9-doc", _html("usr/share/doc/bind9-doc/arm")),
-    ("cmake-doc", _html("usr/share/doc/cmake-data/html")),
-    ("cppreference-doc-en-html", _html("usr/share/cppreference/doc/html")),
-    ("db5.3-doc", _html("usr/share/doc/db5.3-doc")),
-    ("debian-faq", _html("usr/share/doc/debian/FAQ")),
-    ("debian-handbook", _html("usr/share/doc/debian-handbook/html/en-US")),
-    ("debian-policy", _html("usr/share/doc/debian-policy", exclude=("*-1.html",))),
-    ("debian-reference-en", {"include": ("usr/share/debian-reference/*.en.html",)}),
-    ("debmake-doc", _html("usr/share/doc/debmake-doc/html")),
-    ("derby-doc", _html("usr/share/doc/derby-doc")),
-    ("developers-reference", _html("usr/share/developers-reference", exclude=("*/developers-reference.html",))),
-    ("dpdk-doc", _html("usr/share/doc/dpdk")),
-    ("erlang-doc", _html("usr/share/doc/erlang-doc")),
-    ("exim4-doc-html", _html("usr/share/doc/exim4-doc-html/spec_html")),
-    ("ghc-doc", _html("usr/share/doc/ghc-doc/html")),
-    ("gimp-help-en", _html("usr/share/gimp/2.0/help/en")),
-    ("git-doc", _html("usr/share/doc/git-doc")),  # the .txt files are the AsciiDoc sources of the pages
-    ("gnucash-docs", _html("usr/share/doc/gnucash-docs/gnucash-guide-en", "usr/share/doc/gnucash-docs/gnucash-help-en")),
-    ("gnutls-doc", {"include": ("usr/share/doc/gnutls-doc/html/gnutls.html",)}),
-    ("kicad-doc-en", _html("usr/share/doc/kicad/help/en")),
-    ("libboost1.74-doc", {"include": ("usr/share/doc/libboost1.74-doc/*.html", "usr/share/doc/libboost1.74-doc/*.htm")}),
-    ("libgtk-4-doc", _html("usr/share/doc/libgtk-4-doc/gtk4")),
-    ("libreoffice-help-en-us", _html("usr/share/libreoffice/help/en-US")),
-    ("lilypond-doc-html", _html("usr/share/doc/lilypond/html")),
-    ("linux-doc-6.1", _html("usr/share/doc/linux-doc-6.1/html")),  # Documentation/*.rst.gz are its sources
-    ("llvm-15-doc", _html("usr/share/doc/llvm-15-doc/html")),
-    ("maint-guide", _html("usr/share/doc/maint-guide/html")),
-    ("manpages", {"include": ("usr/share/man/man*/*",)}),
-    ("manpages-dev", {"include": ("usr/share/man/man*/*",)}),
-    ("maxima-doc", _html("usr/share/doc/maxima-doc/html")),
-    ("nodejs-doc", _html("usr/share/doc/nodejs/api", exclude=("*/api/all.html",))),  # all.html joins the others
-    ("octave-doc", _html("usr/share/doc/octave")),
-    ("openjdk-17-doc", _html("usr/share/doc/openjdk-17-jre-headless")),
-    ("opencv-doc", _html("usr/share/doc/opencv-doc/opencv4/html")),
-    ("perl-doc", {"include": ("usr/share/perl/*/pod/*.pod", "usr/share/doc/perl/*.pod.gz", "usr/share/man/man3/*")}),
-    ("petsc3.18-doc", _html("usr/share/doc/petsc3.18-doc/docs", exclude=("*/docs/src/*",))),
-    ("postfix-doc", _html("usr/share/doc/postfix/html")),
-    ("postgresql-doc-15", _html("usr/share/doc/postgresql-doc-15/html")),
-    ("python-astropy-doc", _html("usr/share/doc/python-astropy-doc/html")),
-    ("python-celery-doc", _html("usr/share/doc/python-celery-doc/html")),
-    ("python-dask-doc", _html("usr/share/doc/python-dask-doc/html")),
-    ("python-brian-doc", _html("usr/share/doc/python-brian-doc/docs")),
-    ("python-django-doc", _html("usr/share/doc/python-django-doc/html")),
-    ("python-pandas-doc", _html("usr/share/doc/python-pandas-doc/html")),
-    ("python-scipy-doc", _html("usr/share/doc/python-scipy-doc/html")),
-    ("python-skimage-doc", _html("usr/share/doc/python-skimage-doc/html")),
-    ("python-sklearn-doc", _html("usr/share/doc/python-sklearn-doc/html")),
-    ("python-sqlalchemy-doc", _html("usr/share/doc/python-sqlalchemy-doc/html")),  # rst/ holds its sources
-    ("python-statsmodels-doc", _html("usr/share/doc/python-statsmodels-doc/html")),
-    ("python-sympy-doc", _html("usr/share/doc/python-sympy-doc/html")),
-    ("python3.11-doc", _html("usr/share/doc/python3.11/html")),
-    ("qt5-doc-html", _html("usr/share/qt5/doc")),
-    ("qtbase5-doc-html", _html("usr/share/qt5/doc")),
-    ("qtdeclarative5-doc-html", _html("usr/share/qt5/doc")),
-    ("qtmultimedia5-doc-html", _html("usr/share/qt5/doc")),
-    ("qttools5-doc-html", _html("usr/share/qt5/doc")),
-    ("racket-doc", _html("usr/share/doc/racket")),
-    ("rust-doc", _html("usr/share/doc/rust-doc/html", exclude=("*/html/src/*",))),  # src/: source listings
-    ("scala-doc", _html("usr/share/doc/scala-2.11")),
-    ("sqlite3-doc", _html("usr/share/doc/sqlite3")),
-    ("tcl8.6-doc", {"include": ("usr/share/man/man*/*",)}),
-    ("tk8.6-doc", {"include": ("usr/share/man/man*/*",)}),
-    ("twisted-doc", _html("usr/share/doc/twisted-doc/html")),  # howto/*.rst are its sources
-    ("wireshark-doc", _html("usr/share/doc/wireshark/wsug_html_chunked", "usr/share/doc/wireshark/wsdg_html_chunked")),
-    ("wx3.2-doc", _html("usr/share/doc/wx3.2-doc/html")),
-    ("xorg-docs", _html("usr/share/doc/xorg-docs")),  # the .txt.gz files are text renderings of the same
-    ("zsh-doc", _html("usr/share/doc/zsh-common/html")),
-))
+DEFAULT_SOURCES = tuple(
+    SourceSpec(package, **files)
+    for package, files in (
+        (
+            "ada-reference-manual-2020",
+            _html("usr/share/doc/ada-reference-manual-2020/aarm2020.html"),
+        ),  # annotated = RM + notes
+        ("apache2-doc", _html("usr/share/doc/apache2-doc/manual")),
+        ("bash-doc", {"include": ("usr/share/doc/bash/bashref.html",)}),  # bash.html is the man page, a twin
+        ("bind9-doc", _html("usr/share/doc/bind9-doc/arm")),
+        ("cmake-doc", _html("usr/share/doc/cmake-data/html")),
+        ("cppreference-doc-en-html", _html("usr/share/cppreference/doc/html")),
+        ("db5.3-doc", _html("usr/share/doc/db5.3-doc")),
+        ("debian-faq", _html("usr/share/doc/debian/FAQ")),
+        ("debian-handbook", _html("usr/share/doc/debian-handbook/html/en-US")),
+        ("debian-policy", _html("usr/share/doc/debian-policy", exclude=("*-1.html",))),
+        ("debian-reference-en", {"include": ("usr/share/debian-reference/*.en.html",)}),
+        ("debmake-doc", _html("usr/share/doc/debmake-doc/html")),
+        ("derby-doc", _html("usr/share/doc/derby-doc")),
+        ("developers-reference", _html("usr/share/developers-reference", exclude=("*/developers-reference.html",))),
+        ("dpdk-doc", _html("usr/share/doc/dpdk")),
+        ("erlang-doc", _html("usr/share/doc/erlang-doc")),
+        ("exim4-doc-html", _html("usr/share/doc/exim4-doc-html/spec_html")),
+        ("ghc-doc", _html("usr/share/doc/ghc-doc/html")),
+        ("gimp-help-en", _html("usr/share/gimp/2.0/help/en")),
+        ("git-doc", _html("usr/share/doc/git-doc")),  # the .txt files are the AsciiDoc sources of the pages
+        (
+            "gnucash-docs",
+            _html("usr/share/doc/gnucash-docs/gnucash-guide-en", "usr/share/doc/gnucash-docs/gnucash-help-en"),
+        ),
+        ("gnutls-doc", {"include": ("usr/share/doc/gnutls-doc/html/gnutls.html",)}),
+        ("kicad-doc-en", _html("usr/share/doc/kicad/help/en")),
+        (
+            "libboost1.74-doc",
+            {"include": ("usr/share/doc/libboost1.74-doc/*.html", "usr/share/doc/libboost1.74-doc/*.htm")},
+        ),
+        ("libgtk-4-doc", _html("usr/share/doc/libgtk-4-doc/gtk4")),
+        ("libreoffice-help-en-us", _html("usr/share/libreoffice/help/en-US")),
+        ("lilypond-doc-html", _html("usr/share/doc/lilypond/html")),
+        ("linux-doc-6.1", _html("usr/share/doc/linux-doc-6.1/html")),  # Documentation/*.rst.gz are its sources
+        ("llvm-15-doc", _html("usr/share/doc/llvm-15-doc/html")),
+        ("maint-guide", _html("usr/share/doc/maint-guide/html")),
+        ("manpages", {"include": ("usr/share/man/man*/*",)}),
+        ("manpages-dev", {"include": ("usr/share/man/man*/*",)}),
+        ("maxima-doc", _html("usr/share/doc/maxima-doc/html")),
+        ("nodejs-doc", _html("usr/share/doc/nodejs/api", exclude=("*/api/all.html",))),  # all.html joins the others
+        ("octave-doc", _html("usr/share/doc/octave")),
+        ("openjdk-17-doc", _html("usr/share/doc/openjdk-17-jre-headless")),
+        ("opencv-doc", _html("usr/share/doc/opencv-doc/opencv4/html")),
+        (
+            "perl-doc",
+            {"include": ("usr/share/perl/*/pod/*.pod", "usr/share/doc/perl/*.pod.gz", "usr/share/man/man3/*")},
+        ),
+        ("petsc3.18-doc", _html("usr/share/doc/petsc3.18-doc/docs", exclude=("*/docs/src/*",))),
+        ("postfix-doc", _html("usr/share/doc/postfix/html")),
+        ("postgresql-doc-15", _html("usr/share/doc/postgresql-doc-15/html")),
+        ("python-astropy-doc", _html("usr/share/doc/python-astropy-doc/html")),
+        ("python-celery-doc", _html("usr/share/doc/python-celery-doc/html")),
+        ("python-dask-doc", _html("usr/share/doc/python-dask-doc/html")),
+        ("python-brian-doc", _html("usr/share/doc/python-brian-doc/docs")),
+        ("python-django-doc", _html("usr/share/doc/python-django-doc/html")),
+        ("python-pandas-doc", _html("usr/share/doc/python-pandas-doc/html")),
+        ("python-scipy-doc", _html("usr/share/doc/python-scipy-doc/html")),
+        ("python-skimage-doc", _html("usr/share/doc/python-skimage-doc/html")),
+        ("python-sklearn-doc", _html("usr/share/doc/python-sklearn-doc/html")),
+        ("python-sqlalchemy-doc", _html("usr/share/doc/python-sqlalchemy-doc/html")),  # rst/ holds its sources
+        ("python-statsmodels-doc", _html("usr/share/doc/python-statsmodels-doc/html")),
+        ("python-sympy-doc", _html("usr/share/doc/python-sympy-doc/html")),
+        ("python3.11-doc", _html("usr/share/doc/python3.11/html")),
+        ("qt5-doc-html", _html("usr/share/qt5/doc")),
+        ("qtbase5-doc-html", _html("usr/share/qt5/doc")),
+        ("qtdeclarative5-doc-html", _html("usr/share/qt5/doc")),
+        ("qtmultimedia5-doc-html", _html("usr/share/qt5/doc")),
+        ("qttools5-doc-html", _html("usr/share/qt5/doc")),
+        ("racket-doc", _html("usr/share/doc/racket")),
+        ("rust-doc", _html("usr/share/doc/rust-doc/html", exclude=("*/html/src/*",))),  # src/: source listings
+        ("scala-doc", _html("usr/share/doc/scala-2.11")),
+        ("sqlite3-doc", _html("usr/share/doc/sqlite3")),
+        ("tcl8.6-doc", {"include": ("usr/share/man/man*/*",)}),
+        ("tk8.6-doc", {"include": ("usr/share/man/man*/*",)}),
+        ("twisted-doc", _html("usr/share/doc/twisted-doc/html")),  # howto/*.rst are its sources
+        (
+            "wireshark-doc",
+            _html("usr/share/doc/wireshark/wsug_html_chunked", "usr/share/doc/wireshark/wsdg_html_chunked"),
+        ),
+        ("wx3.2-doc", _html("usr/share/doc/wx3.2-doc/html")),
+        ("xorg-docs", _html("usr/share/doc/xorg-docs")),  # the .txt.gz files are text renderings of the same
+        ("zsh-doc", _html("usr/share/doc/zsh-common/html")),
+    )
+)
 DEFAULT_PACKAGES = tuple(source.package for source in DEFAULT_SOURCES)
 
 # General English for distillation (`--packages general`): a dictionary's definitions and quotations
 # (GCIDE: Webster's 1913 with its supplements, WordNet-derived definitions left out, see
 # `dictd_entries`) and fortune(6)'s quotations, jokes and sayings; each entry is its own document.
-GENERAL_SOURCES = tuple(SourceSpec(package, **files) for package, files in (
-    ("dict-gcide", {"include": ("usr/share/dictd/gcide.dict.dz",)}),
-    ("fortunes", {"include": ("usr/share/games/fortunes/*",), "exclude": ("*/ascii-art", "*/art")}),
-))
+GENERAL_SOURCES = tuple(
+    SourceSpec(package, **files)
+    for package, files in (
+        ("dict-gcide", {"include": ("usr/share/dictd/gcide.dict.dz",)}),
+        ("fortunes", {"include": ("usr/share/games/fortunes/*",), "exclude": ("*/ascii-art", "*/art")}),
+    )
+)
 PACKAGE_SETS = {"docs": DEFAULT_PACKAGES, "general": tuple(source.package for source in GENERAL_SOURCES)}
 
 # Path components naming a translation (ISO 639-1, optionally with a region): never English prose.
@@ -194,7 +238,8 @@ _INVISIBLE = dict.fromkeys(
 _SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*$")
 _MARKUP_LEFT = re.compile(
     r"</?(?:a|b|i|p|br|div|span|code|pre|em|strong|tt|table|tr|td|li|ul|ol|img|html|body|head)\b[^<>]*>|"
-    r"\\f[BIRP(\[]|\\\(|^=[a-z]|``|:[a-z]+:`|\b[A-Z]<[^>]+>|&[a-z]+;")
+    r"\\f[BIRP(\[]|\\\(|^=[a-z]|``|:[a-z]+:`|\b[A-Z]<[^>]+>|&[a-z]+;"
+)
 _WORD_EDGES = re.compile(r"^[\"'(\[\u201c\u2018]+|\(\d\w*\)|[.,;:!?\"')\]\u201d\u2019]+$")  # quotes, stops, `name(1)`
 _ENGLISH_FUNCTION_WORDS = frozenset(
     "a an the and or but if of to in on at by for with from as into onto about than then that this these those "
@@ -332,22 +377,71 @@ def html_paragraphs(text):
 # ---------------------------------------------------------------------------------------------
 
 _ROFF_GLYPHS = {
-    "em": "\u2014", "en": "\u2013", "hy": "-", "mi": "-", "lq": "\u201c", "rq": "\u201d", "oq": "\u2018",
-    "cq": "\u2019", "aq": "'", "dq": '"', "bu": "\u2022", "co": "\u00a9", "rg": "\u00ae", "tm": "\u2122",
-    "mu": "\u00d7", "de": "\u00b0", "+-": "\u00b1", "<=": "\u2264", ">=": "\u2265", "!=": "\u2260",
-    "->": "\u2192", "<-": "\u2190", "ti": "~", "ha": "^", "rs": "\\", "sl": "/", "ba": "|", "bv": "|",
-    "lB": "[", "rB": "]", "lC": "{", "rC": "}", "Fo": "\u00ab", "Fc": "\u00bb", "ss": "\u00df",
+    "em": "\u2014",
+    "en": "\u2013",
+    "hy": "-",
+    "mi": "-",
+    "lq": "\u201c",
+    "rq": "\u201d",
+    "oq": "\u2018",
+    "cq": "\u2019",
+    "aq": "'",
+    "dq": '"',
+    "bu": "\u2022",
+    "co": "\u00a9",
+    "rg": "\u00ae",
+    "tm": "\u2122",
+    "mu": "\u00d7",
+    "de": "\u00b0",
+    "+-": "\u00b1",
+    "<=": "\u2264",
+    ">=": "\u2265",
+    "!=": "\u2260",
+    "->": "\u2192",
+    "<-": "\u2190",
+    "ti": "~",
+    "ha": "^",
+    "rs": "\\",
+    "sl": "/",
+    "ba": "|",
+    "bv": "|",
+    "lB": "[",
+    "rB": "]",
+    "lC": "{",
+    "rC": "}",
+    "Fo": "\u00ab",
+    "Fc": "\u00bb",
+    "ss": "\u00df",
 }
 # Strings that pod2man and man pages define (`.ds`); anything else interpolates to nothing.
 _ROFF_STRINGS = {
-    "L\"": "\u201c", "R\"": "\u201d", "lq": "\u201c", "rq": "\u201d", "Aq": "'", "--": "\u2014",
-    "C+": "C++", "Tm": "\u2122", "PI": "\u03c0", "R": "\u00ae",
+    'L"': "\u201c",
+    'R"': "\u201d",
+    "lq": "\u201c",
+    "rq": "\u201d",
+    "Aq": "'",
+    "--": "\u2014",
+    "C+": "C++",
+    "Tm": "\u2122",
+    "PI": "\u03c0",
+    "R": "\u00ae",
 }
-_ROFF_ACCENTS = {"'": "\u0301", "`": "\u0300", ":": "\u0308", "^": "\u0302", "~": "\u0303", ",": "\u0327", "o": "\u030a"}
+_ROFF_ACCENTS = {
+    "'": "\u0301",
+    "`": "\u0300",
+    ":": "\u0308",
+    "^": "\u0302",
+    "~": "\u0303",
+    ",": "\u0327",
+    "o": "\u030a",
+}
 _ROFF_NAME = r"(?:\[[^\]]*\]|\(..|.)"
 _ROFF_ESCAPE = re.compile(
     r"\\(?:(?P<font>f" + _ROFF_NAME + r")|(?P<size>s[+-]?(?:\d|\(\d\d|\[\d+\]))"
-    r"|(?P<delimited>[hvwlLoDNbxXHSZ]'[^']*')|(?P<string>\*" + _ROFF_NAME + r")|(?P<register>n[+-]?" + _ROFF_NAME
+    r"|(?P<delimited>[hvwlLoDNbxXHSZ]'[^']*')|(?P<string>\*"
+    + _ROFF_NAME
+    + r")|(?P<register>n[+-]?"
+    + _ROFF_NAME
     + r")|(?P<glyph>\(..|\[[^\]]*\])|(?P<char>.))"
 )
 _ROFF_CHARS = {"-": "-", "e": "\\", "\\": "\\", "0": " ", "~": " ", " ": " ", "'": "'", "`": "`", ".": "."}
@@ -379,9 +473,32 @@ def roff_inline(text):
     return _ROFF_ESCAPE.sub(_roff_replace, text)
 
 
-_ROFF_SKIPPED_BLOCKS = {"nf": "fi", "EX": "EE", "Vb": "Ve", "TS": "TE", "EQ": "EN", "PS": "PE", "de": "..",
-                        "de1": "..", "am": "..", "ig": "..", "Bd": "Ed", "cs": None}
-_ROFF_FONT_MACROS = {"B": " ", "I": " ", "SM": " ", "SB": " ", "BR": "", "BI": "", "IB": "", "IR": "", "RB": "", "RI": ""}
+_ROFF_SKIPPED_BLOCKS = {
+    "nf": "fi",
+    "EX": "EE",
+    "Vb": "Ve",
+    "TS": "TE",
+    "EQ": "EN",
+    "PS": "PE",
+    "de": "..",
+    "de1": "..",
+    "am": "..",
+    "ig": "..",
+    "Bd": "Ed",
+    "cs": None,
+}
+_ROFF_FONT_MACROS = {
+    "B": " ",
+    "I": " ",
+    "SM": " ",
+    "SB": " ",
+    "BR": "",
+    "BI": "",
+    "IB": "",
+    "IR": "",
+    "RB": "",
+    "RI": "",
+}
 _ROFF_HEADINGS = frozenset("SH SS TH Sh Ss Dt Dd".split())
 _ROFF_BREAKS = frozenset("PP LP P IP HP TP sp br RS RE in ti bp ne Pp Lp It Bl El".split())
 
@@ -471,11 +588,11 @@ def pod_inline(text, start=0, closer=None):
         opening = _POD_OPEN.search(text, position)
         closing = closer.search(text, position) if closer else None
         if closing and (not opening or closing.start() <= opening.start()):
-            parts.append(text[position:closing.start()])
+            parts.append(text[position : closing.start()])
             return "".join(parts), closing.end()
         if not opening:
             break
-        parts.append(text[position:opening.start()])
+        parts.append(text[position : opening.start()])
         brackets = opening.group(2).count("<")
         inner_closer = re.compile(">") if brackets == 1 else re.compile(r"\s+" + ">" * brackets)
         inner, position = pod_inline(text, opening.end(), inner_closer)
@@ -599,13 +716,13 @@ def _skip_brackets(text):
     for index, character in enumerate(text):
         depth += {"[": 1, "]": -1}.get(character, 0)
         if depth == 0:
-            return text[index + 1:]
+            return text[index + 1 :]
     return ""
 
 
 def _definition_text(block):
     """A dictd block without its headword, pronunciation, part of speech and etymology."""
-    text = block[_DICTD_HEADWORD.match(block).end():]
+    text = block[_DICTD_HEADWORD.match(block).end() :]
     while True:
         text = _DICTD_PART_OF_SPEECH.sub("", text.lstrip(" ,;\n"))
         if not text.startswith("["):
@@ -630,7 +747,11 @@ def dictd_entries(text, skip_source="WordNet"):
             if entries[-1] is None:
                 continue
             block = _definition_text(block)
-        if not entries or entries[-1] is None or (skip_source and re.search(rf"^\s*\[[^\]]*{skip_source}", block, re.MULTILINE)):
+        if (
+            not entries
+            or entries[-1] is None
+            or (skip_source and re.search(rf"^\s*\[[^\]]*{skip_source}", block, re.MULTILINE))
+        ):
             continue
         block = _DICTD_SOURCE_LINE.sub("", block).strip()
         if not block or block.startswith(("Syn.", "Syn:")):  # synonym lists
@@ -651,8 +772,13 @@ def fortune_entries(text):
     return entries
 
 
-CONVERTERS = {"html": html_paragraphs, "man": man_paragraphs, "pod": pod_paragraphs, "rst": rst_paragraphs,
-              "text": text_paragraphs}
+CONVERTERS = {
+    "html": html_paragraphs,
+    "man": man_paragraphs,
+    "pod": pod_paragraphs,
+    "rst": rst_paragraphs,
+    "text": text_paragraphs,
+}
 # Formats whose files hold many entries: each entry is a document (split and counted on its own).
 ENTRY_CONVERTERS = {"dictd": dictd_entries, "fortune": fortune_entries}
 
@@ -831,10 +957,20 @@ def _split_counts():
 def _convert_package(package, writers, seen, paragraph_min_words, progress):
     """Streams one package's prose paragraphs into the writers; returns its manifest entry."""
     licence, copyright_file = read_licence(package.root, package.name)
-    entry = {"package": package.name, "version": package.version, "deb_sha256": package.deb_sha256, "licence": licence,
-             "copyright_file": copyright_file, "documents": 0, "heldout_documents": 0,
-             "documents_without_prose": 0, "duplicate_paragraphs": 0,
-             "paragraphs": _split_counts(), "words": _split_counts(), "unreadable_documents": []}
+    entry = {
+        "package": package.name,
+        "version": package.version,
+        "deb_sha256": package.deb_sha256,
+        "licence": licence,
+        "copyright_file": copyright_file,
+        "documents": 0,
+        "heldout_documents": 0,
+        "documents_without_prose": 0,
+        "duplicate_paragraphs": 0,
+        "paragraphs": _split_counts(),
+        "words": _split_counts(),
+        "unreadable_documents": [],
+    }
     documents = list_documents(package.root, package.source)
     for relative, kind in _progress(documents, package.name, progress):
         try:
@@ -974,8 +1110,10 @@ def fetch_deb(package, cache_dir, version=None):
     The name is the one apt resolves to (a virtual name such as boost1.74-doc is provided by
     libboost1.74-doc), so that the copyright file and the manifest are that package's.
     """
-    info = _run(["apt-cache", "show", "--no-all-versions", package if version is None else f"{package}={version}"],
-                f"--packages {package}")
+    info = _run(
+        ["apt-cache", "show", "--no-all-versions", package if version is None else f"{package}={version}"],
+        f"--packages {package}",
+    )
     first_stanza = info.strip().split("\n\n")[0]
     fields = dict(re.findall(r"^(Package|Version|Architecture):\s*(\S+)", first_stanza, re.MULTILINE))
     if len(fields) != 3:
@@ -1008,8 +1146,10 @@ def pinned_versions(manifest):
         if entry["version"] in offered:
             pins[entry["package"]] = entry["version"]
         else:
-            differences.append(f"{entry['package']} {entry['version']}: not offered here "
-                               f"({'; '.join(offered) or 'no version at all'}): its candidate is used")
+            differences.append(
+                f"{entry['package']} {entry['version']}: not offered here "
+                f"({'; '.join(offered) or 'no version at all'}): its candidate is used"
+            )
     return pins, differences
 
 
@@ -1068,7 +1208,11 @@ def unpacked_packages(names, unpacked_dir):
         if not root.is_dir():
             raise ValueError(f"--unpacked: no directory for package {name!r}: {root}")
         control = root / "DEBIAN" / "control"
-        version = re.search(r"^Version:\s*(\S+)", control.read_text(encoding="utf-8"), re.MULTILINE) if control.is_file() else None
+        version = (
+            re.search(r"^Version:\s*(\S+)", control.read_text(encoding="utf-8"), re.MULTILINE)
+            if control.is_file()
+            else None
+        )
         yield UnpackedPackage(name, version.group(1) if version else "unknown", root, source_spec(name))
 
 
@@ -1090,20 +1234,34 @@ def _positive(text):
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python scripts/make_corpus.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory (train/, heldout/, manifest.json)")
-    parser.add_argument("--packages", nargs="+", default=["docs"],
-                        help="Debian packages to read, or the sets `docs` (English documentation, the default: "
-                             f"{' '.join(DEFAULT_PACKAGES)}) and `general` (general English for distillation: "
-                             f"{' '.join(PACKAGE_SETS['general'])})")
+    parser.add_argument(
+        "--packages",
+        nargs="+",
+        default=["docs"],
+        help="Debian packages to read, or the sets `docs` (English documentation, the default: "
+        f"{' '.join(DEFAULT_PACKAGES)}) and `general` (general English for distillation: "
+        f"{' '.join(PACKAGE_SETS['general'])})",
+    )
     parser.add_argument("--cache", help="where downloaded .deb files are kept (default: OUT/deb-cache)")
     parser.add_argument("--unpacked", help="read already unpacked packages from UNPACKED/<package>/ instead of apt")
-    parser.add_argument("--min-words", type=_positive,
-                        help="fail (exit 1) if the corpus has fewer words (default: 20,000,000 for docs, 3,000,000 for "
-                             "general, their sum for both, 1 for other packages): a failed download must not pass")
-    parser.add_argument("--paragraph-min-words", type=_positive, default=DEFAULT_PARAGRAPH_MIN_WORDS,
-                        help="the fewest words a kept paragraph has (default: %(default)s)")
+    parser.add_argument(
+        "--min-words",
+        type=_positive,
+        help="fail (exit 1) if the corpus has fewer words (default: 20,000,000 for docs, 3,000,000 for "
+        "general, their sum for both, 1 for other packages): a failed download must not pass",
+    )
+    parser.add_argument(
+        "--paragraph-min-words",
+        type=_positive,
+        default=DEFAULT_PARAGRAPH_MIN_WORDS,
+        help="the fewest words a kept paragraph has (default: %(default)s)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--manifest", help="rebuild the corpus a manifest.json of this builder describes: its packages at its "
-                                           "versions where apt still offers them (the differences are printed and recorded)")
+    parser.add_argument(
+        "--manifest",
+        help="rebuild the corpus a manifest.json of this builder describes: its packages at its "
+        "versions where apt still offers them (the differences are printed and recorded)",
+    )
     return parser.parse_args(argv)
 
 
@@ -1114,7 +1272,9 @@ def _recorded_manifest(path):
         names = [entry["package"] for entry in manifest["sources"]]
         return manifest, names, int(manifest["paragraph_min_words"])
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"--manifest {path}: not a manifest of this builder ({type(error).__name__}: {error})") from None
+        raise ValueError(
+            f"--manifest {path}: not a manifest of this builder ({type(error).__name__}: {error})"
+        ) from None
 
 
 def _package_source(args, names, versions):
@@ -1136,8 +1296,13 @@ def main(argv=None):
             names = sorted({name for given in args.packages for name in PACKAGE_SETS.get(given, (given,))})
         if args.min_words is None:
             args.min_words = 1 if recorded else max(1, sum(SET_MIN_WORDS.get(given, 0) for given in set(args.packages)))
-        manifest = build_corpus(_package_source(args, names, versions), args.out, args.paragraph_min_words,
-                                progress=not args.no_progress, rebuilt_from=recorded and {"corpus_sha256": recorded.get("corpus_sha256")})
+        manifest = build_corpus(
+            _package_source(args, names, versions),
+            args.out,
+            args.paragraph_min_words,
+            progress=not args.no_progress,
+            rebuilt_from=recorded and {"corpus_sha256": recorded.get("corpus_sha256")},
+        )
     except ValueError as error:
         print(f"make_corpus: error: {error}", file=sys.stderr)
         return 2
@@ -1145,14 +1310,19 @@ def main(argv=None):
         words = entry["words"]["train"] + entry["words"]["heldout"]
         print(f"{entry['package']} {entry['version']}: {entry['documents']} documents, {words} words")
     totals = manifest["totals"]
-    print(f"total: {totals['words']['all']} words ({totals['words']['train']} train, "
-          f"{totals['words']['heldout']} held out) in {args.out}; corpus sha256 {manifest['corpus_sha256']}")
+    print(
+        f"total: {totals['words']['all']} words ({totals['words']['train']} train, "
+        f"{totals['words']['heldout']} held out) in {args.out}; corpus sha256 {manifest['corpus_sha256']}"
+    )
     if recorded:
         differences += compare_builds(recorded, manifest)
         print("\n".join(differences) if differences else f"the same corpus as {args.manifest}")
     if totals["words"]["all"] < args.min_words:
-        print(f"make_corpus: error: the corpus has {totals['words']['all']} words, fewer than --min-words "
-              f"{args.min_words}; add packages with --packages", file=sys.stderr)
+        print(
+            f"make_corpus: error: the corpus has {totals['words']['all']} words, fewer than --min-words "
+            f"{args.min_words}; add packages with --packages",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

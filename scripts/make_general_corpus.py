@@ -52,85 +52,194 @@ SHARD_BYTES = 10_000_000
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")  # training/tasks/distill.py's
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 FORMAT = "concise-general-corpus/1"
-FILTERS = ("too_short", "too_long", "non_alphabetic", "evaluation_text", "evaluation_sentence", "heldout_text",
-           "heldout_sentence", "duplicate")
+FILTERS = (
+    "too_short",
+    "too_long",
+    "non_alphabetic",
+    "evaluation_text",
+    "evaluation_sentence",
+    "heldout_text",
+    "heldout_sentence",
+    "duplicate",
+)
 
 HWU_FOLD = "CrossValidation/autoGeneFromRealAnno/autoGene_2018_03_22-13_01_25_169/CrossValidation/KFold_1/trainset"
-SGD_TRAIN = ((1, 36), (38, 51), (57, 57), (59, 59), (61, 65), (67, 67), (69, 69), (86, 92), (95, 103), (105, 116),
-             (119, 127))  # the train/dialogues_NNN.json files under 4 MiB (the mirror lacks the larger ones)
-SONOS = ("AddToPlaylist", "BookRestaurant", "GetWeather", "PlayMusic", "RateBook", "SearchCreativeWork",
-         "SearchScreeningEvent")
+SGD_TRAIN = (
+    (1, 36),
+    (38, 51),
+    (57, 57),
+    (59, 59),
+    (61, 65),
+    (67, 67),
+    (69, 69),
+    (86, 92),
+    (95, 103),
+    (105, 116),
+    (119, 127),
+)  # the train/dialogues_NNN.json files under 4 MiB (the mirror lacks the larger ones)
+SONOS = (
+    "AddToPlaylist",
+    "BookRestaurant",
+    "GetWeather",
+    "PlayMusic",
+    "RateBook",
+    "SearchCreativeWork",
+    "SearchScreeningEvent",
+)
 
 # In source order: a text found in two sources is kept in the first. files: {path: sha256}; or paths (a list)
 # or pattern (a regular expression every path of the commit's tree is matched against) with count and listing.
 SOURCES = [
-    {"name": "clinc150", "repo": "clinc/oos-eval", "commit": "828f8093932c8fe6ca7936c3d2e52903b1c523de",
-     "licence": "CC BY 3.0", "kind": "query", "reader": "clinc",
-     "note": "data_full.json, its train and oos_train splits only",
-     "files": {"data/data_full.json": "36923c3705a59e08fe9c3883d8bc2dd966ef93e22cb78ac41171782a698d56e0"}},
-    {"name": "restaurant8k-train", "repo": "PolyAI-LDN/task-specific-datasets",
-     "commit": "57ec275d8078af65b7731c2a98be812d844a6d6b", "licence": "CC BY 4.0", "kind": "query",
-     "reader": "restaurant8k", "note": "train_0.json, the whole training split (train_1.. are its subsets)",
-     "files": {"span_extraction/restaurant8k/train_0.json":
-               "90cb03e1cdd3ee141829605955a54d946308e1558250ca1e7413f260443bc6a4"}},
-    {"name": "hwu64-train", "repo": "xliuhw/NLU-Evaluation-Data", "commit": "f6071b496b17d71e6eb43f543af0707f4ff30557",
-     "licence": "CC BY 4.0", "kind": "query", "reader": "hwu", "note": "the training set of cross-validation fold 1",
-     "pattern": re.escape(HWU_FOLD) + r"/[^/]+\.csv", "count": 64,
-     "listing": "c10ac122a57ed51127825f9fb759b4c5e0bdc3b0ad24e41f7b3d4c94ca4e05eb"},
-    {"name": "snips-train", "repo": "sonos/nlu-benchmark", "commit": "b86ac7f1577868c42158d0dec77db50956046696",
-     "licence": "CC0 1.0", "kind": "query", "reader": "sonos",
-     "note": "2017-06-custom-intent-engines, train_*_full.json (not validate_*)",
-     "files": {f"2017-06-custom-intent-engines/{intent}/train_{intent}_full.json": digest
-               for intent, digest in zip(SONOS, (
-         "fee1b4645352e70ed8a40f1f87c3b53fc3bf75f8ebc82252a22b82c107e75b01",
-         "7677e82cd6e9a8191f0a4502568c786278c984900b4796d3628e46f1abf73ef4",
-         "86f414b2ad8a993134d85d16e25e5d337beae47cef993c0af2a5f440405c60f6",
-         "901ddbe9781d1fdb8196e789c543f80df3d29ca6e237da64947905adcc0312e4",
-         "bb43e4b74134300d5766f6b420d0357a63402987a225f6dc92c806c9c040ce04",
-         "87b3432de48c71c205aa5238b41d9e3f2d70bdfcd0bea2427544fb9e4bd5e5bb",
-         "5447e9440c02e2fb08c3ae16b9f58a4d1332b4bc77fd34691402b02aa4399765"))}},
-    {"name": "query-wellformedness-train", "repo": "google-research-datasets/query-wellformedness",
-     "commit": "fb69c21416195cddc797277ea9e4d393226571d2", "licence": "CC BY-SA 4.0", "kind": "question",
-     "reader": "wellformedness", "note": "questions from the Paralex corpus (WikiAnswers); the final ' ?' joined",
-     "files": {"train.tsv": "d857d11fed665bd6daeaf68bc5bbcf81c0cccfa21d485f4f8be9a169db526b6b"}},
-    {"name": "clickbait-headlines", "repo": "bhargaviparanjape/clickbait",
-     "commit": "203d979a81545ae6160ff45ffdac83e74469c97a",
-     "licence": "MIT (repository LICENSE, covering dataset/)", "kind": "news", "reader": "gzip_lines",
-     "note": "news headlines: WikiNews, New York Times, The Guardian, The Hindu; and clickbait sites",
-     "files": {"dataset/non_clickbait_data.gz": "4baa2a3cf6b28a48b765e4f763b5d5f03535caae1c70a26f680d39b0ca782a05",
-               "dataset/clickbait_data.gz": "a174ae2a377908ae58a514416c01a19c882de27fa6b1500da3774114e332a546"}},
-    {"name": "goemotions-train", "repo": "isabelhdias/sentiment-aware-conversational-agent",
-     "commit": "a4b20ba2a74d87128e647437b47773211fedd503",
-     "licence": "Apache-2.0 (GoEmotions, github.com/google-research/google-research)", "kind": "forum",
-     "reader": "goemotions",
-     "note": "Reddit comments; a copy of google-research/google-research goemotions/data/train.tsv with a header "
-             "row added (the same 3,497,811 characters after it)",
-     "files": {"data/goemotions/train.tsv": "9abfe94b5dd8d9bf98f5fe408a530f7932e4f836119079c5ce81cb7b70be9222"}},
-    {"name": "sgd-train", "repo": "google-research-datasets/dstc8-schema-guided-dialogue",
-     "commit": "e852981ae34990f4358979625854259302feaa78", "licence": "CC BY-SA 4.0", "kind": "dialogue",
-     "reader": "sgd", "note": "Schema-Guided Dialogue, the train/ files under 4 MiB (96 of 127)",
-     "paths": [f"train/dialogues_{n:03d}.json" for first, last in SGD_TRAIN for n in range(first, last + 1)],
-     "count": 96, "listing": "73720e18258227ed58444f73cea20c1a878b7301fbad4a660a329c560cde85fb"},
-    {"name": "star", "repo": "RasaHQ/STAR", "commit": "3058975092cdd09798e4a3a9e4ae135755824545", "licence": "MIT",
-     "kind": "dialogue", "reader": "star", "note": "user and wizard turns (not the instructions shown to users)",
-     "pattern": r"dialogues/\d+\.json", "count": 6652,
-     "listing": "336701b8c1f275ac0843af797c102a3de0f5172b67b812de2c2f35fabdfe6289"},
-    {"name": "tatoeba-eng", "repo": "modelexlab/data", "commit": "adddaf33ac35572bcfeb421efec29435e7ea9332",
-     "licence": "CC BY 2.0 FR (Tatoeba; attribution: tatoeba.org and www.manythings.org/anki)", "kind": "sentence",
-     "reader": "tatoeba", "note": "the English side of manythings.org's fra-eng.zip (2019-04-07; see its _about.txt)",
-     "files": {"fra-eng.zip": "161c93f18da3a7e6df611ed961426613260de8af06ccf8c79c977afe5135ac44"}},
-    {"name": "wikipedia-homographs-train", "repo": "google-research-datasets/WikipediaHomographData",
-     "commit": "8f008f021e88f8b71118a27ae655f1f3121162bc",
-     "licence": "Apache-2.0 (repository LICENSE); sentences from English Wikipedia", "kind": "wikipedia",
-     "reader": "homograph", "note": "data/train only", "pattern": r"data/train/[^/]+\.tsv", "count": 162,
-     "listing": "0ee9da3b6d1289b9419528b97641043e6d97beebbbef9161baf801466ec7a6b6"},
-    {"name": "open-english-wordnet", "repo": "globalwordnet/english-wordnet",
-     "commit": "d94538ad0df3d7a4c77837bde6af69d7a6592c32",
-     "licence": "CC BY 4.0 (Open English WordNet; derived from Princeton WordNet under the WordNet License)",
-     "kind": "definition", "reader": "wordnet",
-     "note": "each synset's definitions as 'first lemma: definition', and its usage examples",
-     "pattern": r"src/yaml/(noun|verb|adj|adv)\.[A-Za-z]+\.yaml", "count": 45,
-     "listing": "bb69736a1ec6dcb098a0efd99aa7b92502f8e312aaf4136fc5a572720dd1f22d"},
+    {
+        "name": "clinc150",
+        "repo": "clinc/oos-eval",
+        "commit": "828f8093932c8fe6ca7936c3d2e52903b1c523de",
+        "licence": "CC BY 3.0",
+        "kind": "query",
+        "reader": "clinc",
+        "note": "data_full.json, its train and oos_train splits only",
+        "files": {"data/data_full.json": "36923c3705a59e08fe9c3883d8bc2dd966ef93e22cb78ac41171782a698d56e0"},
+    },
+    {
+        "name": "restaurant8k-train",
+        "repo": "PolyAI-LDN/task-specific-datasets",
+        "commit": "57ec275d8078af65b7731c2a98be812d844a6d6b",
+        "licence": "CC BY 4.0",
+        "kind": "query",
+        "reader": "restaurant8k",
+        "note": "train_0.json, the whole training split (train_1.. are its subsets)",
+        "files": {
+            "span_extraction/restaurant8k/train_0.json": "90cb03e1cdd3ee141829605955a54d946308e1558250ca1e7413f260443bc6a4"
+        },
+    },
+    {
+        "name": "hwu64-train",
+        "repo": "xliuhw/NLU-Evaluation-Data",
+        "commit": "f6071b496b17d71e6eb43f543af0707f4ff30557",
+        "licence": "CC BY 4.0",
+        "kind": "query",
+        "reader": "hwu",
+        "note": "the training set of cross-validation fold 1",
+        "pattern": re.escape(HWU_FOLD) + r"/[^/]+\.csv",
+        "count": 64,
+        "listing": "c10ac122a57ed51127825f9fb759b4c5e0bdc3b0ad24e41f7b3d4c94ca4e05eb",
+    },
+    {
+        "name": "snips-train",
+        "repo": "sonos/nlu-benchmark",
+        "commit": "b86ac7f1577868c42158d0dec77db50956046696",
+        "licence": "CC0 1.0",
+        "kind": "query",
+        "reader": "sonos",
+        "note": "2017-06-custom-intent-engines, train_*_full.json (not validate_*)",
+        "files": {
+            f"2017-06-custom-intent-engines/{intent}/train_{intent}_full.json": digest
+            for intent, digest in zip(
+                SONOS,
+                (
+                    "fee1b4645352e70ed8a40f1f87c3b53fc3bf75f8ebc82252a22b82c107e75b01",
+                    "7677e82cd6e9a8191f0a4502568c786278c984900b4796d3628e46f1abf73ef4",
+                    "86f414b2ad8a993134d85d16e25e5d337beae47cef993c0af2a5f440405c60f6",
+                    "901ddbe9781d1fdb8196e789c543f80df3d29ca6e237da64947905adcc0312e4",
+                    "bb43e4b74134300d5766f6b420d0357a63402987a225f6dc92c806c9c040ce04",
+                    "87b3432de48c71c205aa5238b41d9e3f2d70bdfcd0bea2427544fb9e4bd5e5bb",
+                    "5447e9440c02e2fb08c3ae16b9f58a4d1332b4bc77fd34691402b02aa4399765",
+                ),
+            )
+        },
+    },
+    {
+        "name": "query-wellformedness-train",
+        "repo": "google-research-datasets/query-wellformedness",
+        "commit": "fb69c21416195cddc797277ea9e4d393226571d2",
+        "licence": "CC BY-SA 4.0",
+        "kind": "question",
+        "reader": "wellformedness",
+        "note": "questions from the Paralex corpus (WikiAnswers); the final ' ?' joined",
+        "files": {"train.tsv": "d857d11fed665bd6daeaf68bc5bbcf81c0cccfa21d485f4f8be9a169db526b6b"},
+    },
+    {
+        "name": "clickbait-headlines",
+        "repo": "bhargaviparanjape/clickbait",
+        "commit": "203d979a81545ae6160ff45ffdac83e74469c97a",
+        "licence": "MIT (repository LICENSE, covering dataset/)",
+        "kind": "news",
+        "reader": "gzip_lines",
+        "note": "news headlines: WikiNews, New York Times, The Guardian, The Hindu; and clickbait sites",
+        "files": {
+            "dataset/non_clickbait_data.gz": "4baa2a3cf6b28a48b765e4f763b5d5f03535caae1c70a26f680d39b0ca782a05",
+            "dataset/clickbait_data.gz": "a174ae2a377908ae58a514416c01a19c882de27fa6b1500da3774114e332a546",
+        },
+    },
+    {
+        "name": "goemotions-train",
+        "repo": "isabelhdias/sentiment-aware-conversational-agent",
+        "commit": "a4b20ba2a74d87128e647437b47773211fedd503",
+        "licence": "Apache-2.0 (GoEmotions, github.com/google-research/google-research)",
+        "kind": "forum",
+        "reader": "goemotions",
+        "note": "Reddit comments; a copy of google-research/google-research goemotions/data/train.tsv with a header "
+        "row added (the same 3,497,811 characters after it)",
+        "files": {"data/goemotions/train.tsv": "9abfe94b5dd8d9bf98f5fe408a530f7932e4f836119079c5ce81cb7b70be9222"},
+    },
+    {
+        "name": "sgd-train",
+        "repo": "google-research-datasets/dstc8-schema-guided-dialogue",
+        "commit": "e852981ae34990f4358979625854259302feaa78",
+        "licence": "CC BY-SA 4.0",
+        "kind": "dialogue",
+        "reader": "sgd",
+        "note": "Schema-Guided Dialogue, the train/ files under 4 MiB (96 of 127)",
+        "paths": [f"train/dialogues_{n:03d}.json" for first, last in SGD_TRAIN for n in range(first, last + 1)],
+        "count": 96,
+        "listing": "73720e18258227ed58444f73cea20c1a878b7301fbad4a660a329c560cde85fb",
+    },
+    {
+        "name": "star",
+        "repo": "RasaHQ/STAR",
+        "commit": "3058975092cdd09798e4a3a9e4ae135755824545",
+        "licence": "MIT",
+        "kind": "dialogue",
+        "reader": "star",
+        "note": "user and wizard turns (not the instructions shown to users)",
+        "pattern": r"dialogues/\d+\.json",
+        "count": 6652,
+        "listing": "336701b8c1f275ac0843af797c102a3de0f5172b67b812de2c2f35fabdfe6289",
+    },
+    {
+        "name": "tatoeba-eng",
+        "repo": "modelexlab/data",
+        "commit": "adddaf33ac35572bcfeb421efec29435e7ea9332",
+        "licence": "CC BY 2.0 FR (Tatoeba; attribution: tatoeba.org and www.manythings.org/anki)",
+        "kind": "sentence",
+        "reader": "tatoeba",
+        "note": "the English side of manythings.org's fra-eng.zip (2019-04-07; see its _about.txt)",
+        "files": {"fra-eng.zip": "161c93f18da3a7e6df611ed961426613260de8af06ccf8c79c977afe5135ac44"},
+    },
+    {
+        "name": "wikipedia-homographs-train",
+        "repo": "google-research-datasets/WikipediaHomographData",
+        "commit": "8f008f021e88f8b71118a27ae655f1f3121162bc",
+        "licence": "Apache-2.0 (repository LICENSE); sentences from English Wikipedia",
+        "kind": "wikipedia",
+        "reader": "homograph",
+        "note": "data/train only",
+        "pattern": r"data/train/[^/]+\.tsv",
+        "count": 162,
+        "listing": "0ee9da3b6d1289b9419528b97641043e6d97beebbbef9161baf801466ec7a6b6",
+    },
+    {
+        "name": "open-english-wordnet",
+        "repo": "globalwordnet/english-wordnet",
+        "commit": "d94538ad0df3d7a4c77837bde6af69d7a6592c32",
+        "licence": "CC BY 4.0 (Open English WordNet; derived from Princeton WordNet under the WordNet License)",
+        "kind": "definition",
+        "reader": "wordnet",
+        "note": "each synset's definitions as 'first lemma: definition', and its usage examples",
+        "pattern": r"src/yaml/(noun|verb|adj|adv)\.[A-Za-z]+\.yaml",
+        "count": 45,
+        "listing": "bb69736a1ec6dcb098a0efd99aa7b92502f8e312aaf4136fc5a572720dd1f22d",
+    },
 ]
 
 REJECTED = {  # looked at and not used
@@ -172,23 +281,30 @@ class Mirror:
         self.git_dir = base / ".git" if (base / ".git").is_dir() else base
         if not (self.git_dir / "objects").is_dir():
             raise InputError(f"mirror of github.com/{repo} not found: {self.git_dir} (fetch it first)")
-        self.process = subprocess.Popen(["git", "--git-dir", str(self.git_dir), "cat-file", "--batch"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            ["git", "--git-dir", str(self.git_dir), "cat-file", "--batch"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
 
     def blob(self, commit, path):
         self.process.stdin.write(f"{commit}:{path}\n".encode("utf-8"))
         self.process.stdin.flush()
         header = self.process.stdout.readline().decode("utf-8", "replace").split()
         if len(header) != 3 or header[1] != "blob":
-            raise InputError(f"{self.git_dir}: {path} at commit {commit} is not in the mirror (a wrong commit, or a "
-                             "file of 4 MiB or more, which snapshots lack)")
+            raise InputError(
+                f"{self.git_dir}: {path} at commit {commit} is not in the mirror (a wrong commit, or a "
+                "file of 4 MiB or more, which snapshots lack)"
+            )
         data = self.process.stdout.read(int(header[2]))
         self.process.stdout.read(1)
         return data
 
     def paths(self, commit, pattern):
-        result = subprocess.run(["git", "--git-dir", str(self.git_dir), "ls-tree", "-r", "--name-only", "-z", commit],
-                                capture_output=True)
+        result = subprocess.run(
+            ["git", "--git-dir", str(self.git_dir), "ls-tree", "-r", "--name-only", "-z", commit], capture_output=True
+        )
         if result.returncode:
             raise InputError(f"{self.git_dir}: commit {commit} is missing: {result.stderr.decode().strip()}")
         names = result.stdout.decode("utf-8").split("\0")
@@ -215,14 +331,17 @@ def read_files(mirror, source):
     if "files" in source:
         for path, expected in source["files"].items():
             if digests[path] != expected:
-                raise InputError(f"github.com/{source['repo']}: {path} has SHA-256 {digests[path]}, "
-                                 f"expected {expected}")
+                raise InputError(
+                    f"github.com/{source['repo']}: {path} has SHA-256 {digests[path]}, expected {expected}"
+                )
     else:
         found = listing_digest(digests)
         if (len(files), found) != (source["count"], source["listing"]):
-            raise InputError(f"github.com/{source['repo']}: the {len(files)} files of "
-                             f"{source.get('pattern', 'its path list')} "
-                             f"have listing SHA-256 {found}, expected {source['count']} files with {source['listing']}")
+            raise InputError(
+                f"github.com/{source['repo']}: the {len(files)} files of "
+                f"{source.get('pattern', 'its path list')} "
+                f"have listing SHA-256 {found}, expected {source['count']} files with {source['listing']}"
+            )
     return files, digests
 
 
@@ -255,8 +374,11 @@ def read_hwu(path, data):
 
 def read_sonos(path, data):
     """Each example's parts joined (an emoji's two UTF-16 halves may sit in two parts: they are paired again)."""
-    texts = ["".join(part["text"] for part in example["data"]) for examples in json.loads(data).values()
-             for example in examples]
+    texts = [
+        "".join(part["text"] for part in example["data"])
+        for examples in json.loads(data).values()
+        for example in examples
+    ]
     return [text.encode("utf-16", "surrogatepass").decode("utf-16", "replace") for text in texts]
 
 
@@ -282,8 +404,13 @@ def read_sgd(path, data):
 
 def read_star(path, data):
     events = json.loads(data)["Events"]
-    return [event["Text"] for event in events if event.get("Agent") in ("User", "Wizard")
-            and event.get("Action") in ("utter", "pick_suggestion") and event.get("Text")]
+    return [
+        event["Text"]
+        for event in events
+        if event.get("Agent") in ("User", "Wizard")
+        and event.get("Action") in ("utter", "pick_suggestion")
+        and event.get("Text")
+    ]
 
 
 def read_tatoeba(path, data):
@@ -347,8 +474,11 @@ def read_wordnet(path, data):
     return texts
 
 
-READERS = {name[len("read_"):]: function for name, function in list(globals().items())
-           if name.startswith("read_") and name != "read_files"}
+READERS = {
+    name[len("read_") :]: function
+    for name, function in list(globals().items())
+    if name.startswith("read_") and name != "read_files"
+}
 
 
 def heldout_hashes(path):
@@ -375,8 +505,10 @@ def evaluation_hashes(root):
     for relative, fields in EVALUATION_FILES.items():
         path = pathlib.Path(root, relative)
         if not path.is_file():
-            raise InputError(f"evaluation file missing: {path} (scripts/make_mteb_data.py writes it); refusing to "
-                             "build a corpus that could contain its texts")
+            raise InputError(
+                f"evaluation file missing: {path} (scripts/make_mteb_data.py writes it); refusing to "
+                "build a corpus that could contain its texts"
+            )
         data = path.read_bytes()
         try:
             rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
@@ -467,10 +599,19 @@ def collect(mirrors, banned):
             raise InputError(f"github.com/{source['repo']}: cannot read its texts ({type(error).__name__}: {error})")
         heldout = sum(is_heldout(key) for key, _ in texts)
         counts.update(kept_train=len(texts) - heldout, kept_heldout=heldout)
-        entries.append({"name": source["name"], "repository": f"https://github.com/{source['repo']}",
-                        "commit": source["commit"], "licence": source["licence"], "kind": source["kind"],
-                        "note": source["note"], "files": digests, "counts": counts,
-                        **({"listing_sha256": listing_digest(digests)} if "files" not in source else {})})
+        entries.append(
+            {
+                "name": source["name"],
+                "repository": f"https://github.com/{source['repo']}",
+                "commit": source["commit"],
+                "licence": source["licence"],
+                "kind": source["kind"],
+                "note": source["note"],
+                "files": digests,
+                "counts": counts,
+                **({"listing_sha256": listing_digest(digests)} if "files" not in source else {}),
+            }
+        )
         kept += texts
     return kept, entries
 
@@ -502,15 +643,27 @@ def build(mirrors, heldout_path, root=ROOT):
     outputs.update(shards([text for key, text in kept if is_heldout(key)], "heldout"))
     totals = {name: sum(entry["counts"][name] for entry in entries) for name in entries[0]["counts"]}
     manifest = {
-        "format": FORMAT, "built_by": "scripts/make_general_corpus.py",
+        "format": FORMAT,
+        "built_by": "scripts/make_general_corpus.py",
         "text_hash": "sha256 of UTF-8 of ' '.join(text.lower().split())",
-        "rules": {"min_words": MIN_WORDS, "max_words": MAX_WORDS, "min_alphabetic_share": MIN_ALPHABETIC,
-                  "heldout": f"int(text_hash[:16], 16) % {HELDOUT_EVERY} == 0", "sentence_end": SENTENCE_END.pattern,
-                  "filters_in_order": list(FILTERS), "shard_bytes": SHARD_BYTES},
+        "rules": {
+            "min_words": MIN_WORDS,
+            "max_words": MAX_WORDS,
+            "min_alphabetic_share": MIN_ALPHABETIC,
+            "heldout": f"int(text_hash[:16], 16) % {HELDOUT_EVERY} == 0",
+            "sentence_end": SENTENCE_END.pattern,
+            "filters_in_order": list(FILTERS),
+            "shard_bytes": SHARD_BYTES,
+        },
         "heldout_hashes": {"file": pathlib.Path(heldout_path).name, "sha256": heldout_digest, "hashes": len(heldout)},
-        "evaluation_files": evaluation_files, "sources": entries, "totals": totals, "rejected": REJECTED,
-        "shards": {path: {"sha256": sha256(data), "lines": data.count(b"\n"), "bytes": len(data)}
-                   for path, data in sorted(outputs.items())},
+        "evaluation_files": evaluation_files,
+        "sources": entries,
+        "totals": totals,
+        "rejected": REJECTED,
+        "shards": {
+            path: {"sha256": sha256(data), "lines": data.count(b"\n"), "bytes": len(data)}
+            for path, data in sorted(outputs.items())
+        },
     }
     outputs["manifest.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")
     return outputs, totals
@@ -558,8 +711,10 @@ def main(argv=None):
         print(f"make_general_corpus: {error}", file=sys.stderr)
         return 2
     removed = ", ".join(f"{name} {totals[name]:,}" for name in FILTERS)
-    print(f"{out}: {totals['kept']:,} texts ({totals['kept_train']:,} train, {totals['kept_heldout']:,} held out) from "
-          f"{len(SOURCES)} sources; removed: {removed}; {time.monotonic() - start:.0f} s")
+    print(
+        f"{out}: {totals['kept']:,} texts ({totals['kept_train']:,} train, {totals['kept_heldout']:,} held out) from "
+        f"{len(SOURCES)} sources; removed: {removed}; {time.monotonic() - start:.0f} s"
+    )
     return 0
 
 

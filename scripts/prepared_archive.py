@@ -58,8 +58,12 @@ def _subset_manifest(manifest, train_shards):
     if train_shards is None or train_shards >= len(train["shards"]):
         return manifest
     kept = train["shards"][:train_shards]
-    subset = {"shards": kept, "rows": sum(shard["rows"] for shard in kept), "tokens": None,
-              "subset_of": {key: train[key] for key in ("rows", "lines", "tokens")} | {"shards": len(train["shards"])}}
+    subset = {
+        "shards": kept,
+        "rows": sum(shard["rows"] for shard in kept),
+        "tokens": None,
+        "subset_of": {key: train[key] for key in ("rows", "lines", "tokens")} | {"shards": len(train["shards"])},
+    }
     return manifest | {"splits": manifest["splits"] | {"train": subset}}
 
 
@@ -79,7 +83,9 @@ def pack(prepared_dir, archive_path, train_shards=None):
                 index["shards"][shard["file"]] = hashlib.sha256(data).hexdigest()
                 for position, field in enumerate(manifest["fields"]):
                     values = rows[:, position]
-                    _add(archive, f"{shard['file']}.{field}.npy", _array_bytes(values.astype(_smallest_unsigned(values))))
+                    _add(
+                        archive, f"{shard['file']}.{field}.npy", _array_bytes(values.astype(_smallest_unsigned(values)))
+                    )
                 if split == "train" and "subset_of" in manifest["splits"]["train"]:
                     subset_tokens += int(np.count_nonzero(rows[:, manifest["fields"].index("segment_ids")]))
         if "subset_of" in manifest["splits"]["train"]:
@@ -108,7 +114,9 @@ def unpack(archive_path, out_dir):
             fields = [np.load(io.BytesIO(read(f"{name}.{field}.npy")), allow_pickle=False) for field in index["fields"]]
             data = shards.shard_bytes(np.stack(fields, axis=1).astype(np.int32))
             if hashlib.sha256(data).hexdigest() != sha256:
-                raise ValueError(f"{archive_path}: {name} does not rebuild to the packed shard (sha256 {sha256[:12]}...).")
+                raise ValueError(
+                    f"{archive_path}: {name} does not rebuild to the packed shard (sha256 {sha256[:12]}...)."
+                )
             (out / name).write_bytes(data)
         (out / shards.MANIFEST).write_bytes(read(shards.MANIFEST))
     return json.loads((out / shards.MANIFEST).read_text())

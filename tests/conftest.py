@@ -24,10 +24,25 @@ import pytest  # noqa: E402
 # at the end: seconds per file in one of 2 processes, 2-core CPU with nothing else running, 2026-11-27 (`pytest
 # --durations=0`, summed per file); files not listed take under 30 s and follow in their usual order.
 LONGEST_FILES = {
-    "test_hf_export": 200, "test_reproducibility": 163, "test_distill": 148, "test_export": 114, "test_trainer": 105,
-    "test_quickstart": 75, "test_results": 65, "test_gcs": 63, "test_finetuning": 60, "test_configs": 55,
-    "test_mlm": 53, "test_prepared_data": 53, "test_precision": 51, "test_lm_training": 49, "test_errors": 48,
-    "test_collaborative_protocol": 45, "test_collaborative_conversion": 42, "test_shipped": 39, "test_text": 34,
+    "test_hf_export": 200,
+    "test_reproducibility": 163,
+    "test_distill": 148,
+    "test_export": 114,
+    "test_trainer": 105,
+    "test_quickstart": 75,
+    "test_results": 65,
+    "test_gcs": 63,
+    "test_finetuning": 60,
+    "test_configs": 55,
+    "test_mlm": 53,
+    "test_prepared_data": 53,
+    "test_precision": 51,
+    "test_lm_training": 49,
+    "test_errors": 48,
+    "test_collaborative_protocol": 45,
+    "test_collaborative_conversion": 42,
+    "test_shipped": 39,
+    "test_text": 34,
     "test_builders": 31,
 }
 
@@ -37,7 +52,9 @@ def pytest_configure(config):
     this environment) and by the programs they start: a vocabulary trained by one test is read by the next
     (`training.preprocessing.tokenizer.train_wordpiece`), and nothing is read from or left in the user's own."""
     if not hasattr(config, "workerinput") and "CONCISE_ATTENTION_CACHE" not in os.environ:
-        os.environ["CONCISE_ATTENTION_CACHE"] = config._concise_cache = tempfile.mkdtemp(prefix="concise-attention-cache-")
+        os.environ["CONCISE_ATTENTION_CACHE"] = config._concise_cache = tempfile.mkdtemp(
+            prefix="concise-attention-cache-"
+        )
 
 
 def pytest_unconfigure(config):
@@ -87,7 +104,9 @@ def cls_pooling_dir(minilm_dir, tmp_path_factory):
             (folder / path.name).symlink_to(path)
     (folder / "1_Pooling").mkdir()
     pooling = json.loads((minilm_dir / "1_Pooling" / "config.json").read_text())
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling | {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}))
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps(pooling | {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True})
+    )
     return folder
 
 

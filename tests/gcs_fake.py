@@ -50,8 +50,17 @@ import time
 GOOGLE_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
 # Headers that belong to one hop (RFC 9110 7.6.1) and are not forwarded; Expect: 100-continue
 # is answered by the proxy itself (BaseHTTPRequestHandler does it).
-_HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "expect",
-                "content-length"}
+_HOP_HEADERS = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "content-length",
+}
 
 
 class FakeGCS:
@@ -66,7 +75,9 @@ class FakeGCS:
 
     def __enter__(self):
         with open(os.path.join(self.folder, "server.log"), "w") as log:  # the servers' own errors, if any
-            self._process = subprocess.Popen([sys.executable, __file__, self.folder, self.bucket], stdout=subprocess.PIPE, stderr=log, text=True)
+            self._process = subprocess.Popen(
+                [sys.executable, __file__, self.folder, self.bucket], stdout=subprocess.PIPE, stderr=log, text=True
+            )
         line = self._process.stdout.readline()  # the proxy's port, once both servers listen
         if not line.strip().isdigit():
             self.__exit__()
@@ -175,9 +186,18 @@ class _TunnelHandler(http.server.BaseHTTPRequestHandler):
         return None
 
     def _log(self, status, sent, received):
-        entry = {"method": self.command, "host": self.headers.get("Host"), "path": self.path, "range": self.headers.get("Range"),
-                 "content_range": self.headers.get("Content-Range"), "status": status, "sent": sent, "received": received,
-                 "time": self.started, "seconds": round(time.time() - self.started, 4)}
+        entry = {
+            "method": self.command,
+            "host": self.headers.get("Host"),
+            "path": self.path,
+            "range": self.headers.get("Range"),
+            "content_range": self.headers.get("Content-Range"),
+            "status": status,
+            "sent": sent,
+            "received": received,
+            "time": self.started,
+            "seconds": round(time.time() - self.started, 4),
+        }
         with self.server.log_lock, open(self.server.log_file, "a", encoding="utf-8") as file:
             file.write(json.dumps(entry) + "\n")
 

@@ -27,10 +27,7 @@ def check_saved_model_round_trip(layer, inputs, directory):
     model.save(path)
     restored = keras.models.load_model(path)
     np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(restored(inputs)),
-        keras.ops.convert_to_numpy(model(inputs)),
-        rtol=1e-6,
-        atol=1e-6,
+        keras.ops.convert_to_numpy(restored(inputs)), keras.ops.convert_to_numpy(model(inputs)), rtol=1e-6, atol=1e-6
     )
 
 

@@ -100,7 +100,10 @@ def test_collaborative_with_concatenate_mixing_reproduces_standard_attention():
     collaborative._query_dense.kernel.assign(q_kernel.reshape(WIDTH, -1))
     collaborative._key_dense.kernel.assign(k_kernel.reshape(WIDTH, -1))
     collaborative.content_bias.assign(np.einsum("INH,NH->IN", k_kernel, q_bias))
-    for source, target in ((standard._value_dense, collaborative._value_dense), (standard._output_dense, collaborative._output_dense)):
+    for source, target in (
+        (standard._value_dense, collaborative._value_dense),
+        (standard._output_dense, collaborative._output_dense),
+    ):
         target.set_weights(source.get_weights())
     expected_mixing = np.kron(np.eye(HEADS), np.ones((1, head_size)))
     np.testing.assert_array_equal(_np(collaborative.mixing), expected_mixing)
@@ -224,7 +227,9 @@ def test_theorem_1_counter_example_d1_n2_cannot_be_represented():
 VARIANTS = {
     "standard": lambda: StandardAttention(num_heads=HEADS),
     "fixed": lambda: FixedHeadSizeAttention(num_heads=HEADS, head_size=12, value_head_size=5),
-    "collaborative": lambda: CollaborativeAttention(num_heads=HEADS, shared_key_dim=6, head_size=4, mixing_initializer="random"),
+    "collaborative": lambda: CollaborativeAttention(
+        num_heads=HEADS, shared_key_dim=6, head_size=4, mixing_initializer="random"
+    ),
 }
 
 
@@ -322,7 +327,10 @@ def test_float16_masking_does_not_overflow():
         (lambda: FixedHeadSizeAttention(num_heads=4, head_size=8, dropout=1.5), "dropout=1.5"),
         (lambda: StandardAttention(num_heads=-2), "num_heads=-2"),
         (lambda: CollaborativeAttention(num_heads=4, shared_key_dim=0, head_size=8), "shared_key_dim=0"),
-        (lambda: CollaborativeAttention(num_heads=4, shared_key_dim=8, head_size=8, mixing_initializer="nope"), "mixing_initializer='nope'"),
+        (
+            lambda: CollaborativeAttention(num_heads=4, shared_key_dim=8, head_size=8, mixing_initializer="nope"),
+            "mixing_initializer='nope'",
+        ),
     ],
 )
 def test_invalid_arguments_name_the_argument_and_value(factory, message):
@@ -587,7 +595,10 @@ def jax_run(tmp_path_factory):
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, "-c", _JAX_SCRIPT, str(directory / "inputs.npz"), str(directory / "outputs.npz")],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     flops = json.loads(result.stdout.strip().splitlines()[-1])

@@ -24,7 +24,11 @@ def _bert_inputs(batch=2, length=8, vocab=1000, seed=0):
 
 def _lm_inputs(length=8):
     tokens = np.arange(1, 2 * length + 1, dtype="int32").reshape(2, length)  # distinct tokens
-    return {"token_ids": tokens, "segment_ids": np.ones_like(tokens), "positions": np.tile(np.arange(length, dtype="int32"), (2, 1))}
+    return {
+        "token_ids": tokens,
+        "segment_ids": np.ones_like(tokens),
+        "positions": np.tile(np.arange(length, dtype="int32"), (2, 1)),
+    }
 
 
 @pytest.mark.parametrize("preset", ["tiny_bert_standard", "tiny_bert_fixed", "tiny_bert_collaborative"])
@@ -71,9 +75,14 @@ def _causal_gradients(model, inputs, position):
 
 @pytest.mark.parametrize("attention_type", ["standard", "fixed", "collaborative"])
 def test_causal_lm_later_tokens_have_zero_gradient_on_earlier_outputs(attention_type):
-    attention = {"standard": "{type: standard}", "fixed": "{type: fixed, head_size: 16}",
-                 "collaborative": "{type: collaborative, head_size: 8, shared_key_dim: 8}"}[attention_type]
-    config = configs.load_config("tiny_lm", [f"model.attention={attention}", "model.tie_embeddings=false", "model.dropout=0"])
+    attention = {
+        "standard": "{type: standard}",
+        "fixed": "{type: fixed, head_size: 16}",
+        "collaborative": "{type: collaborative, head_size: 8, shared_key_dim: 8}",
+    }[attention_type]
+    config = configs.load_config(
+        "tiny_lm", [f"model.attention={attention}", "model.tie_embeddings=false", "model.dropout=0"]
+    )
     model = config.build_model()
     inputs = _lm_inputs()
     for position in (0, 3, 7):
@@ -138,7 +147,9 @@ def test_pretrainer_survives_keras_save_and_load(tmp_path):
     inputs = dict(_bert_inputs(), masked_lm_positions=np.array([[1, 3], [0, 2]], "int32"))
     pretrainer.save(tmp_path / "pretrainer.keras")
     restored = keras.models.load_model(tmp_path / "pretrainer.keras")
-    np.testing.assert_allclose(np.asarray(restored(inputs)["mlm_logits"]), np.asarray(pretrainer(inputs)["mlm_logits"]), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(restored(inputs)["mlm_logits"]), np.asarray(pretrainer(inputs)["mlm_logits"]), atol=1e-6
+    )
     assert len(restored.weights) == len(pretrainer.weights)  # still tied after reload
 
 
@@ -181,7 +192,10 @@ def test_builders_run_under_jax(tmp_path):
     np.savez(tmp_path / "inputs.npz", **arrays)
     result = subprocess.run(
         [sys.executable, "-c", _JAX_SCRIPT, str(tmp_path / "inputs.npz"), str(tmp_path)],
-        env=dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for name, outputs in expected.items():

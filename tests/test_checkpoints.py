@@ -31,14 +31,18 @@ from concise_attention.training.run.checkpoints import handle_preemption
 def test_fit_segments_cover_every_step_once_with_the_epoch_numbers_of_an_uninterrupted_run(step, expected):
     segments = fit_segments(step, train_steps=28, steps_per_epoch=5)
     assert segments == expected
-    steps = [first + index for first, initial, epochs, length in segments for index in range((epochs - initial) * length)]
+    steps = [
+        first + index for first, initial, epochs, length in segments for index in range((epochs - initial) * length)
+    ]
     assert steps == list(range(step, 28))
 
 
 def _model():
     config = configs.load_config("tiny_lm", ["model.dropout=0.1", "model.attention_dropout=0.1"])
     model = config.build_model()
-    model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     model.optimizer.build(model.trainable_variables)
     return model
 
@@ -73,7 +77,13 @@ def test_files_of_uncommitted_or_partly_deleted_checkpoints_are_removed_on_resto
     checkpoints.save()
     directory = tmp_path / "checkpoint"
     committed = sorted(path.name for path in directory.iterdir())
-    assert committed == ["checkpoint", "ckpt-0.data-00000-of-00001", "ckpt-0.index", "ckpt-5.data-00000-of-00001", "ckpt-5.index"]
+    assert committed == [
+        "checkpoint",
+        "ckpt-0.data-00000-of-00001",
+        "ckpt-0.index",
+        "ckpt-5.data-00000-of-00001",
+        "ckpt-5.index",
+    ]
     # What kills leave: a save's temporary shards, a checkpoint written but not named by the pointer file.
     (directory / "ckpt-10_temp").mkdir()
     (directory / "ckpt-10_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"half")

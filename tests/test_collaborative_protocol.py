@@ -34,9 +34,17 @@ def tuned(tmp_path_factory, minilm_dir):
     """A tiny BERT fine-tuned on wordnet_topics for 60 steps (dev accuracy ~0.33, against 1/6
     for the majority class): a classifier whose logits depend on its input."""
     run = tmp_path_factory.mktemp("protocol") / "tuned"
-    _train(run, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}", "training.train_steps=60", "training.steps_per_epoch=60",
-           "training.steps_per_execution=20", "training.batch_size=32", "training.learning_rate=5e-3", "training.warmup_steps=6",
-           "model.dropout=0")
+    _train(
+        run,
+        f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}",
+        "training.train_steps=60",
+        "training.steps_per_epoch=60",
+        "training.steps_per_execution=20",
+        "training.batch_size=32",
+        "training.learning_rate=5e-3",
+        "training.warmup_steps=6",
+        "model.dropout=0",
+    )
     return run
 
 
@@ -66,7 +74,7 @@ def _evaluate(run, capsys):
     capsys.readouterr()
     assert evaluate_cli.main(["--run", str(run)]) == 0
     out = capsys.readouterr().out
-    return json.loads(out[out.index("{"):])
+    return json.loads(out[out.index("{") :])
 
 
 def _logits(run, rows):
@@ -94,7 +102,9 @@ def test_full_rank_conversion_keeps_the_fine_tuned_predictions(tuned, tmp_path, 
 
 
 @pytest.mark.slow
-def test_low_rank_conversion_changes_the_predictions_and_evaluates_at_once(tuned, low_rank, capsys, dev_rows, evaluated):
+def test_low_rank_conversion_changes_the_predictions_and_evaluates_at_once(
+    tuned, low_rank, capsys, dev_rows, evaluated
+):
     converted = low_rank
     config, before = _logits(tuned, dev_rows)
     _, after = _logits(converted, dev_rows)
@@ -103,8 +113,12 @@ def test_low_rank_conversion_changes_the_predictions_and_evaluates_at_once(tuned
     _, logits = _logits(converted, all_rows)
     labels = [config.task.labels.index(row[1]) for row in all_rows]
     metrics = _evaluate(converted, capsys)
-    np.testing.assert_allclose(evaluated[-1], logits, atol=1e-4)  # what concise-evaluate scored is what the model predicts
-    assert metrics["eval_accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(labels, evaluated[-1].argmax(-1)), abs=1e-9)
+    np.testing.assert_allclose(
+        evaluated[-1], logits, atol=1e-4
+    )  # what concise-evaluate scored is what the model predicts
+    assert metrics["eval_accuracy"] == pytest.approx(
+        sklearn.metrics.accuracy_score(labels, evaluated[-1].argmax(-1)), abs=1e-9
+    )
 
 
 @pytest.mark.slow
@@ -113,8 +127,16 @@ def test_fine_tuning_the_conversion_again_starts_from_its_head(tuned, low_rank, 
     with learning rate 0 its first step leaves the converted model's weights and metrics as they are.
     Its per-epoch validation keeps one batch (eval_batches=1); the final metrics cover the whole dev split."""
     converted = low_rank
-    metrics = _train(tmp_path / "again", f"task.init={converted}", "training.learning_rate=0", "training.train_steps=1", "training.warmup_steps=0",
-                     "training.steps_per_epoch=1", "training.steps_per_execution=1", "training.eval_batches=1")
+    metrics = _train(
+        tmp_path / "again",
+        f"task.init={converted}",
+        "training.learning_rate=0",
+        "training.train_steps=1",
+        "training.warmup_steps=0",
+        "training.steps_per_epoch=1",
+        "training.steps_per_execution=1",
+        "training.eval_batches=1",
+    )
     loaded = runs.load(tuned)
     original = loaded.task_model
     loaded = runs.load(tmp_path / "again")

@@ -71,7 +71,11 @@ def test_configs_are_frozen():
 
 def test_overrides_and_inheritance():
     config = configs.load_config("bert_d512_p128_h12", ["model.num_heads=32", "model.dropout=0"])
-    assert (config.model.num_heads, config.model.attention, config.model.hidden_size) == (32, {"type": "fixed", "head_size": 128}, 512)
+    assert (config.model.num_heads, config.model.attention, config.model.hidden_size) == (
+        32,
+        {"type": "fixed", "head_size": 128},
+        512,
+    )
     assert config.model.dropout == 0.0 and isinstance(config.model.dropout, float)
     assert config.model.num_layers == 24  # inherited from bert_large through bert_d512_p128_h8
 
@@ -115,10 +119,7 @@ def test_unknown_preset_lists_the_presets(tmp_path):
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [
-        (["model.position_embedding=rotary"], "kind='rotary'"),
-        (["model.residual_scaling=admin"], "post-LN"),
-    ],
+    [(["model.position_embedding=rotary"], "kind='rotary'"), (["model.residual_scaling=admin"], "post-LN")],
 )
 def test_bad_model_configs_fail_at_build(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -128,9 +129,15 @@ def test_bad_model_configs_fail_at_build(overrides, message):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["model.attention.type=sparse"], r"`model.attention.type` must be one of .*Received: model.attention.type='sparse'"),
+        (
+            ["model.attention.type=sparse"],
+            r"`model.attention.type` must be one of .*Received: model.attention.type='sparse'",
+        ),
         (["model.attention.head_size=null"], "`model.attention.head_size` is required for attention type 'fixed'"),
-        (["model.attention.shared_key_dim=8"], "Unknown key `model.attention.shared_key_dim` for attention type 'fixed'"),
+        (
+            ["model.attention.shared_key_dim=8"],
+            "Unknown key `model.attention.shared_key_dim` for attention type 'fixed'",
+        ),
         (["model.attention.type=collaborative"], "`model.attention.shared_key_dim` is required"),
         (["model.attention.num_heads=8"], r"`model.attention.num_heads` is set by the model \(num_heads\)"),
         (["model.attention=fixed"], "`model.attention` must be of type dict. Received: model.attention='fixed'"),
@@ -145,8 +152,13 @@ def test_bad_attention_configs_name_the_nested_key_at_load(overrides, message):
 
 
 def test_nested_attention_overrides():
-    assert configs.load_config("tiny_lm", ["model.attention.head_size=64"]).model.attention == {"type": "fixed", "head_size": 64}
-    collaborative = configs.load_config("tiny_lm", ["model.attention={type: collaborative, head_size: 8, shared_key_dim: 4}"])
+    assert configs.load_config("tiny_lm", ["model.attention.head_size=64"]).model.attention == {
+        "type": "fixed",
+        "head_size": 64,
+    }
+    collaborative = configs.load_config(
+        "tiny_lm", ["model.attention={type: collaborative, head_size: 8, shared_key_dim: 4}"]
+    )
     assert collaborative.model.attention == {"type": "collaborative", "head_size": 8, "shared_key_dim": 4}
     # A preset inheriting part of the nested config: head size 32 over bert_d512_p128_h8's fixed attention.
     assert configs.load_config("bert_d512_h8_p32").model.attention == {"type": "fixed", "head_size": 32}
@@ -158,7 +170,10 @@ def test_nested_attention_overrides():
     assert configs.load_config("distill_minilm_d192_standard").model.attention == {"type": "standard"}
     assert configs.load_config("distill_minilm_d384_standard").model.attention == {"type": "standard"}
     # Student (e) of the distillation table is student (a), started at random as (c) must be.
-    fixed, random_start = configs.load_config("distill_minilm_d192_fixed"), configs.load_config("distill_minilm_d192_fixed_random")
+    fixed, random_start = (
+        configs.load_config("distill_minilm_d192_fixed"),
+        configs.load_config("distill_minilm_d192_fixed_random"),
+    )
     assert random_start.model == fixed.model and random_start.training == fixed.training
     assert (fixed.task.student_init, random_start.task.student_init) == ("teacher", "random")
 
@@ -188,7 +203,9 @@ def test_model_config_round_trips_through_the_builder():
     for name in ("tiny_bert_collaborative", "tiny_lm"):
         config = configs.load_config(name)
         model = config.build_model()
-        arguments = {key: value for key, value in model.get_config().items() if key not in ("name", "trainable", "dtype")}
+        arguments = {
+            key: value for key, value in model.get_config().items() if key not in ("name", "trainable", "dtype")
+        }
         assert arguments == dataclasses.asdict(config.model)
         assert type(model)(**model.get_config()).get_config() == model.get_config()
 
@@ -198,7 +215,9 @@ def test_command_line_prints_the_resolved_config(capsys, monkeypatch):
     import runpy
     import sys
 
-    monkeypatch.setattr(sys, "argv", ["python -m concise_attention.configs", "bert_d512_p128_h8", "--set", "model.num_heads=12"])
+    monkeypatch.setattr(
+        sys, "argv", ["python -m concise_attention.configs", "bert_d512_p128_h8", "--set", "model.num_heads=12"]
+    )
     runpy.run_module("concise_attention.configs", run_name="__main__")
     out = capsys.readouterr().out
     assert "num_heads: 12" in out
@@ -208,7 +227,12 @@ def test_command_line_prints_the_resolved_config(capsys, monkeypatch):
 
 def test_conversion_to_collaborative_keeps_head_size_and_checks_the_shared_width():
     converted = configs.to_collaborative(configs.load_config("lm1b_standard_d512"), 128)
-    assert converted.model.attention == {"type": "collaborative", "head_size": 64, "shared_key_dim": 128, "mixing_initializer": "concatenate"}
+    assert converted.model.attention == {
+        "type": "collaborative",
+        "head_size": 64,
+        "shared_key_dim": 128,
+        "mixing_initializer": "concatenate",
+    }
     with pytest.raises(ValueError, match=r"num_heads \* head_size = 512.*shared_key_dim=513"):
         configs.to_collaborative(configs.load_config("lm1b_standard_d512"), 513)
     with pytest.raises(ValueError, match="shared_key_dim=0"):

@@ -56,9 +56,18 @@ def test_utf8_check_names_the_line_whatever_the_chunk_boundaries(tmp_path, monke
     good = "naïve café\n中文 text 😀\n\nÅngström\n".encode("utf-8")
     (tmp_path / "good.txt").write_bytes(good * 3)
     check_utf8(str(tmp_path / "good.txt"))
-    for bad_bytes in (b"\xff", b"\xe4\xb8", b"\xc3(", b"\xed\xa0\x80"):  # invalid, truncated, bad continuation, surrogate
+    for bad_bytes in (
+        b"\xff",
+        b"\xe4\xb8",
+        b"\xc3(",
+        b"\xed\xa0\x80",
+    ):  # invalid, truncated, bad continuation, surrogate
         data = good * 2 + b"still fine " + bad_bytes + b" here\n" + good
-        line = next(n for n, text in enumerate(data.split(b"\n"), 1) if text.decode("utf-8", "replace") != text.decode("utf-8", "ignore"))
+        line = next(
+            n
+            for n, text in enumerate(data.split(b"\n"), 1)
+            if text.decode("utf-8", "replace") != text.decode("utf-8", "ignore")
+        )
         (tmp_path / "bad.txt").write_bytes(data)
         with pytest.raises(ValueError, match=rf"bad\.txt, line {line}: not valid UTF-8"):
             check_utf8(str(tmp_path / "bad.txt"))

@@ -21,11 +21,26 @@ from concise_attention.training.run import runs
 from concise_attention.training.tasks import distill
 from concise_attention.training.tasks import make_task
 
-TINY = ["task.dataset=sample", "task.data_dir=null", "task.train_texts=96", "task.eval_texts=40", "training.batch_size=16",
-        "training.train_steps=6", "training.steps_per_epoch=3", "training.steps_per_execution=3", "training.eval_batches=2",
-        "training.jit_compile=false", "training.warmup_fraction=null", "training.warmup_steps=1",
-        "model.num_layers=2", "model.hidden_size=32", "model.num_heads=4", "model.intermediate_size=32",
-        "model.attention={type: fixed, head_size: 16}", "training.sequence_length=32"]
+TINY = [
+    "task.dataset=sample",
+    "task.data_dir=null",
+    "task.train_texts=96",
+    "task.eval_texts=40",
+    "training.batch_size=16",
+    "training.train_steps=6",
+    "training.steps_per_epoch=3",
+    "training.steps_per_execution=3",
+    "training.eval_batches=2",
+    "training.jit_compile=false",
+    "training.warmup_fraction=null",
+    "training.warmup_steps=1",
+    "model.num_layers=2",
+    "model.hidden_size=32",
+    "model.num_heads=4",
+    "model.intermediate_size=32",
+    "model.attention={type: fixed, head_size: 16}",
+    "training.sequence_length=32",
+]
 
 # The end-to-end run's metrics (test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width) as the
 # code of 621198b trains them, the commit that distilled the shipped concise-minilm-d192 (runs/d192_lr1e3_16k_s0,
@@ -33,12 +48,17 @@ TINY = ["task.dataset=sample", "task.data_dir=null", "task.train_texts=96", "tas
 # that commit: a change that moves the recipe's numbers fails here, so the README's command still reproduces the
 # shipped weights (benchmarks/results/shipped_recipe_check.json: 40 steps of the full config, XLA included, bit for
 # bit). Before that student (peak learning rate 5e-4): 1.3603615760803223, 0.16381335258483887, 0.24046566790773974.
-SHIPPED_RECIPE_METRICS = {"eval_loss": 1.2762150764465332, "eval_cosine_to_teacher": 0.2254602313041687,
-                          "eval_similarity_spearman": 0.252038329684854}
+SHIPPED_RECIPE_METRICS = {
+    "eval_loss": 1.2762150764465332,
+    "eval_cosine_to_teacher": 0.2254602313041687,
+    "eval_similarity_spearman": 0.252038329684854,
+}
 
 
 def _task(tmp_path, *overrides):
-    config = configs.load_config("distill_minilm_d192_fixed", [*TINY, f"task.cache_dir={tmp_path / 'cache'}", *overrides])
+    config = configs.load_config(
+        "distill_minilm_d192_fixed", [*TINY, f"task.cache_dir={tmp_path / 'cache'}", *overrides]
+    )
     task = make_task(config)
     task.check()
     return task
@@ -49,8 +69,12 @@ def test_teacher_outputs_are_minilm_mean_embeddings_computed_once_and_verified(t
 
     task = _task(tmp_path)
     tokenizer = wordpiece_tokenizer(task.vocabulary_file(), lowercase=True, strip_accents=True)
-    texts = ["A man is playing a guitar.", "Stock markets fell sharply on Monday, the third fall in a row.", "short",
-             "The cat sat on the mat " * 12]  # the last one is cut to the sequence length, as the student's packer cuts it
+    texts = [
+        "A man is playing a guitar.",
+        "Stock markets fell sharply on Monday, the third fall in a row.",
+        "short",
+        "The cat sat on the mat " * 12,
+    ]  # the last one is cut to the sequence length, as the student's packer cuts it
     embeddings = distill.teacher_outputs(task, tokenizer, texts)
     expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", texts, 32))
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
@@ -77,7 +101,9 @@ def test_teacher_outputs_of_many_texts_resume_shard_by_shard_after_a_kill(tmp_pa
     monkeypatch.setattr(distill, "TEACHER_BATCH", 2)
     task = _task(tmp_path)
     tokenizer = wordpiece_tokenizer(task.vocabulary_file(), lowercase=True, strip_accents=True)
-    texts = [f"sentence number {index} of the shard test, {'with more words ' * (index * 7 % 5)}" for index in range(14)]
+    texts = [
+        f"sentence number {index} of the shard test, {'with more words ' * (index * 7 % 5)}" for index in range(14)
+    ]
     compute, computed = distill.compute_teacher_embeddings, []
 
     def killed_in_the_third_shard(*args):
@@ -89,7 +115,9 @@ def test_teacher_outputs_of_many_texts_resume_shard_by_shard_after_a_kill(tmp_pa
     monkeypatch.setattr(distill, "compute_teacher_embeddings", killed_in_the_third_shard)
     with pytest.raises(KeyboardInterrupt):
         distill.teacher_outputs(task, tokenizer, texts)
-    assert len(list((tmp_path / "cache" / "shards").glob("*.npy"))) == 2 and not list((tmp_path / "cache").glob("*.npy"))
+    assert len(list((tmp_path / "cache" / "shards").glob("*.npy"))) == 2 and not list(
+        (tmp_path / "cache").glob("*.npy")
+    )
     monkeypatch.setattr(distill, "compute_teacher_embeddings", lambda *args: computed.append(args[2]) or compute(*args))
     resumed = distill.teacher_outputs(task, tokenizer, texts)
     assert len(computed) == 4 and len(set(map(tuple, computed))) == 4 and sorted(sum(computed, [])) == sorted(texts)
@@ -108,10 +136,16 @@ def test_the_two_loss_terms_equal_hand_computations():
     student /= np.linalg.norm(student, axis=1, keepdims=True)
     projected = rng.normal(size=(5, 8))
     projected /= np.linalg.norm(projected, axis=1, keepdims=True)
-    similarity = np.mean([np.mean([(student[i] @ student[j] - teacher[i] @ teacher[j]) ** 2 for j in range(5)]) for i in range(5)])
-    assert float(distill.SimilarityMatrixLoss()(teacher.astype("float32"), student.astype("float32"))) == pytest.approx(similarity, rel=1e-5)
+    similarity = np.mean(
+        [np.mean([(student[i] @ student[j] - teacher[i] @ teacher[j]) ** 2 for j in range(5)]) for i in range(5)]
+    )
+    assert float(distill.SimilarityMatrixLoss()(teacher.astype("float32"), student.astype("float32"))) == pytest.approx(
+        similarity, rel=1e-5
+    )
     cosine = np.mean([1 - projected[i] @ teacher[i] for i in range(5)])
-    assert float(distill.UnitCosineDistance()(teacher.astype("float32"), projected.astype("float32"))) == pytest.approx(cosine, rel=1e-5)
+    assert float(distill.UnitCosineDistance()(teacher.astype("float32"), projected.astype("float32"))) == pytest.approx(
+        cosine, rel=1e-5
+    )
 
 
 def _numpy_relations(x_BxTxW, mask_BxT, heads):
@@ -121,7 +155,7 @@ def _numpy_relations(x_BxTxW, mask_BxT, heads):
     relations = np.zeros((batch, heads, length, length))
     for b in range(batch):
         for r in range(heads):
-            x = x_BxTxW[b, :, r * size:(r + 1) * size].astype("float64")
+            x = x_BxTxW[b, :, r * size : (r + 1) * size].astype("float64")
             logits = x @ x.T / np.sqrt(size)
             logits[:, mask_BxT[b] == 0] = -np.inf
             relations[b, r] = np.exp(logits - logits.max(1, keepdims=True))
@@ -143,7 +177,11 @@ def test_the_relation_divergence_equals_a_numpy_computation():
         p, q = _numpy_relations(t, mask, 4), _numpy_relations(s, mask, 4)
         for b in range(2):
             real = mask[b] == 1
-            kl = [np.sum(p[b, r, i, real] * np.log(p[b, r, i, real] / q[b, r, i, real])) for r in range(4) for i in np.flatnonzero(real)]
+            kl = [
+                np.sum(p[b, r, i, real] * np.log(p[b, r, i, real] / q[b, r, i, real]))
+                for r in range(4)
+                for i in np.flatnonzero(real)
+            ]
             expected[b] += np.mean(kl) / 3
     np.testing.assert_allclose(np.asarray(relation_divergence(teacher, student, mask, 4)), expected, rtol=1e-4)
     assert np.all(expected > 0)
@@ -166,8 +204,11 @@ def test_the_relation_term_trains_the_student_only_against_a_frozen_teacher_in_i
     student.set_weights(teacher.get_weights())
     model = SentenceEmbedder(student, teacher_width=16, teacher=teacher, relation_heads=2)
     rng = np.random.default_rng(1)
-    inputs = {"input_word_ids": rng.integers(1, 40, (4, 8)).astype("int32"), "input_mask": np.ones((4, 8), "int32"),
-              "input_type_ids": np.zeros((4, 8), "int32")}
+    inputs = {
+        "input_word_ids": rng.integers(1, 40, (4, 8)).astype("int32"),
+        "input_mask": np.ones((4, 8), "int32"),
+        "input_type_ids": np.zeros((4, 8), "int32"),
+    }
     inputs["input_mask"][2:, 5:] = 0
     np.testing.assert_allclose(np.asarray(model(inputs, training=True)["relation"]), 0.0, atol=1e-6)
     student.blocks[-1].attention.query_dense.kernel.assign(rng.normal(size=(16, 4, 4)).astype("float32"))
@@ -192,9 +233,13 @@ def test_length_buckets_batch_texts_of_like_length_and_cut_only_padding():
     ids = np.zeros((300, 32), "int32")
     for row, length in enumerate(real):
         ids[row, :length] = rng.integers(1, 1000, size=length)
-    examples = tf.data.Dataset.from_tensor_slices((
-        {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids},
-        np.arange(300, dtype="float32")[:, None], np.ones(300, "float32")))
+    examples = tf.data.Dataset.from_tensor_slices(
+        (
+            {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids},
+            np.arange(300, dtype="float32")[:, None],
+            np.ones(300, "float32"),
+        )
+    )
     ends = [8, 16, 24, 32]
     batches = list(distill.length_bucketed(examples, 4, ends).as_numpy_iterator())
     pending, expected = {end: [] for end in ends}, []
@@ -204,13 +249,17 @@ def test_length_buckets_batch_texts_of_like_length_and_cut_only_padding():
         if len(pending[end]) == 4:
             expected.append((end, pending[end]))
             pending[end] = []
-    assert [(inputs["input_word_ids"].shape[1], [int(row) for row in targets[:, 0]]) for inputs, targets, _ in batches] == expected
+    assert [
+        (inputs["input_word_ids"].shape[1], [int(row) for row in targets[:, 0]]) for inputs, targets, _ in batches
+    ] == expected
     assert {end for end, _ in expected} == set(ends)
     for (inputs, _, _), (end, rows) in zip(batches, expected):
         np.testing.assert_array_equal(inputs["input_word_ids"], ids[rows, :end])
         np.testing.assert_array_equal(inputs["input_mask"], (ids[rows, :end] > 0))
     skipped = list(distill.length_bucketed(examples, 4, ends, skip_batches=5).as_numpy_iterator())
-    assert [targets[:, 0].tolist() for _, targets, _ in skipped] == [targets[:, 0].tolist() for _, targets, _ in batches[5:]]
+    assert [targets[:, 0].tolist() for _, targets, _ in skipped] == [
+        targets[:, 0].tolist() for _, targets, _ in batches[5:]
+    ]
 
 
 def test_texts_are_drawn_reproducibly_whole_or_as_one_sentence():
@@ -230,11 +279,18 @@ def test_no_evaluation_or_held_out_text_is_ever_drawn():
     from concise_attention.training.inference import mteb_protocol
 
     sts = mteb_protocol.read_split("STSBenchmark", "test")[0]["sentence1"]
-    held_out = next(row["text"] for row in mteb_protocol.read_split("Banking77Classification", "train")
-                    if mteb_protocol.text_hash(row["text"]) in mteb_protocol.excluded_hashes())
+    held_out = next(
+        row["text"]
+        for row in mteb_protocol.read_split("Banking77Classification", "train")
+        if mteb_protocol.text_hash(row["text"]) in mteb_protocol.excluded_hashes()
+    )
     lines = [f"Our own text number {i}." for i in range(20)] + ["  " + sts.upper(), f"Plain words first. {held_out}"]
     drawn = distill.draw_texts(lines, 100, 1.0, excluded=mteb_protocol.excluded_hashes())
-    assert set(lines[:20]) <= set(drawn) and held_out not in drawn and not any(text.lower().strip() == sts.lower() for text in drawn)
+    assert (
+        set(lines[:20]) <= set(drawn)
+        and held_out not in drawn
+        and not any(text.lower().strip() == sts.lower() for text in drawn)
+    )
 
 
 def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
@@ -242,25 +298,43 @@ def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
         for split in ("train", "heldout"):
             (tmp_path / name / split).mkdir(parents=True)
             (tmp_path / name / split / f"{split}-00000.txt").write_text(
-                "".join(f"This {split} {word} paragraph number {i} is here.\n" for i in range(80)))
-    task = _task(tmp_path, "task.dataset=text_files", f"task.data_dir=[{tmp_path / 'docs'}, {tmp_path / 'general'}]",
-                 "task.train_texts=41", "task.eval_texts=33", "task.sentence_share=0")
+                "".join(f"This {split} {word} paragraph number {i} is here.\n" for i in range(80))
+            )
+    task = _task(
+        tmp_path,
+        "task.dataset=text_files",
+        f"task.data_dir=[{tmp_path / 'docs'}, {tmp_path / 'general'}]",
+        "task.train_texts=41",
+        "task.eval_texts=33",
+        "task.sentence_share=0",
+    )
     assert task.settings.data_dir == [str(tmp_path / "docs"), str(tmp_path / "general")]
     task.read()
     assert [sum(word in text for text in task.train_texts) for word in ("manual", "proverb")] == [21, 20]
     assert all(" train " in text for text in task.train_texts)
-    assert [sum(word in text for text in task.eval_texts) for word in ("manual", "proverb")] == [17, 15]  # 33 cut to 2 batches of 16
+    assert [sum(word in text for text in task.eval_texts) for word in ("manual", "proverb")] == [
+        17,
+        15,
+    ]  # 33 cut to 2 batches of 16
     assert all(" heldout " in text for text in task.eval_texts)
     with pytest.raises(ValueError, match="task.data_dir"):
         _task(tmp_path, "task.dataset=text_files", "task.data_dir=[a, 3]")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("task.train_texts=0", "task.train_texts"), ("task.sentence_share=1.5", "task.sentence_share"),
-    ("task.projection_weight=-1", "task.projection_weight"), ("task.similarity_weight=.nan", "task.similarity_weight"),
-    ("task.dataset=lm1b", "task.dataset"), ("task.length_bucket=-8", "task.length_bucket"), ("task.length_bucket=true", "task.length_bucket"),
-    ("task.relation_weight=-1", "task.relation_weight"), ("task.relation_heads=0", "task.relation_heads"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("task.train_texts=0", "task.train_texts"),
+        ("task.sentence_share=1.5", "task.sentence_share"),
+        ("task.projection_weight=-1", "task.projection_weight"),
+        ("task.similarity_weight=.nan", "task.similarity_weight"),
+        ("task.dataset=lm1b", "task.dataset"),
+        ("task.length_bucket=-8", "task.length_bucket"),
+        ("task.length_bucket=true", "task.length_bucket"),
+        ("task.relation_weight=-1", "task.relation_weight"),
+        ("task.relation_heads=0", "task.relation_heads"),
+    ],
+)
 def test_bad_settings_name_the_field(override, message):
     with pytest.raises(ValueError, match=message):
         configs.load_config("distill_minilm_d192_fixed", [override])
@@ -278,7 +352,9 @@ def test_a_teacher_that_pools_otherwise_than_by_the_mean_is_refused(tmp_path, cl
 
 def test_another_vocabulary_or_a_length_beyond_the_teachers_positions_is_refused(tmp_path, minilm_dir):
     other = tmp_path / "vocab.txt"
-    other.write_text((minilm_dir / "vocab.txt").read_text(encoding="utf-8").replace("[unused0]", "[mine]"), encoding="utf-8")
+    other.write_text(
+        (minilm_dir / "vocab.txt").read_text(encoding="utf-8").replace("[unused0]", "[mine]"), encoding="utf-8"
+    )
     with pytest.raises(ValueError, match=f"The vocabulary {other} differs from the teacher's"):
         _task(tmp_path, f"tokenizer.vocabulary={other}")
     _task(tmp_path, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}")  # the teacher's own: accepted
@@ -289,8 +365,14 @@ def test_another_vocabulary_or_a_length_beyond_the_teachers_positions_is_refused
 def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_dir):
     """student_init=teacher through the task's own hook: the stream projection, the re-split heads and the
     projection head give back the teacher's embeddings (numpy BERT) when nothing has to be dropped."""
-    task = _task(tmp_path, "model.hidden_size=384", "model.num_layers=6", "model.num_heads=12", "model.intermediate_size=1536",
-                 "model.attention={type: standard}")
+    task = _task(
+        tmp_path,
+        "model.hidden_size=384",
+        "model.num_layers=6",
+        "model.num_heads=12",
+        "model.intermediate_size=1536",
+        "model.attention={type: standard}",
+    )
     task.read()
     backbone = task.config.build_model()
     model = task.build_model(backbone)
@@ -298,8 +380,10 @@ def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_
     texts = task.eval_texts[:6]
     ids = hugging_face_ids(minilm_dir / "vocab.txt", texts, 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
-    outputs = model.predict({"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"),
-                             "input_type_ids": 0 * word_ids}, verbose=0)
+    outputs = model.predict(
+        {"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"), "input_type_ids": 0 * word_ids},
+        verbose=0,
+    )
     expected = reference_embeddings(minilm_dir, ids)
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
     np.testing.assert_allclose(outputs["teacher_space"], expected, atol=1e-4)
@@ -328,17 +412,23 @@ def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projec
     ids = hugging_face_ids(task.vocabulary_file(), texts, 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
     mask = (word_ids > 0).astype("int32")
-    tokens = backbone.predict({"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": 0 * word_ids}, verbose=0)["sequence_output"]
+    tokens = backbone.predict(
+        {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": 0 * word_ids}, verbose=0
+    )["sequence_output"]
     pooled = (tokens * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
     tokenizer = wordpiece_tokenizer(task.vocabulary_file(), lowercase=True, strip_accents=True)
     targets = distill.teacher_outputs(task, tokenizer, texts)
     pooled, targets = pooled.astype("float64"), targets.astype("float64")
     centred = pooled - pooled.mean(0)
-    penalty = distill.RIDGE * np.sum(centred ** 2) / pooled.shape[1]
+    penalty = distill.RIDGE * np.sum(centred**2) / pooled.shape[1]
     stacked = np.vstack([centred, np.sqrt(penalty) * np.eye(pooled.shape[1])])
-    kernel = scipy.linalg.lstsq(stacked, np.vstack([targets - targets.mean(0), np.zeros((pooled.shape[1], targets.shape[1]))]))[0]
+    kernel = scipy.linalg.lstsq(
+        stacked, np.vstack([targets - targets.mean(0), np.zeros((pooled.shape[1], targets.shape[1]))])
+    )[0]
     np.testing.assert_allclose(model.projection.kernel.numpy(), kernel, atol=1e-3, rtol=1e-3)
-    np.testing.assert_allclose(model.projection.bias.numpy(), targets.mean(0) - pooled.mean(0) @ kernel, atol=1e-3, rtol=1e-3)
+    np.testing.assert_allclose(
+        model.projection.bias.numpy(), targets.mean(0) - pooled.mean(0) @ kernel, atol=1e-3, rtol=1e-3
+    )
     assert not np.allclose(model.projection.kernel.numpy(), loaded, atol=1e-2)
 
 
@@ -354,27 +444,45 @@ def test_a_student_distils_reloads_with_its_metrics_and_serves_at_its_own_width(
         argv += ["--set", override]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    metrics = json.loads(out[out.index("{"):])
+    metrics = json.loads(out[out.index("{") :])
     for key, recorded in SHIPPED_RECIPE_METRICS.items():
-        assert metrics[key] == pytest.approx(recorded, rel=1e-4), (key, "the recipe trains otherwise than when it distilled the shipped weights")
+        assert metrics[key] == pytest.approx(recorded, rel=1e-4), (
+            key,
+            "the recipe trains otherwise than when it distilled the shipped weights",
+        )
     with monkeypatch.context() as patched:  # a finished run loads without its teacher
         patched.setattr(distill, "default_teacher", lambda: pytest.fail("the teacher was looked up"))
         loaded = runs.load(tmp_path / "run")
-        config, model, backbone, vocabulary = loaded.config, loaded.task_model, loaded.backbone, loaded.source.vocabulary
+        config, model, backbone, vocabulary = (
+            loaded.config,
+            loaded.task_model,
+            loaded.backbone,
+            loaded.source.vocabulary,
+        )
     assert config.task.teacher_width == 384 and backbone.hidden_size == 32
-    task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
+    task = make_task(
+        dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache")))
+    )
     task.check()
     task.read()
     ids = hugging_face_ids(vocabulary, task.eval_texts, 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
-    outputs = model.predict({"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"),
-                             "input_type_ids": 0 * word_ids}, verbose=0)
-    [cached] = [np.load(path) for path in (tmp_path / "cache").glob("*.npy") if np.load(path).shape[0] == len(task.eval_texts)]
-    assert metrics["eval_cosine_to_teacher"] == pytest.approx(np.mean(np.sum(outputs["teacher_space"] * cached, 1)), abs=1e-5)
+    outputs = model.predict(
+        {"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"), "input_type_ids": 0 * word_ids},
+        verbose=0,
+    )
+    [cached] = [
+        np.load(path) for path in (tmp_path / "cache").glob("*.npy") if np.load(path).shape[0] == len(task.eval_texts)
+    ]
+    assert metrics["eval_cosine_to_teacher"] == pytest.approx(
+        np.mean(np.sum(outputs["teacher_space"] * cached, 1)), abs=1e-5
+    )
     assert 0 < metrics["eval_cosine_to_teacher"] < 1 and -1 <= metrics["eval_similarity_spearman"] <= 1
 
     written = export_run(tmp_path / "run", tmp_path / "export", seq_length=32)
-    served = tf.saved_model.load(written["serving"]).signatures["serving_default"](text=tf.constant(task.eval_texts[:4]))
+    served = tf.saved_model.load(written["serving"]).signatures["serving_default"](
+        text=tf.constant(task.eval_texts[:4])
+    )
     embedding = served["embedding"].numpy()
     assert embedding.shape == (4, 32)
     unit = embedding / np.linalg.norm(embedding, axis=1, keepdims=True)
@@ -387,7 +495,9 @@ def _h5_variables(path):
 
     with h5py.File(path, "r") as file:
         found = []
-        file["layers"].visititems(lambda name, item: found.append((name, item.shape)) if isinstance(item, h5py.Dataset) else None)
+        file["layers"].visititems(
+            lambda name, item: found.append((name, item.shape)) if isinstance(item, h5py.Dataset) else None
+        )
     return sorted(found)  # the model's variables (a weights file holds no optimizer state)
 
 
@@ -402,11 +512,12 @@ def test_a_student_distils_with_the_relation_term_and_saves_no_teacher(tmp_path,
         argv += ["--set", override]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    metrics = json.loads(out[out.index("{"):])
+    metrics = json.loads(out[out.index("{") :])
     loaded = runs.load(tmp_path / "run")
     config, model, vocabulary = loaded.config, loaded.task_model, loaded.source.vocabulary
-    plain = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, relation_weight=0.0))).build_model(
-        config.build_model(dtype="float32"))
+    plain = make_task(
+        dataclasses.replace(config, task=dataclasses.replace(config.task, relation_weight=0.0))
+    ).build_model(config.build_model(dtype="float32"))
     plain.load_weights(tmp_path / "run" / "model.weights.h5")
     plain.save_weights(tmp_path / "plain.weights.h5")
     assert _h5_variables(tmp_path / "run" / "model.weights.h5") == _h5_variables(tmp_path / "plain.weights.h5")
@@ -415,13 +526,19 @@ def test_a_student_distils_with_the_relation_term_and_saves_no_teacher(tmp_path,
     assert len(model.relation.models.teacher.weights) == len(teacher.weights) > 0
     for loaded, original in zip(model.relation.models.teacher.weights, teacher.weights):
         np.testing.assert_array_equal(loaded.numpy(), original.numpy())
-    task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
+    task = make_task(
+        dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache")))
+    )
     task.read()
     ids = hugging_face_ids(vocabulary, task.eval_texts, 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
-    relation = model.predict({"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"),
-                              "input_type_ids": 0 * word_ids}, verbose=0)["relation"]
-    assert metrics["eval_relation"] == pytest.approx(float(np.mean(relation)), rel=1e-4) and metrics["eval_relation"] > 0
+    relation = model.predict(
+        {"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"), "input_type_ids": 0 * word_ids},
+        verbose=0,
+    )["relation"]
+    assert (
+        metrics["eval_relation"] == pytest.approx(float(np.mean(relation)), rel=1e-4) and metrics["eval_relation"] > 0
+    )
 
 
 def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
@@ -432,21 +549,44 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
 
     def row(width, sts, banking, speed=None):
         speeds = {} if speed is None else {"sentences_per_s_batch_32": speed, "sentences_per_s_batch_1": speed / 4}
-        return {"width": width, "STSBenchmark": sts, "Banking77Classification": banking, "mean": (sts + banking) / 2, **speeds}
+        return {
+            "width": width,
+            "STSBenchmark": sts,
+            "Banking77Classification": banking,
+            "mean": (sts + banking) / 2,
+            **speeds,
+        }
 
-    rows = {"teacher x": row(64, 0.8, 0.8, 100.0), "teacher x, PCA to 32": row(32, 0.5, 0.4), "teacher x, 1 of 2 layers": row(64, 0.3, 0.3, 150.0),
-            "run": row(32, 0.6, 0.4, 250.0)}
+    rows = {
+        "teacher x": row(64, 0.8, 0.8, 100.0),
+        "teacher x, PCA to 32": row(32, 0.5, 0.4),
+        "teacher x, 1 of 2 layers": row(64, 0.3, 0.3, 150.0),
+        "run": row(32, 0.6, 0.4, 250.0),
+    }
     results = tmp_path / "results.json"
 
     def write(rows):
-        results.write_text(json.dumps({"machine": "m", "date": "d", "command": "python benchmarks/mteb_table.py", "teacher": "teacher x",
-                                       "tasks": ["STSBenchmark", "Banking77Classification"], "rows": rows}))
+        results.write_text(
+            json.dumps(
+                {
+                    "machine": "m",
+                    "date": "d",
+                    "command": "python benchmarks/mteb_table.py",
+                    "teacher": "teacher x",
+                    "tasks": ["STSBenchmark", "Banking77Classification"],
+                    "rows": rows,
+                }
+            )
+        )
 
     write(rows | {"run": row(32, 0.5, 0.3, 250.0)})  # below the teacher's PCA to its width: refused
     shipped = tmp_path / "shipped"
     arguments = ["--run", str(tmp_path / "run"), "--results", str(results), "--shipped-dir", str(shipped)]
     assert ship.main([*arguments, "--name", "tiny-student"]) == 2 and not shipped.exists()
-    assert "not shipped: run's mean over the MTEB tasks, 0.4000, is below the teacher's PCA to 32, 0.4500" in capsys.readouterr().err
+    assert (
+        "not shipped: run's mean over the MTEB tasks, 0.4000, is below the teacher's PCA to 32, 0.4500"
+        in capsys.readouterr().err
+    )
     write(rows | {"run": row(32, 0.6, 0.4, 240.0)})  # above the PCA, below 2.5x the teacher's throughput: refused
     assert ship.main([*arguments, "--name", "tiny-student"]) == 2 and not shipped.exists()
     assert "not shipped: run runs at 2.40x its teacher's batch-32 throughput, below 2.5x" in capsys.readouterr().err
@@ -461,12 +601,18 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     tokenizer_file = shipped / "long-student" / "tokenizer.json"
     tokenizer_file.write_text(tokenizer_file.read_text().replace('"serving_length": 48', '"serving_length": "48"'))
     presets.write_manifest(shipped / "long-student")  # a hand-edited preset, hashed again
-    with pytest.raises(ValueError, match='tokenizer.json: `serving_length` must be an integer of at least 3. Received: serving_length=.48.'):
+    with pytest.raises(
+        ValueError,
+        match="tokenizer.json: `serving_length` must be an integer of at least 3. Received: serving_length=.48.",
+    ):
         presets.serving_length(str(shipped / "long-student"))
     shutil.rmtree(shipped / "long-student")
     assert ship.main([*arguments, "--name", "tiny-student"]) == 0
     card = (shipped / "tiny-student" / "README.md").read_text()
-    assert "| this encoder | 32 | 0.6000 | 0.4000 | 0.5000 | 62.5% | 2.50x | 2.50x |" in card and "fixed` with head size 16" in card
+    assert (
+        "| this encoder | 32 | 0.6000 | 0.4000 | 0.5000 | 62.5% | 2.50x | 2.50x |" in card
+        and "fixed` with head size 16" in card
+    )
     assert "| teacher, PCA to 32 | 32 | 0.5000 | 0.4000 | 0.4500 | 56.2% | the teacher's | the teacher's |" in card
     monkeypatch.setattr(presets, "SHIPPED_DIR", str(shipped))
     encoder = SentenceEncoder.from_preset("tiny-student")  # at the length it was distilled at, recorded by ship
@@ -510,7 +656,9 @@ def test_prepare_data_computes_the_teacher_outputs_once_for_the_run_to_read(tmp_
     assert exit_info.value.code == 2 and "already prepared" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["distill_minilm_d192_fixed", "distill_minilm_d192_standard", "distill_minilm_d128_fixed"])
+@pytest.mark.parametrize(
+    "name", ["distill_minilm_d192_fixed", "distill_minilm_d192_standard", "distill_minilm_d128_fixed"]
+)
 def test_the_tables_students_from_the_teacher_start_from_it(tmp_path, name, monkeypatch):
     """scripts/distill_table.sh's students started from the teacher (`models.shrink`): each initialises and its
     projection maps its mean embeddings of held-out texts toward the teacher's (measured 2026-11-26: cos 0.23,
@@ -518,8 +666,18 @@ def test_the_tables_students_from_the_teacher_start_from_it(tmp_path, name, monk
     re-split that does not fit raises). The stream's directions from 64 texts instead of 256 (the SVD of every
     layer's token vectors was most of the test's time): cos 0.24, 0.26 and 0.14 (2026-11-27)."""
     monkeypatch.setattr(distill, "STREAM_TEXTS", 64)
-    config = configs.load_config(name, ["task.dataset=sample", "task.data_dir=null", "task.train_texts=300", "task.eval_texts=40",
-                                        "training.batch_size=16", "training.sequence_length=32", f"task.cache_dir={tmp_path}"])
+    config = configs.load_config(
+        name,
+        [
+            "task.dataset=sample",
+            "task.data_dir=null",
+            "task.train_texts=300",
+            "task.eval_texts=40",
+            "training.batch_size=16",
+            "training.sequence_length=32",
+            f"task.cache_dir={tmp_path}",
+        ],
+    )
     task = make_task(config)
     task.check()
     task.read()

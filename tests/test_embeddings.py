@@ -10,8 +10,15 @@ from test_hf_export import hugging_face_ids
 from test_hf_export import reference_embeddings
 from concise_attention.training.inference.embeddings import SentenceEncoder
 
-TEXTS = ["A man is playing a guitar.", "short", "Stock markets fell sharply on Monday, the third fall in a row.",
-         "Café naïve résumé", "", "The cat sat on the mat " * 40, "Two dogs run in the park."]
+TEXTS = [
+    "A man is playing a guitar.",
+    "short",
+    "Stock markets fell sharply on Monday, the third fall in a row.",
+    "Café naïve résumé",
+    "",
+    "The cat sat on the mat " * 40,
+    "Two dogs run in the park.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +40,21 @@ def test_encode_gives_the_reference_mean_embeddings_in_order(encoder, minilm_dir
     np.testing.assert_allclose(encoder.encode(iter(TEXTS[:3])), expected[:3], atol=2e-5)  # a generator is read once
 
 
-@pytest.mark.parametrize("texts, arguments, message", [
-    (["a"], {"batch_size": 0}, "batch_size"), (None, {}, "list of strings"), (5, {}, "type int"),
-    ({"a": 1}, {}, "type dict"), (["a", None], {}, r"texts\[1\] of type NoneType"), (["a", "b", 3], {}, r"texts\[2\] of type int"),
-    ([b"ok", b"\xff"], {}, r"texts\[1\]` is bytes but not UTF-8"), (["a"], {"normalize": "no"}, "normalize"),
-    (["a"], {"progress": 3}, "progress"), (["a", "b\ud800c"], {}, r"texts\[1\]` is not valid Unicode"),
-])
+@pytest.mark.parametrize(
+    "texts, arguments, message",
+    [
+        (["a"], {"batch_size": 0}, "batch_size"),
+        (None, {}, "list of strings"),
+        (5, {}, "type int"),
+        ({"a": 1}, {}, "type dict"),
+        (["a", None], {}, r"texts\[1\] of type NoneType"),
+        (["a", "b", 3], {}, r"texts\[2\] of type int"),
+        ([b"ok", b"\xff"], {}, r"texts\[1\]` is bytes but not UTF-8"),
+        (["a"], {"normalize": "no"}, "normalize"),
+        (["a"], {"progress": 3}, "progress"),
+        (["a", "b\ud800c"], {}, r"texts\[1\]` is not valid Unicode"),
+    ],
+)
 def test_bad_arguments_name_the_argument(encoder, texts, arguments, message):
     with pytest.raises(ValueError, match=message):
         encoder.encode(texts, **arguments)
@@ -50,7 +66,9 @@ def test_bytes_string_tensors_and_numpy_integers_are_read_as_their_text(encoder)
     expected = encoder.encode(TEXTS[:4])
     np.testing.assert_array_equal(encoder.encode([text.encode("utf-8") for text in TEXTS[:4]]), expected)
     np.testing.assert_array_equal(encoder.encode(tf.constant(TEXTS[:4])), expected)
-    np.testing.assert_array_equal(encoder.encode(np.array([text.encode("utf-8") for text in TEXTS[:4]], dtype=object)), expected)
+    np.testing.assert_array_equal(
+        encoder.encode(np.array([text.encode("utf-8") for text in TEXTS[:4]], dtype=object)), expected
+    )
     np.testing.assert_allclose(encoder.encode(TEXTS[:4], batch_size=np.int64(3), progress=True), expected, atol=1e-6)
 
 
@@ -64,7 +82,9 @@ def test_one_text_alone_gives_its_vector(encoder):
         vector = encoder.encode(one)
         assert vector.shape == (384,) and vector.dtype == np.float32
         np.testing.assert_array_equal(vector, expected)
-    np.testing.assert_array_equal(encoder.encode(TEXTS[0], normalize=False), encoder.encode(TEXTS[:1], normalize=False)[0])
+    np.testing.assert_array_equal(
+        encoder.encode(TEXTS[0], normalize=False), encoder.encode(TEXTS[:1], normalize=False)[0]
+    )
     with pytest.raises(ValueError, match="batch_size"):
         encoder.encode(TEXTS[0], batch_size=0)
 
@@ -97,7 +117,11 @@ def test_a_text_is_read_only_as_far_as_its_cut_needs(encoder, monkeypatch):
     preprocessor does), so a huge text costs what a long one does; the result equals its first words'."""
     bounds = []
     call = type(encoder.tokenizer).__call__
-    monkeypatch.setattr(type(encoder.tokenizer), "__call__", lambda self, text, max_length=None: bounds.append(max_length) or call(self, text, max_length))
+    monkeypatch.setattr(
+        type(encoder.tokenizer),
+        "__call__",
+        lambda self, text, max_length=None: bounds.append(max_length) or call(self, text, max_length),
+    )
     head = "The cat sat on the mat. " * 20
     huge, short = encoder.encode([head + "and a very long tail " * 500_000]), encoder.encode([head])
     assert bounds == [64, 64]
@@ -115,7 +139,9 @@ def test_a_sentence_transformers_folder_reads_its_max_seq_length_and_pooling(min
     ids = hugging_face_ids(minilm_dir / "vocab.txt", long_text, 100_000)
     assert len(ids[0]) > 300
     expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", long_text, length))
-    np.testing.assert_allclose(encoder.encode(long_text), expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=2e-5)
+    np.testing.assert_allclose(
+        encoder.encode(long_text), expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=2e-5
+    )
 
 
 def test_a_sentence_transformers_pooling_other_than_the_mean_is_refused(minilm_dir, cls_pooling_dir):
@@ -139,7 +165,9 @@ def test_a_bad_max_seq_length_is_refused_naming_the_file(minilm_dir, tmp_path, l
         if path.name != "sentence_bert_config.json":
             (tmp_path / path.name).symlink_to(path)
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": length, "do_lower_case": False}))
-    with pytest.raises(ValueError, match=r"sentence_bert_config.json: `max_seq_length` must be an integer of at least 3"):
+    with pytest.raises(
+        ValueError, match=r"sentence_bert_config.json: `max_seq_length` must be an integer of at least 3"
+    ):
         SentenceEncoder.from_preset(str(tmp_path))
 
 
@@ -172,7 +200,9 @@ def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(mini
     hashed = []
     monkeypatch.setattr(presets, "_sha256", lambda path, real=presets._sha256: hashed.append(path) or real(path))
     vectors = SentenceEncoder.from_preset("minilm_f16", sequence_length=64).encode(TEXTS)
-    assert sorted(hashed) == sorted(str(folder / name) for name in json.loads((folder / presets.MANIFEST_FILE).read_text())["sha256"])
+    assert sorted(hashed) == sorted(
+        str(folder / name) for name in json.loads((folder / presets.MANIFEST_FILE).read_text())["sha256"]
+    )
     np.testing.assert_allclose(vectors, expected, atol=3e-3)  # float16 weights
     assert np.min(np.sum(vectors * expected, axis=1)) > 0.9999
     with pytest.raises(ValueError, match="Not a directory: 'minilm_l6' \\(.*a shipped preset: minilm_f16\\)"):
@@ -184,7 +214,8 @@ def test_a_shipped_float16_preset_loads_by_name_and_its_manifest_is_checked(mini
 
 
 def test_a_preset_folder_without_a_manifest_is_refused_unless_named_and_a_restored_mtime_does_not_hide_a_change(
-        minilm_dir, tmp_path, monkeypatch):
+    minilm_dir, tmp_path, monkeypatch
+):
     import os
 
     from concise_attention.models import presets

@@ -44,13 +44,24 @@ def test_unknown_preset(capsys):
     ],
 )
 def test_values_that_must_be_refused(tmp_path, capsys, override, expected):
-    _fails(capsys, train_cli.main, ["--config", "tiny_bert_fixed", "--run-dir", str(tmp_path / "run"), "--set", override], expected)
+    _fails(
+        capsys,
+        train_cli.main,
+        ["--config", "tiny_bert_fixed", "--run-dir", str(tmp_path / "run"), "--set", override],
+        expected,
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_run_dir_that_is_a_file(tmp_path, capsys):
     (tmp_path / "file").write_text("mine")
-    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "file")], str(tmp_path / "file"), "existing file")
+    _fails(
+        capsys,
+        train_cli.main,
+        ["--config", "tiny_lm", "--run-dir", str(tmp_path / "file")],
+        str(tmp_path / "file"),
+        "existing file",
+    )
     assert (tmp_path / "file").read_text() == "mine"
 
 
@@ -58,13 +69,16 @@ def test_truncated_config_of_a_run_names_the_file(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text('{"model_type": "bert", "mod')
-    error = _fails(capsys, export_cli.main, ["--run", str(run), "--out", str(tmp_path / "out")], str(run / "config.json"))
+    error = _fails(
+        capsys, export_cli.main, ["--run", str(run), "--out", str(tmp_path / "out")], str(run / "config.json")
+    )
     assert "not valid JSON" in error and not (tmp_path / "out").exists()
 
 
 def test_truncated_weights_of_a_run_name_the_file(tmp_path, capsys):
     from concise_attention.models.bert import BertPretrainer
     from concise_attention.training.run import runs
+
     config = configs.load_config("tiny_bert_fixed")
     model = BertPretrainer(config.build_model())
     run = runs.RunDirectory(tmp_path / "run")
@@ -78,8 +92,12 @@ def test_truncated_weights_of_a_run_name_the_file(tmp_path, capsys):
 
 
 def test_conversion_with_zero_iterations(tmp_path, capsys, minilm_dir):
-    _fails(capsys, collaborative_cli.main, ["--hf-dir", str(minilm_dir), "--ratio", "0.5", "--out", str(tmp_path / "out"),
-                                            "--iterations", "0"], "--iterations=0")
+    _fails(
+        capsys,
+        collaborative_cli.main,
+        ["--hf-dir", str(minilm_dir), "--ratio", "0.5", "--out", str(tmp_path / "out"), "--iterations", "0"],
+        "--iterations=0",
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -110,15 +128,25 @@ def test_invalid_utf8_deep_in_a_corpus_names_the_file_and_line(tmp_path, capsys,
 
     line = next(number for number, text in enumerate(bad.split(b"\n"), start=1) if not decodes(text))
     assert line == 701
-    _fails(capsys, train_cli.main, ["--config", config, "--run-dir", str(tmp_path / "run"), *_text_files(corpus)],
-           f"{corpus / 'b.txt'}, line {line}: not valid UTF-8")
+    _fails(
+        capsys,
+        train_cli.main,
+        ["--config", config, "--run-dir", str(tmp_path / "run"), *_text_files(corpus)],
+        f"{corpus / 'b.txt'}, line {line}: not valid UTF-8",
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_one_line_corpus_names_its_empty_training_split(tmp_path, capsys):
     corpus = _corpus(tmp_path / "corpus", **{"one.txt": b"A single line of text.\n\n"})
-    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), *_text_files(corpus)],
-           f"training split of task.data_dir={str(corpus)!r} is empty", "1 non-empty line", "held out for evaluation")
+    _fails(
+        capsys,
+        train_cli.main,
+        ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), *_text_files(corpus)],
+        f"training split of task.data_dir={str(corpus)!r} is empty",
+        "1 non-empty line",
+        "held out for evaluation",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -126,36 +154,82 @@ def test_one_line_corpus_names_its_empty_training_split(tmp_path, capsys):
 def test_corpus_under_one_batch_is_named(tmp_path, capsys):
     """Five lines: the held-out line packs into one row, under a batch of 8: the run stops
     before training, its weights never written."""
-    corpus = _corpus(tmp_path / "corpus", **{"five.txt": b"".join(SAMPLE_CORPUS.read_bytes().splitlines(keepends=True)[:5])})
-    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), *_text_files(corpus),
-                                    "--set", "model.vocab_size=200"],
-           "evaluation split holds less than one batch of 8 rows of 64 tokens", "training.batch_size")
+    corpus = _corpus(
+        tmp_path / "corpus", **{"five.txt": b"".join(SAMPLE_CORPUS.read_bytes().splitlines(keepends=True)[:5])}
+    )
+    _fails(
+        capsys,
+        train_cli.main,
+        [
+            "--config",
+            "tiny_lm",
+            "--run-dir",
+            str(tmp_path / "run"),
+            *_text_files(corpus),
+            "--set",
+            "model.vocab_size=200",
+        ],
+        "evaluation split holds less than one batch of 8 rows of 64 tokens",
+        "training.batch_size",
+    )
     assert not (tmp_path / "run" / "checkpoint").exists() and not (tmp_path / "run" / "model.weights.h5").exists()
 
 
 @pytest.mark.parametrize("name", ['x"; rm -rf /', "../up", "a" * 65, "with space", ".hidden", ""])
 def test_unsafe_model_names_are_refused_before_anything_is_written(tmp_path, capsys, minilm_dir, name):
     """The name goes into models.config and paths: letters, digits and _.- only, at most 64."""
-    _fails(capsys, export_cli.main, ["--hf-dir", str(minilm_dir), "--out", str(tmp_path / "out"), "--model-name", name], "model_name")
+    _fails(
+        capsys,
+        export_cli.main,
+        ["--hf-dir", str(minilm_dir), "--out", str(tmp_path / "out"), "--model-name", name],
+        "model_name",
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_a_changed_vocabulary_is_refused_on_resume(tmp_path, capsys):
     """inputs.json keeps the sha256 of the run's vocabulary: a truncated vocab.txt (reused as the
     trained vocabulary's cache) stops the resumed run with one line naming it, not silently."""
-    argv = ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", "training.train_steps=2",
-            "--set", "training.steps_per_epoch=1", "--set", "training.eval_batches=1", "--set", "training.steps_per_execution=1"]
+    argv = [
+        "--config",
+        "tiny_lm",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--quiet",
+        "--set",
+        "training.train_steps=2",
+        "--set",
+        "training.steps_per_epoch=1",
+        "--set",
+        "training.eval_batches=1",
+        "--set",
+        "training.steps_per_execution=1",
+    ]
     assert train_cli.main(argv) == 0
     capsys.readouterr()
     vocabulary = tmp_path / "run" / "vocab.txt"
     recorded, original = (tmp_path / "run" / "inputs.json").read_text(), vocabulary.read_text()
-    other = tmp_path / "other-vocab.txt"  # another vocabulary named on the command line: refused before the copy is replaced
+    other = (
+        tmp_path / "other-vocab.txt"
+    )  # another vocabulary named on the command line: refused before the copy is replaced
     other.write_text(original.replace("\n", "\nzzz-extra\n", 1))
-    _fails(capsys, train_cli.main, [*argv, "--set", f"tokenizer.vocabulary={other}"], str(other), "differs from the vocabulary")
+    _fails(
+        capsys,
+        train_cli.main,
+        [*argv, "--set", f"tokenizer.vocabulary={other}"],
+        str(other),
+        "differs from the vocabulary",
+    )
     assert vocabulary.read_text() == original
     vocabulary.write_text(original[:-40])
     config = (tmp_path / "run" / "config.json").read_text()
-    _fails(capsys, train_cli.main, [*argv, "--set", "training.train_steps=3"], str(vocabulary), "differs from the vocabulary")
+    _fails(
+        capsys,
+        train_cli.main,
+        [*argv, "--set", "training.train_steps=3"],
+        str(vocabulary),
+        "differs from the vocabulary",
+    )
     assert (tmp_path / "run" / "inputs.json").read_text() == recorded
     assert (tmp_path / "run" / "config.json").read_text() == config  # the refused resume rewrote nothing
 
@@ -167,8 +241,21 @@ def test_a_second_trainer_on_a_run_directory_is_refused(tmp_path, capsys):
 
     run = tmp_path / "run"
     run.mkdir()
-    argv = ["--config", "tiny_lm", "--run-dir", str(run), "--quiet", "--set", "training.train_steps=1",
-            "--set", "training.steps_per_epoch=1", "--set", "training.eval_batches=1", "--set", "training.steps_per_execution=1"]
+    argv = [
+        "--config",
+        "tiny_lm",
+        "--run-dir",
+        str(run),
+        "--quiet",
+        "--set",
+        "training.train_steps=1",
+        "--set",
+        "training.steps_per_epoch=1",
+        "--set",
+        "training.eval_batches=1",
+        "--set",
+        "training.steps_per_execution=1",
+    ]
     with open(run / ".lock", "a") as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         _fails(capsys, train_cli.main, argv, "Another trainer is running on", str(run))
@@ -210,14 +297,24 @@ def test_a_refused_trainer_leaves_the_winners_run_as_it_is(tmp_path, capsys, mon
 def test_a_run_directory_under_a_file_is_one_line(tmp_path, capsys, under):
     (tmp_path / "file").write_text("a file")
     run = tmp_path / "file" / under
-    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(run), "--set", "training.train_steps=1"],
-           str(tmp_path / "file"), "an existing file")
+    _fails(
+        capsys,
+        train_cli.main,
+        ["--config", "tiny_lm", "--run-dir", str(run), "--set", "training.train_steps=1"],
+        str(tmp_path / "file"),
+        "an existing file",
+    )
     assert (tmp_path / "file").read_text() == "a file"
 
 
 def test_a_bad_yaml_value_in_set_is_one_line(tmp_path, capsys):
-    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", "training.seed=[unclosed"],
-           "--set 'training.seed=[unclosed'", "not valid YAML")
+    _fails(
+        capsys,
+        train_cli.main,
+        ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", "training.seed=[unclosed"],
+        "--set 'training.seed=[unclosed'",
+        "not valid YAML",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -252,7 +349,9 @@ def test_environment_failures_are_one_line_with_exit_code_3(tmp_path, capsys, mo
     assert error == f"concise-train: error: {tmp_path / 'run' / 'config.json'}: No space left on device\n"
 
 
-@pytest.mark.parametrize("output, expected", [("{dir}", "is a directory"), ("{dir}/missing/metrics.json", "does not exist")])
+@pytest.mark.parametrize(
+    "output, expected", [("{dir}", "is a directory"), ("{dir}/missing/metrics.json", "does not exist")]
+)
 def test_evaluate_output_that_is_a_directory_or_in_a_missing_folder(tmp_path, capsys, output, expected):
     from concise_attention.cli import evaluate as evaluate_cli
 
@@ -275,19 +374,42 @@ def test_a_model_error_leaves_nothing_written_and_the_corrected_command_trains(t
     holding only what it held. The corrected command trains; a run that has trained still refuses another
     model and keeps its files."""
     run = tmp_path / "run"
-    argv = ["--config", "tiny_lm", "--run-dir", str(run), "--quiet", "--set", "training.train_steps=1",
-            "--set", "training.steps_per_epoch=1", "--set", "training.eval_batches=1", "--set", "training.steps_per_execution=1"]
+    argv = [
+        "--config",
+        "tiny_lm",
+        "--run-dir",
+        str(run),
+        "--quiet",
+        "--set",
+        "training.train_steps=1",
+        "--set",
+        "training.steps_per_epoch=1",
+        "--set",
+        "training.eval_batches=1",
+        "--set",
+        "training.steps_per_execution=1",
+    ]
     standard = ["--set", "model.attention={type: standard}"]
     _fails(capsys, train_cli.main, [*argv, *standard, "--set", "model.num_heads=5"], "num_heads=5")
     assert not run.exists()
     run.mkdir()
     (run / "notes.txt").write_text("mine")
-    _fails(capsys, train_cli.main, [*argv, "--set", "model.dropout=1.5"], "`model.dropout` must be in [0, 1). Received: model.dropout=1.5")
+    _fails(
+        capsys,
+        train_cli.main,
+        [*argv, "--set", "model.dropout=1.5"],
+        "`model.dropout` must be in [0, 1). Received: model.dropout=1.5",
+    )
     assert sorted(path.name for path in run.iterdir()) == ["notes.txt"]
     assert train_cli.main([*argv, *standard, "--set", "model.num_heads=4"]) == 0
     capsys.readouterr()
     trained = sorted(path.name for path in run.iterdir())
-    _fails(capsys, train_cli.main, [*argv, *standard, "--set", "model.num_heads=8"], "holds a run with a different `model` (model.num_heads: 4 -> 8)")
+    _fails(
+        capsys,
+        train_cli.main,
+        [*argv, *standard, "--set", "model.num_heads=8"],
+        "holds a run with a different `model` (model.num_heads: 4 -> 8)",
+    )
     assert sorted(path.name for path in run.iterdir()) == trained
 
 
@@ -310,21 +432,54 @@ def test_a_run_saved_before_a_setting_existed_resumes_and_a_changed_one_is_refus
         runs.RunDirectory(run).start(changed.to_dict() | {"name": changed.name})
 
 
-@pytest.mark.parametrize("setting", ["model.layer_norm_epsilon=.nan", "model.layer_norm_epsilon=-1", "model.dropout=1.5",
-                                     "training.learning_rate=.inf", "model.vocab_size=100000000000"])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "model.layer_norm_epsilon=.nan",
+        "model.layer_norm_epsilon=-1",
+        "model.dropout=1.5",
+        "training.learning_rate=.inf",
+        "model.vocab_size=100000000000",
+    ],
+)
 def test_a_value_outside_its_domain_is_one_line_before_anything_is_written(tmp_path, capsys, setting):
     name = setting.split("=")[0]
-    _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", setting], f"`{name}`")
+    _fails(
+        capsys,
+        train_cli.main,
+        ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", setting],
+        f"`{name}`",
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_a_diverging_run_stops_with_one_line(tmp_path, capsys):
     """A learning rate that drives the loss to inf or NaN stops the run before it saves weights or metrics."""
     run = tmp_path / "run"
-    error = _fails(capsys, train_cli.main, ["--config", "tiny_lm", "--run-dir", str(run), "--quiet", "--set", "training.learning_rate=1e30",
-                                            "--set", "training.train_steps=4", "--set", "training.steps_per_epoch=2",
-                                            "--set", "training.eval_batches=1", "--set", "training.steps_per_execution=1",
-                                            "--set", "training.warmup_steps=0"], "Training diverged")
+    error = _fails(
+        capsys,
+        train_cli.main,
+        [
+            "--config",
+            "tiny_lm",
+            "--run-dir",
+            str(run),
+            "--quiet",
+            "--set",
+            "training.learning_rate=1e30",
+            "--set",
+            "training.train_steps=4",
+            "--set",
+            "training.steps_per_epoch=2",
+            "--set",
+            "training.eval_batches=1",
+            "--set",
+            "training.steps_per_execution=1",
+            "--set",
+            "training.warmup_steps=0",
+        ],
+        "Training diverged",
+    )
     assert "step" in error
     assert not (run / "metrics.json").exists() and not (run / "backbone.weights.h5").exists()
 
@@ -332,7 +487,14 @@ def test_a_diverging_run_stops_with_one_line(tmp_path, capsys):
 def test_a_yaml_syntax_error_is_one_line_with_its_place(tmp_path, capsys):
     config = tmp_path / "mine.yaml"
     config.write_text("base: tiny_lm\ntraining:\n  seed: [1, 2\n  batch_size: 4\n")
-    error = _fails(capsys, train_cli.main, ["--config", str(config), "--run-dir", str(tmp_path / "run")], str(config), "not valid YAML", "line ")
+    error = _fails(
+        capsys,
+        train_cli.main,
+        ["--config", str(config), "--run-dir", str(tmp_path / "run")],
+        str(config),
+        "not valid YAML",
+        "line ",
+    )
     assert not (tmp_path / "run").exists(), error
 
 
@@ -354,6 +516,20 @@ def test_a_users_yaml_elsewhere_can_start_from_a_shipped_preset(tmp_path):
 def test_a_cache_dir_under_a_file_is_one_line_before_the_teacher_runs(tmp_path, capsys):
     (tmp_path / "file").write_text("a file")
     run = tmp_path / "run"
-    _fails(capsys, train_cli.main, ["--config", "distill_minilm_d192_fixed", "--run-dir", str(run), "--set", "task.dataset=sample", "--set", f"task.cache_dir={tmp_path / 'file' / 'cache'}"],
-           "task.cache_dir", "an existing file")
+    _fails(
+        capsys,
+        train_cli.main,
+        [
+            "--config",
+            "distill_minilm_d192_fixed",
+            "--run-dir",
+            str(run),
+            "--set",
+            "task.dataset=sample",
+            "--set",
+            f"task.cache_dir={tmp_path / 'file' / 'cache'}",
+        ],
+        "task.cache_dir",
+        "an existing file",
+    )
     assert not run.exists()

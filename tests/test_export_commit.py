@@ -22,8 +22,19 @@ from concise_attention.export import commit
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The files of each half of a fake version (the markers of commit.MARKERS among them).
 FILES = {
-    "hub": ("encoder/saved_model.pb", "encoder/variables/variables.index", "preprocess/saved_model.pb", "hub.tar.gz", "export.json"),
-    "serving": ("saved_model.pb", "variables/variables.index", "assets.extra/tf_serving_warmup_requests", "assets.extra/export.json"),
+    "hub": (
+        "encoder/saved_model.pb",
+        "encoder/variables/variables.index",
+        "preprocess/saved_model.pb",
+        "hub.tar.gz",
+        "export.json",
+    ),
+    "serving": (
+        "saved_model.pb",
+        "variables/variables.index",
+        "assets.extra/tf_serving_warmup_requests",
+        "assets.extra/export.json",
+    ),
 }
 FRESH_POINTS = 9  # staged, journal written, 3 moves x (moved, done), journal removed
 OVERWRITE_POINTS = 13  # the same with 2 more moves (the old halves set aside)
@@ -67,7 +78,11 @@ def _export(out, version="next", kill_at=None):
     if kill_at is not None:
         env[commit.KILL_AT_VARIABLE] = str(kill_at)
     result = subprocess.run(
-        [sys.executable, "-S", "-c", EXPORT_SCRIPT, str(out), str(version), json.dumps(FILES)], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-S", "-c", EXPORT_SCRIPT, str(out), str(version), json.dumps(FILES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode in (0, -signal.SIGKILL), result.stderr[-3000:]
     return result.returncode, json.loads(result.stdout) if result.returncode == 0 else None
@@ -123,7 +138,9 @@ def _kill_then_export_again(one_version, tmp_path, version, kill_at):
     during = _versions(out, complete=False)
     assert set(during.values()) <= {first, killed}
     journaled = kill_at >= 2  # point 2: the journal is written (the commit point)
-    assert (out / f"{commit.STAGING_PREFIX}{killed}" / commit.JOURNAL).exists() == (2 <= kill_at < OVERWRITE_POINTS if version == 1 else 2 <= kill_at < FRESH_POINTS)
+    assert (out / f"{commit.STAGING_PREFIX}{killed}" / commit.JOURNAL).exists() == (
+        2 <= kill_at < OVERWRITE_POINTS if version == 1 else 2 <= kill_at < FRESH_POINTS
+    )
     code, written = _export(out)  # the next export: recovers, then commits its own version
     assert code == 0 and _staging_folders(out) == []
     return out, first, killed, journaled, written

@@ -76,7 +76,11 @@ class WordCountTask(Task):
         def encode(text, count):
             ids = tokenizer(text[None])[0][:length]
             ids = tf.pad(ids, [[0, length - tf.shape(ids)[0]]], constant_values=pad)
-            inputs = {"input_word_ids": ids, "input_mask": tf.cast(ids != pad, tf.int32), "input_type_ids": tf.zeros_like(ids)}
+            inputs = {
+                "input_word_ids": ids,
+                "input_mask": tf.cast(ids != pad, tf.int32),
+                "input_type_ids": tf.zeros_like(ids),
+            }
             return inputs, count, 1.0
 
         counts = np.array([len(line.split()) for line in self.lines], "float32")[:, None] / 10.0
@@ -89,7 +93,9 @@ class WordCountTask(Task):
 
     def serving_signature(self, model):
         """The exported TF Serving model: `sentence` -> `words` (the predicted word count)."""
-        return ServingSignature(("sentence",), lambda inputs: {"words": 10.0 * model(inputs, training=False)["logits"][:, 0]})
+        return ServingSignature(
+            ("sentence",), lambda inputs: {"words": 10.0 * model(inputs, training=False)["logits"][:, 0]}
+        )
 
 
 @pytest.fixture()
@@ -119,7 +125,7 @@ def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(registered
     arguments = ["--config", _config_file(tmp_path), "--run-dir", str(tmp_path / "run"), "--quiet"]
     assert cli.main([*arguments, "--set", "model.attention.temperature=0.5"]) == 0
     out = capsys.readouterr().out
-    metrics = json.loads(out[out.index("{"):])
+    metrics = json.loads(out[out.index("{") :])
     assert metrics["task"] == "word_count" and metrics["step"] == 6 and np.isfinite(metrics["eval_loss"])
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["task"] == {"name": "word_count", "init": None, "max_lines": 120}
@@ -136,11 +142,15 @@ def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(registered
     # numpy from the trained layer's projection weights.
     x = np.random.default_rng(0).normal(size=(1, 5, 32)).astype("float32")
     _, probabilities = attention(x, x, return_attention_scores=True)
-    query, key = (np.einsum("bti,inh->btnh", x, np.asarray(dense.kernel)) + np.asarray(dense.bias)
-                  for dense in (attention.query_dense, attention.key_dense))
+    query, key = (
+        np.einsum("bti,inh->btnh", x, np.asarray(dense.kernel)) + np.asarray(dense.bias)
+        for dense in (attention.query_dense, attention.key_dense)
+    )
     logits = np.einsum("btnh,bsnh->bnts", query, key) / np.sqrt(16) / 0.5
     expected = np.exp(logits - logits.max(-1, keepdims=True))
-    np.testing.assert_allclose(np.asarray(probabilities), expected / expected.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        np.asarray(probabilities), expected / expected.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7
+    )
 
     # The task's own serving signature is what the exporter serves; the reloaded SavedModel
     # agrees with the live model on inputs packed by HF `tokenizers` (BERT's [CLS] text [SEP]).
@@ -149,22 +159,31 @@ def test_a_new_attention_variant_and_a_new_task_train_through_the_cli(registered
     from concise_attention.export.savedmodels import export_run
 
     sentences = ["The quick brown fox jumps over the lazy dog.", "Attention is all you need", "one"]
-    served = tf.saved_model.load(export_run(tmp_path / "run", tmp_path / "out")["serving"]).signatures["serving_default"]
+    served = tf.saved_model.load(export_run(tmp_path / "run", tmp_path / "out")["serving"]).signatures[
+        "serving_default"
+    ]
     words = served(sentence=tf.constant(sentences))["words"].numpy()
     tokenizer = tokenizers.BertWordPieceTokenizer(str(tmp_path / "run" / "vocab.txt"), lowercase=True)
     tokenizer.enable_padding(length=32)
     encodings = tokenizer.encode_batch(sentences)
-    inputs = {"input_word_ids": np.array([e.ids for e in encodings], "int32"),
-              "input_mask": np.array([e.attention_mask for e in encodings], "int32"),
-              "input_type_ids": np.array([e.type_ids for e in encodings], "int32")}
-    np.testing.assert_allclose(words, 10.0 * np.asarray(model(inputs, training=False)["logits"])[:, 0], rtol=1e-5, atol=1e-5)
+    inputs = {
+        "input_word_ids": np.array([e.ids for e in encodings], "int32"),
+        "input_mask": np.array([e.attention_mask for e in encodings], "int32"),
+        "input_type_ids": np.array([e.type_ids for e in encodings], "int32"),
+    }
+    np.testing.assert_allclose(
+        words, 10.0 * np.asarray(model(inputs, training=False)["logits"])[:, 0], rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("model.attention.temprature=0.5", "Unknown key `model.attention.temprature` for attention type 'tempered' "
-                                           "(TemperedAttention). Known keys: type, head_size, temperature"),
+        (
+            "model.attention.temprature=0.5",
+            "Unknown key `model.attention.temprature` for attention type 'tempered' "
+            "(TemperedAttention). Known keys: type, head_size, temperature",
+        ),
         # A value is the variant's own constructor's to check: the config constructs it once at load.
         ("model.attention.temperature=-1", "`temperature` must be positive. Received: temperature=-1"),
     ],

@@ -18,12 +18,27 @@ from concise_attention.cli import train as cli
 from concise_attention.training.run import runs
 
 TINY_BERT = [
-    "model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-    "model.intermediate_size=64", "model.max_sequence_length=64", "model.attention={type: fixed, head_size: 16}",
+    "model_type=bert",
+    "model.vocab_size=30522",
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.intermediate_size=64",
+    "model.max_sequence_length=64",
+    "model.attention={type: fixed, head_size: 16}",
 ]
-SHORT = ["training.sequence_length=32", "training.batch_size=8", "training.train_steps=6", "training.train_epochs=null",
-         "training.steps_per_epoch=3", "training.steps_per_execution=3", "training.jit_compile=false",
-         "training.learning_rate=1e-3", "training.warmup_fraction=null", "training.warmup_steps=1"]
+SHORT = [
+    "training.sequence_length=32",
+    "training.batch_size=8",
+    "training.train_steps=6",
+    "training.train_epochs=null",
+    "training.steps_per_epoch=3",
+    "training.steps_per_execution=3",
+    "training.jit_compile=false",
+    "training.learning_rate=1e-3",
+    "training.warmup_fraction=null",
+    "training.warmup_steps=1",
+]
 
 
 @pytest.fixture()
@@ -53,7 +68,7 @@ def _train(capsys, run_dir, preset, vocabulary, *overrides):
         argv += ["--set", override]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    return json.loads(out[out.index("{"):])
+    return json.loads(out[out.index("{") :])
 
 
 def _dev_predictions(run_dir, dev_texts):
@@ -86,7 +101,9 @@ def test_sst2_on_mock_data_trains_evaluates_and_reloads(tmp_path, capsys, vocabu
     assert config.task.labels == ["negative", "positive"]  # read from the data's ClassLabel names
     labels = [example["label"] for example in dev]
     np.testing.assert_allclose(evaluated[-1], logits, atol=1e-4)  # the trainer evaluated what the reloaded run predicts
-    assert metrics["eval_accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(labels, evaluated[-1].argmax(-1)), abs=1e-9)
+    assert metrics["eval_accuracy"] == pytest.approx(
+        sklearn.metrics.accuracy_score(labels, evaluated[-1].argmax(-1)), abs=1e-9
+    )
 
 
 def _write_mrpc(directory):
@@ -100,7 +117,7 @@ def _write_mrpc(directory):
             first = " ".join(rng.choice(words, 6))
             same = index % 2 == 0
             second = first if same else " ".join(rng.choice(words, 6))
-            lines.append(f"{int(same)}\t{index}\t{index + 1000}\t{first}\t\"{second}\"")
+            lines.append(f'{int(same)}\t{index}\t{index + 1000}\t{first}\t"{second}"')
         (directory / f"{split}.tsv").write_text("\n".join(lines) + "\n")
     return [line.split("\t") for line in (directory / "dev.tsv").read_text().splitlines()[1:]]
 
@@ -109,7 +126,9 @@ def _write_mrpc(directory):
 def test_mrpc_from_the_original_tsv_files_reports_accuracy_and_f1(tmp_path, capsys, vocabulary, evaluated, monkeypatch):
     rows = _write_mrpc(tmp_path / "MRPC")
     monkeypatch.chdir(tmp_path)  # the data folder given relative to here, as users type it
-    metrics = _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc", "task.data_dir=MRPC")
+    metrics = _train(
+        capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc", "task.data_dir=MRPC"
+    )
     _, logits = _dev_predictions(tmp_path / "run", [(row[3], row[4]) for row in rows])
     np.testing.assert_allclose(evaluated[-1], logits, atol=1e-4)
     labels, predicted = [int(row[0]) for row in rows], evaluated[-1].argmax(-1)
@@ -118,7 +137,9 @@ def test_mrpc_from_the_original_tsv_files_reports_accuracy_and_f1(tmp_path, caps
     assert metrics["majority_class_accuracy"] == pytest.approx(7 / 13, abs=1e-9)
     # the mean over the 13 dev pairs alone: the 3 empty rows that fill the second batch of 8 count for nothing
     probabilities = scipy.special.softmax(evaluated[-1].astype("float64"), axis=-1)
-    assert metrics["eval_loss"] == pytest.approx(sklearn.metrics.log_loss(labels, probabilities, labels=[0, 1]), rel=1e-5)
+    assert metrics["eval_loss"] == pytest.approx(
+        sklearn.metrics.log_loss(labels, probabilities, labels=[0, 1]), rel=1e-5
+    )
     # concise-evaluate from another folder: the recorded relative folder is not found there, --data-dir names it
     monkeypatch.chdir(tmp_path / "run")
     with pytest.raises(SystemExit) as exit_info:
@@ -127,8 +148,11 @@ def test_mrpc_from_the_original_tsv_files_reports_accuracy_and_f1(tmp_path, caps
     assert exit_info.value.code == 2 and "'MRPC'" in error and "--data-dir" in error and "Traceback" not in error
     assert evaluate_cli.main(["--run", ".", "--data-dir", "../MRPC"]) == 0
     out = capsys.readouterr().out
-    evaluated_again = json.loads(out[out.index("{"):])
-    assert evaluated_again["eval_accuracy"] == metrics["eval_accuracy"] and evaluated_again["eval_f1"] == metrics["eval_f1"]
+    evaluated_again = json.loads(out[out.index("{") :])
+    assert (
+        evaluated_again["eval_accuracy"] == metrics["eval_accuracy"]
+        and evaluated_again["eval_f1"] == metrics["eval_f1"]
+    )
 
 
 @pytest.mark.slow
@@ -143,7 +167,9 @@ def test_stsb_regression_reports_pearson_and_spearman(tmp_path, capsys, vocabula
     np.testing.assert_allclose(recorded, scores[:, 0], atol=1e-4)
     assert metrics["eval_pearson"] == pytest.approx(scipy.stats.pearsonr(labels, recorded)[0], abs=1e-5)
     assert metrics["eval_spearman"] == pytest.approx(scipy.stats.spearmanr(labels, recorded)[0], abs=1e-5)
-    assert len(labels) % 8 and metrics["eval_loss"] == pytest.approx(np.mean((np.asarray(labels) - recorded) ** 2), rel=1e-5)
+    assert len(labels) % 8 and metrics["eval_loss"] == pytest.approx(
+        np.mean((np.asarray(labels) - recorded) ** 2), rel=1e-5
+    )
 
 
 def test_a_label_the_task_does_not_know_names_the_file_and_line(tmp_path, capsys, vocabulary):
@@ -151,7 +177,14 @@ def test_a_label_the_task_does_not_know_names_the_file_and_line(tmp_path, capsys
     dev = tmp_path / "MRPC" / "dev.tsv"
     dev.write_text(dev.read_text() + "maybe\t1\t2\tone\ttwo\n")
     with pytest.raises(SystemExit) as exit_info:
-        _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc", f"task.data_dir={tmp_path / 'MRPC'}")
+        _train(
+            capsys,
+            tmp_path / "run",
+            "glue_mrpc",
+            vocabulary,
+            "task.dataset=glue_tsv/mrpc",
+            f"task.data_dir={tmp_path / 'MRPC'}",
+        )
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and "dev.tsv line 15" in error and "'maybe'" in error and "Traceback" not in error
     assert not (tmp_path / "run").exists()
@@ -183,13 +216,28 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
     from concise_attention.export.savedmodels import export_run
 
     rows = _write_mrpc(tmp_path / "MRPC")
-    _train(capsys, tmp_path / "run", "glue_mrpc", vocabulary, "task.dataset=glue_tsv/mrpc", f"task.data_dir={tmp_path / 'MRPC'}")
+    _train(
+        capsys,
+        tmp_path / "run",
+        "glue_mrpc",
+        vocabulary,
+        "task.dataset=glue_tsv/mrpc",
+        f"task.data_dir={tmp_path / 'MRPC'}",
+    )
     written = export_run(tmp_path / "run", tmp_path / "out")
-    for marker in (pathlib.Path(written["serving"]) / "assets.extra" / "export.json", pathlib.Path(written["encoder"]).parent / "export.json"):
+    for marker in (
+        pathlib.Path(written["serving"]) / "assets.extra" / "export.json",
+        pathlib.Path(written["encoder"]).parent / "export.json",
+    ):
         assert str(tmp_path) not in marker.read_text(), marker  # task.data_dir by its name only
     pairs = [(row[3], row[4].strip('"')) for row in rows[:6]]
-    result = subprocess.run([sys.executable, "-c", _SERVE, written["serving"], json.dumps(pairs)], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", _SERVE, written["serving"], json.dumps(pairs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     served = json.loads(result.stdout.strip().splitlines()[-1])
     config, logits = _dev_predictions(tmp_path / "run", pairs)
@@ -201,7 +249,9 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
     assert "text and text_b must hold as many strings" in served["mismatch"]  # one clear line, not a graph error
 
 
-@pytest.mark.parametrize("preset, texts", [("glue_mrpc", ("text", "text_b")), ("glue_sst2", ("text",)), ("glue_stsb", ("text", "text_b"))])
+@pytest.mark.parametrize(
+    "preset, texts", [("glue_mrpc", ("text", "text_b")), ("glue_sst2", ("text",)), ("glue_stsb", ("text", "text_b"))]
+)
 def test_each_sentence_task_says_what_its_serving_model_serves(preset, texts):
     """`Task.serving_signature` (what the exporter serves) against numpy on the live model's logits."""
     from concise_attention.training.run import configs
@@ -213,8 +263,11 @@ def test_each_sentence_task_says_what_its_serving_model_serves(preset, texts):
     task = make_task(config)
     model = task.build_model(config.build_model())
     rng = np.random.default_rng(0)
-    inputs = {"input_word_ids": rng.integers(1, 1000, (4, 8)).astype("int32"), "input_mask": np.ones((4, 8), "int32"),
-              "input_type_ids": np.zeros((4, 8), "int32")}
+    inputs = {
+        "input_word_ids": rng.integers(1, 1000, (4, 8)).astype("int32"),
+        "input_mask": np.ones((4, 8), "int32"),
+        "input_type_ids": np.zeros((4, 8), "int32"),
+    }
     signature = task.serving_signature(model)
     outputs = {name: np.asarray(value) for name, value in signature.outputs(inputs).items()}
     logits = np.asarray(model(inputs, training=False)["logits"], "float64")
@@ -227,7 +280,9 @@ def test_each_sentence_task_says_what_its_serving_model_serves(preset, texts):
         expected /= expected.sum(-1, keepdims=True)
         assert set(outputs) == {"probabilities", "label"}
         np.testing.assert_allclose(outputs["probabilities"], expected, rtol=1e-5, atol=1e-7)
-        assert [label.decode() for label in outputs["label"]] == [["neg", "pos", "odd"][i] for i in outputs["probabilities"].argmax(-1)]
+        assert [label.decode() for label in outputs["label"]] == [
+            ["neg", "pos", "odd"][i] for i in outputs["probabilities"].argmax(-1)
+        ]
 
 
 def test_a_task_without_a_serving_model_of_its_own_serves_the_encoder():
@@ -238,14 +293,22 @@ def test_a_task_without_a_serving_model_of_its_own_serves_the_encoder():
     assert make_task(config).serving_signature(config.build_model()) is None
 
 
-@pytest.mark.parametrize("labels, message", [
-    ("[neg, pos, pos]", "at least 2 distinct labels"), ("[pos]", "at least 2 distinct labels"),
-    ("[true, false]", "strings or integers"), ("pos", "task.labels"),
-])
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        ("[neg, pos, pos]", "at least 2 distinct labels"),
+        ("[pos]", "at least 2 distinct labels"),
+        ("[true, false]", "strings or integers"),
+        ("pos", "task.labels"),
+    ],
+)
 def test_task_labels_are_at_least_two_distinct_names(labels, message):
     from concise_attention.training.run import configs
 
-    assert configs.load_config("glue_base", ["task.labels=[0, 1]"]).task.labels == ["0", "1"]  # as the TSV files hold them
+    assert configs.load_config("glue_base", ["task.labels=[0, 1]"]).task.labels == [
+        "0",
+        "1",
+    ]  # as the TSV files hold them
     with pytest.raises(ValueError, match=message):
         configs.load_config("glue_base", [f"task.labels={labels}"])
 
@@ -258,8 +321,16 @@ def test_a_head_on_the_shipped_sentence_encoder_reads_its_mean_and_exports_it_as
 
     from concise_attention.export.savedmodels import export_run
 
-    argv = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", "task.init=concise-minilm-d192",
-            *(item for override in SHORT for item in ("--set", override))]
+    argv = [
+        "--config",
+        "wordnet_topics",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--quiet",
+        "--set",
+        "task.init=concise-minilm-d192",
+        *(item for override in SHORT for item in ("--set", override)),
+    ]
     assert cli.main(argv) == 0
     loaded = runs.load(tmp_path / "run")
     config, model, backbone = loaded.config, loaded.task_model, loaded.backbone

@@ -26,14 +26,30 @@ from in_process import run_main
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN, EXPORT = "gs://bucket/run", "gs://bucket/export"
 # Dropout on; 12 steps in 3 epochs: a checkpoint every 4 steps.
-OVERRIDES = ["model.dropout=0.1", "model.attention_dropout=0.1", "training.train_steps=12", "training.steps_per_epoch=4",
-             "training.steps_per_execution=2", "training.warmup_steps=2", "training.eval_batches=1"]
+OVERRIDES = [
+    "model.dropout=0.1",
+    "model.attention_dropout=0.1",
+    "training.train_steps=12",
+    "training.steps_per_epoch=4",
+    "training.steps_per_execution=2",
+    "training.warmup_steps=2",
+    "training.eval_batches=1",
+]
 TEXTS = ["The cat sat on the mat.", "A second, longer sentence about the weather in the mountains today.", "Hello!"]
 
 
 def _train_command(run_dir):
     """The run trains its own WordPiece vocabulary into RUN/vocab.txt (a restart reuses it)."""
-    command = [sys.executable, "-m", "concise_attention.cli.train", "--config", "tiny_bert_fixed", "--run-dir", run_dir, "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "concise_attention.cli.train",
+        "--config",
+        "tiny_bert_fixed",
+        "--run-dir",
+        run_dir,
+        "--quiet",
+    ]
     for override in OVERRIDES:
         command += ["--set", override]
     return command
@@ -59,8 +75,11 @@ def _reference_embeddings(run, texts):
     length = max(len(encoding.ids) for encoding in encodings)
     ids = np.array([encoding.ids + [0] * (length - len(encoding.ids)) for encoding in encodings], "int32")
     mask = (ids != 0).astype("int32")
-    sequence = np.asarray(pretrainer.encoder({"input_word_ids": ids, "input_mask": mask, "input_type_ids": np.zeros_like(ids)},
-                                             training=False)["sequence_output"])
+    sequence = np.asarray(
+        pretrainer.encoder(
+            {"input_word_ids": ids, "input_mask": mask, "input_type_ids": np.zeros_like(ids)}, training=False
+        )["sequence_output"]
+    )
     return (sequence * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
 
 
@@ -73,7 +92,11 @@ def _kill_after_the_first_checkpoint(command, cwd, env):
     running = process.poll() is None
     process.send_signal(signal.SIGKILL)  # no chance to clean up
     process.wait()
-    return {"running": running, "checkpoint": _checkpoint_landed(), "finished": tf.io.gfile.exists(f"{RUN}/model.weights.h5")}
+    return {
+        "running": running,
+        "checkpoint": _checkpoint_landed(),
+        "finished": tf.io.gfile.exists(f"{RUN}/model.weights.h5"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +120,18 @@ def _gfile_operations(base):
     with gfile.GFile(f"{base}/a/b/x.bin", "rb") as file:
         file.seek(1000)
         seen += [file.read(10).hex(), file.tell()]
-    seen.append([(gfile.exists(f"{base}/{name}"), gfile.isdir(f"{base}/{name}")) for name in ("a", "a/b", "a/b/x.bin", "a/empty", "a/no")])
-    seen.append([sorted(name.rstrip("/") for name in gfile.listdir(f"{base}/a")), sorted(path[len(base):] for path in gfile.glob(f"{base}/a/*"))])
+    seen.append(
+        [
+            (gfile.exists(f"{base}/{name}"), gfile.isdir(f"{base}/{name}"))
+            for name in ("a", "a/b", "a/b/x.bin", "a/empty", "a/no")
+        ]
+    )
+    seen.append(
+        [
+            sorted(name.rstrip("/") for name in gfile.listdir(f"{base}/a")),
+            sorted(path[len(base) :] for path in gfile.glob(f"{base}/a/*")),
+        ]
+    )
     seen.append([gfile.stat(f"{base}/{name}").length for name in ("a/b/x.bin", "a/empty", "a/t.txt")])
     gfile.copy(f"{base}/a/t.txt", f"{base}/a/b/t2.txt")
     gfile.rename(f"{base}/a/b/t2.txt", f"{base}/a/empty", overwrite=True)
@@ -106,7 +139,12 @@ def _gfile_operations(base):
         gfile.rename(f"{base}/a/t.txt", f"{base}/a/empty", overwrite=False)
     with gfile.GFile(f"{base}/a/empty") as file:
         seen.append(file.readlines())
-    seen.append(sorted((top[len(base):].rstrip("/"), sorted(d.rstrip("/") for d in dirs), sorted(files)) for top, dirs, files in gfile.walk(base)))
+    seen.append(
+        sorted(
+            (top[len(base) :].rstrip("/"), sorted(d.rstrip("/") for d in dirs), sorted(files))
+            for top, dirs, files in gfile.walk(base)
+        )
+    )
     gfile.rmtree(f"{base}/a/b")
     seen.append([gfile.exists(f"{base}/a/b/x.bin"), sorted(name.rstrip("/") for name in gfile.listdir(f"{base}/a"))])
     return seen
@@ -145,11 +183,30 @@ def gcs_run(gcs, tmp_path_factory):
     weights = {"gs": _weights(RUN), "local": _weights(local / "run")}
     with tf.io.gfile.GFile(f"{RUN}/metrics.json") as file:
         metrics = {"gs": json.loads(file.read())}
-    metrics.update({"local": json.loads((local / "run" / "metrics.json").read_text()), "printed": json.loads(printed[printed.index("{"):])})
-    listing = {"run": sorted(tf.io.gfile.listdir(RUN)), "export": sorted(tf.io.gfile.listdir(EXPORT)), "written": json.loads(exported)}
+    metrics.update(
+        {
+            "local": json.loads((local / "run" / "metrics.json").read_text()),
+            "printed": json.loads(printed[printed.index("{") :]),
+        }
+    )
+    listing = {
+        "run": sorted(tf.io.gfile.listdir(RUN)),
+        "export": sorted(tf.io.gfile.listdir(EXPORT)),
+        "written": json.loads(exported),
+    }
     log = gcs.requests()
-    return {"root": root, "cwd": cwd, "local": local / "run", "killed": killed, "weights": weights, "metrics": metrics,
-            "listing": listing, "served": served, "log": log, "requests": requests}
+    return {
+        "root": root,
+        "cwd": cwd,
+        "local": local / "run",
+        "killed": killed,
+        "weights": weights,
+        "metrics": metrics,
+        "listing": listing,
+        "served": served,
+        "log": log,
+        "requests": requests,
+    }
 
 
 @pytest.mark.slow
@@ -162,8 +219,10 @@ def test_run_killed_on_gcs_resumes_to_the_uninterrupted_local_result_bit_for_bit
     assert gcs_run["metrics"]["gs"] == gcs_run["metrics"]["local"] == gcs_run["metrics"]["printed"]
     assert gcs_run["metrics"]["gs"]["step"] == 12
     # The restarted run read its checkpoint back from gs:// (an object read, not a local copy).
-    restarted = gcs_run["log"][gcs_run["requests"]["first"]:gcs_run["requests"]["second"]]
-    assert any(r["host"] == "storage.googleapis.com" and r["path"].startswith("/bucket/run%2Fcheckpoint%2F") for r in restarted)
+    restarted = gcs_run["log"][gcs_run["requests"]["first"] : gcs_run["requests"]["second"]]
+    assert any(
+        r["host"] == "storage.googleapis.com" and r["path"].startswith("/bucket/run%2Fcheckpoint%2F") for r in restarted
+    )
     # ... and reused the vocabulary the killed one had trained into gs://bucket/run/vocab.txt (its fingerprint matched).
     assert not any("name=run%2Fvocab.txt" in r["path"] for r in restarted)
     assert any(r["path"] == "/bucket/run%2Fvocab.txt.sha256" for r in restarted)
@@ -174,7 +233,15 @@ def test_export_to_gcs_commits_a_version_that_serves_the_trained_model(gcs_run):
     listing = gcs_run["listing"]
     assert listing["export"] == ["hub/", "serving/"]  # committed: no staging folder or journal left
     assert listing["written"]["serving"] == f"{EXPORT}/serving/1"
-    assert {"config.json", "vocab.txt", "backbone.weights.h5", "model.weights.h5", "metrics.json", "checkpoint/", "logs/"} <= set(listing["run"])
+    assert {
+        "config.json",
+        "vocab.txt",
+        "backbone.weights.h5",
+        "model.weights.h5",
+        "metrics.json",
+        "checkpoint/",
+        "logs/",
+    } <= set(listing["run"])
     np.testing.assert_allclose(gcs_run["served"], _reference_embeddings(gcs_run["local"], TEXTS), atol=1e-5)
 
 

@@ -20,26 +20,59 @@ def _write(path, rows):
 
 
 MNLI_TRAIN_HEADER = [
-    "index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-    "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label",
+    "index",
+    "promptID",
+    "pairID",
+    "genre",
+    "sentence1_binary_parse",
+    "sentence2_binary_parse",
+    "sentence1_parse",
+    "sentence2_parse",
+    "sentence1",
+    "sentence2",
+    "label1",
+    "gold_label",
 ]
 MNLI_DEV_HEADER = MNLI_TRAIN_HEADER[:11] + ["label2", "label3", "label4", "label5", "gold_label"]
 
 
 def _mnli_row(index, premise, hypothesis, labels):
-    return [str(index), "31193", f"{index}n", "government", "( ( x ) )", "( y )", "(ROOT x)", "(ROOT y)", premise, hypothesis, *labels]
+    return [
+        str(index),
+        "31193",
+        f"{index}n",
+        "government",
+        "( ( x ) )",
+        "( y )",
+        "(ROOT x)",
+        "(ROOT y)",
+        premise,
+        hypothesis,
+        *labels,
+    ]
 
 
 def test_mnli_reads_sentence_columns_8_9_and_the_last_label(tmp_path):
-    train = _write(tmp_path / "MNLI" / "train.tsv", [
-        MNLI_TRAIN_HEADER,
-        _mnli_row(0, 'He said "yes".', "He agreed.", ["entailment", "entailment"]),
-        _mnli_row(1, "It's 5' tall", 'A "tall" thing', ["neutral", "neutral"]),
-    ])
-    _write(tmp_path / "MNLI" / "dev_matched.tsv", [
-        MNLI_DEV_HEADER,
-        _mnli_row(0, "The cat sat.", "No cat sat.", ["contradiction", "neutral", "contradiction", "contradiction", "contradiction", "contradiction"]),
-    ])
+    train = _write(
+        tmp_path / "MNLI" / "train.tsv",
+        [
+            MNLI_TRAIN_HEADER,
+            _mnli_row(0, 'He said "yes".', "He agreed.", ["entailment", "entailment"]),
+            _mnli_row(1, "It's 5' tall", 'A "tall" thing', ["neutral", "neutral"]),
+        ],
+    )
+    _write(
+        tmp_path / "MNLI" / "dev_matched.tsv",
+        [
+            MNLI_DEV_HEADER,
+            _mnli_row(
+                0,
+                "The cat sat.",
+                "No cat sat.",
+                ["contradiction", "neutral", "contradiction", "contradiction", "contradiction", "contradiction"],
+            ),
+        ],
+    )
     assert glue.read_glue_tsv(train, "mnli") == [
         TextExample('He said "yes".', "He agreed.", "entailment", 2),
         TextExample("It's 5' tall", 'A "tall" thing', "neutral", 3),
@@ -51,14 +84,42 @@ def test_mnli_reads_sentence_columns_8_9_and_the_last_label(tmp_path):
 def test_the_other_original_layouts(tmp_path):
     rows = {
         "sst2": [["sentence", "label"], ['a "gripping" film ', "1"], ['"unbalanced quote', "0"]],
-        "mrpc": [["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"], ["1", "702876", "702977", "He said.", "He stated."]],
+        "mrpc": [
+            ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+            ["1", "702876", "702977", "He said.", "He stated."],
+        ],
         "qnli": [["index", "question", "sentence", "label"], ["0", "Who?", "Him.", "not_entailment"]],
         "rte": [["index", "sentence1", "sentence2", "label"], ["0", "A dog runs.", "An animal runs.", "entailment"]],
         "wnli": [["index", "sentence1", "sentence2", "label"], ["0", "I put it in.", "It fit.", "1"]],
-        "qqp": [["id", "qid1", "qid2", "question1", "question2", "is_duplicate"], ["7", "15", "16", "How?", "Why?", "0"]],
+        "qqp": [
+            ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+            ["7", "15", "16", "How?", "Why?", "0"],
+        ],
         "stsb": [
-            ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2", "score"],
-            ["0", "main-captions", "MSRvid", "2012test", "0001", "none", "none", "A plane takes off.", "An air plane is taking off.", "5.000"],
+            [
+                "index",
+                "genre",
+                "filename",
+                "year",
+                "old_index",
+                "source1",
+                "source2",
+                "sentence1",
+                "sentence2",
+                "score",
+            ],
+            [
+                "0",
+                "main-captions",
+                "MSRvid",
+                "2012test",
+                "0001",
+                "none",
+                "none",
+                "A plane takes off.",
+                "An air plane is taking off.",
+                "5.000",
+            ],
         ],
         "cola": [["gj04", "1", "", "Our friends won't buy this analysis."], ["gj04", "0", "*", "They drank the pub."]],
     }
@@ -71,7 +132,10 @@ def test_the_other_original_layouts(tmp_path):
         "qqp": [TextExample("How?", "Why?", "0", 2)],
         "stsb": [TextExample("A plane takes off.", "An air plane is taking off.", 5.0, 2)],
         # CoLA's train/dev files have no header: the first line is an example.
-        "cola": [TextExample("Our friends won't buy this analysis.", None, "1", 1), TextExample("They drank the pub.", None, "0", 2)],
+        "cola": [
+            TextExample("Our friends won't buy this analysis.", None, "1", 1),
+            TextExample("They drank the pub.", None, "0", 2),
+        ],
     }
     for task, task_rows in rows.items():
         path = _write(tmp_path / task / "train.tsv", task_rows)
@@ -80,7 +144,9 @@ def test_the_other_original_layouts(tmp_path):
 
 
 def test_generic_tsv_layout_is_found_from_the_header(tmp_path):
-    pair = _write(tmp_path / "pair" / "train.tsv", [["id", "label", "sentence2", "sentence1"], ["a", "yes", "second", "first"]])
+    pair = _write(
+        tmp_path / "pair" / "train.tsv", [["id", "label", "sentence2", "sentence1"], ["a", "yes", "second", "first"]]
+    )
     _write(tmp_path / "single" / "dev.tsv", [["sentence", "label"], ["only one", "no"]])
     assert glue.read_glue_tsv(pair, "tsv") == [TextExample("first", "second", "yes", 2)]
     assert glue.glue_examples("tsv", "dev", tmp_path / "single", "tsv") == [TextExample("only one", None, "no", 2)]
@@ -104,7 +170,10 @@ def test_short_row_names_file_and_line(tmp_path):
 
 def test_labels_come_from_the_training_split(tmp_path):
     header = ["index", "question", "sentence", "label"]
-    train = glue.read_glue_tsv(_write(tmp_path / "train.tsv", [header, ["0", "q", "s", "not_entailment"], ["1", "q", "s", "entailment"]]), "qnli")
+    train = glue.read_glue_tsv(
+        _write(tmp_path / "train.tsv", [header, ["0", "q", "s", "not_entailment"], ["1", "q", "s", "entailment"]]),
+        "qnli",
+    )
     vocabulary = glue.label_vocabulary(train)
     assert vocabulary == ["entailment", "not_entailment"]
     np.testing.assert_array_equal(glue.encode_labels(train, vocabulary, "train.tsv"), np.array([1, 0], np.int32))
@@ -122,7 +191,10 @@ def test_labels_come_from_the_training_split(tmp_path):
     "call, message",
     [
         (lambda tmp: glue.read_glue_tsv(tmp / "missing.tsv", "sst2"), "TSV file not found"),
-        (lambda tmp: glue.label_vocabulary([TextExample("a", None, "pos")] * 3, "one/train.tsv"), r"one/train\.tsv: a classifier needs at least 2 labels. Received: \['pos'\]"),
+        (
+            lambda tmp: glue.label_vocabulary([TextExample("a", None, "pos")] * 3, "one/train.tsv"),
+            r"one/train\.tsv: a classifier needs at least 2 labels. Received: \['pos'\]",
+        ),
         (lambda tmp: glue.label_vocabulary([], "empty/train.tsv"), "empty/train.tsv: .* Received: no examples"),
         (lambda tmp: glue.read_glue_tsv(tmp / "x.tsv", "imdb"), "Unknown GLUE task"),
         (lambda tmp: glue.glue_examples("sst2", "test", tmp, "tsv"), "split must be one of"),
@@ -140,7 +212,9 @@ def test_tsv_is_read_through_tf_io_gfile(tmp_path):
     """A non-local tf.io.gfile filesystem (TensorFlow's in-memory ram://) stands in for gs://."""
     with tf.io.gfile.GFile("ram://glue_test/SST-2/train.tsv", "w") as file:
         file.write("sentence\tlabel\nfine film\t1\n")
-    assert glue.glue_examples("sst2", "train", "ram://glue_test/SST-2", "tsv") == [TextExample("fine film", None, "1", 2)]
+    assert glue.glue_examples("sst2", "train", "ram://glue_test/SST-2", "tsv") == [
+        TextExample("fine film", None, "1", 2)
+    ]
 
 
 @pytest.mark.parametrize("task, pair", [("sst2", False), ("mrpc", True), ("stsb", True)])

@@ -22,7 +22,9 @@ def test_classifier_is_a_dense_layer_on_the_pooled_output_and_round_trips(tmp_pa
     logits = np.asarray(classifier(inputs)["logits"])
     np.testing.assert_allclose(logits, pooled @ kernel + bias, rtol=1e-5, atol=1e-6)
     classifier.save(tmp_path / "c.keras")
-    np.testing.assert_allclose(np.asarray(keras.saving.load_model(tmp_path / "c.keras")(inputs)["logits"]), logits, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(keras.saving.load_model(tmp_path / "c.keras")(inputs)["logits"]), logits, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("pooling", ["mean", "normalized_mean"])
@@ -37,12 +39,16 @@ def test_classifier_reads_the_mean_token_vector_when_asked_and_round_trips(tmp_p
     logits = np.asarray(classifier(inputs)["logits"])
     np.testing.assert_allclose(logits, mean @ kernel + bias, rtol=1e-5, atol=1e-6)
     # the [CLS] pooler no output reaches is not trained: no "Gradients do not exist" warning, and it stays as it was
-    assert not any("pooler" in w.path for w in classifier.trainable_weights) and any("pooler" in w.path for w in classifier.weights)
+    assert not any("pooler" in w.path for w in classifier.trainable_weights) and any(
+        "pooler" in w.path for w in classifier.weights
+    )
     classifier.save(tmp_path / "c.keras")
     reloaded = keras.saving.load_model(tmp_path / "c.keras")
     assert reloaded.pooling == pooling
     np.testing.assert_allclose(np.asarray(reloaded(inputs)["logits"]), logits, atol=1e-6)
-    with pytest.raises(ValueError, match="`pooling` must be one of mean, normalized_mean, cls. Received: pooling='max'"):
+    with pytest.raises(
+        ValueError, match="`pooling` must be one of mean, normalized_mean, cls. Received: pooling='max'"
+    ):
         BertClassifier(configs.load_config("tiny_bert_fixed").build_model(), num_outputs=3, pooling="max")
 
 
@@ -57,7 +63,9 @@ def test_a_new_head_on_the_shipped_sentence_encoder_reads_its_mean_token_vector(
 
     embedding = SentenceEncoder.from_preset("concise-minilm-d192").encode(["this is a test"])
     kernel, bias = (np.asarray(w) for w in classifier.classifier.weights)
-    mean = np.asarray(classifier.encoder(inputs)["sequence_output"])[0, :6].mean(0, keepdims=True)  # numpy: the real tokens
+    mean = np.asarray(classifier.encoder(inputs)["sequence_output"])[0, :6].mean(
+        0, keepdims=True
+    )  # numpy: the real tokens
     np.testing.assert_allclose(mean / np.linalg.norm(mean), embedding, atol=1e-5)  # the direction encode gives
     np.testing.assert_allclose(np.asarray(classifier(inputs)["logits"]), mean @ kernel + bias, rtol=1e-5, atol=1e-5)
     # a new head on a saved fine-tuned classifier keeps the pooling its head was trained with
@@ -65,7 +73,9 @@ def test_a_new_head_on_the_shipped_sentence_encoder_reads_its_mean_token_vector(
     with pytest.warns(UserWarning, match="a new BertClassifier head"):
         assert BertClassifier.from_preset(tmp_path / "tuned", num_outputs=3).pooling == "mean"
     # ... and carries the tokenizer it was loaded with: the saved preset encodes texts as the shipped one does
-    np.testing.assert_allclose(SentenceEncoder.from_preset(tmp_path / "tuned").encode(["this is a test"]), embedding, atol=1e-5)
+    np.testing.assert_allclose(
+        SentenceEncoder.from_preset(tmp_path / "tuned").encode(["this is a test"]), embedding, atol=1e-5
+    )
 
 
 def test_a_mixed_precision_classifier_saves_and_loads_with_its_policies(tmp_path):
@@ -77,7 +87,9 @@ def test_a_mixed_precision_classifier_saves_and_loads_with_its_policies(tmp_path
     for model in (classifier, reloaded):  # the encoder's layers compute in float16, before saving and after
         assert {layer.dtype_policy.name for layer in model.encoder.layers if layer.weights} == {"mixed_float16"}
         assert model.encoder.get_config()["dtype"]["config"]["name"] == "mixed_float16"
-    np.testing.assert_array_equal(np.asarray(reloaded(_inputs())["logits"]), np.asarray(classifier(_inputs())["logits"]))
+    np.testing.assert_array_equal(
+        np.asarray(reloaded(_inputs())["logits"]), np.asarray(classifier(_inputs())["logits"])
+    )
 
 
 def test_span_labeler_scores_every_real_token_and_masks_padding(tmp_path):

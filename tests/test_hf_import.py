@@ -49,19 +49,25 @@ def test_minilm_import_matches_keras_hub_bert_backbone(minilm_dir, keras_hub_min
     ours = load_hf_bert(minilm_dir, activation="gelu_approximate")
     outputs = ours({"input_word_ids": ids, "input_mask": mask, "input_type_ids": 0 * ids})
     real = mask.astype(bool)
-    np.testing.assert_allclose(np.asarray(outputs["sequence_output"])[real], np.asarray(expected["sequence_output"])[real], atol=1e-4)
+    np.testing.assert_allclose(
+        np.asarray(outputs["sequence_output"])[real], np.asarray(expected["sequence_output"])[real], atol=1e-4
+    )
     np.testing.assert_allclose(np.asarray(outputs["pooled_output"]), np.asarray(expected["pooled_output"]), atol=1e-4)
     assert len(outputs["encoder_outputs"]) == 6
 
     exact = load_hf_bert(minilm_dir)
     assert exact.activation == "gelu"
-    exact_sequence = np.asarray(exact({"input_word_ids": ids, "input_mask": mask, "input_type_ids": 0 * ids})["sequence_output"])
+    exact_sequence = np.asarray(
+        exact({"input_word_ids": ids, "input_mask": mask, "input_type_ids": 0 * ids})["sequence_output"]
+    )
     gap = np.abs(exact_sequence[real] - np.asarray(expected["sequence_output"])[real]).max()
     assert 1e-5 < gap < 1e-2  # exact vs tanh GELU: different, but only by the approximation
 
 
 def _mean_pooled(encoder, ids, mask):
-    sequence = np.asarray(encoder({"input_word_ids": ids, "input_mask": mask, "input_type_ids": 0 * ids})["sequence_output"])
+    sequence = np.asarray(
+        encoder({"input_word_ids": ids, "input_mask": mask, "input_type_ids": 0 * ids})["sequence_output"]
+    )
     pooled = (sequence * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
     return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
 
@@ -74,13 +80,26 @@ def test_mean_pooled_embeddings_rank_paraphrases_first(minilm_dir):
     for index in range(len(PARAPHRASES)):
         a, b = 2 * index, 2 * index + 1
         others = [j for j in range(len(sentences)) if j not in (a, b)]
-        assert similarity[a, b] > similarity[a, others].max(), (sentences[a], similarity[a, b], similarity[a, others].max())
-        assert similarity[b, a] > similarity[b, others].max(), (sentences[b], similarity[b, a], similarity[b, others].max())
+        assert similarity[a, b] > similarity[a, others].max(), (
+            sentences[a],
+            similarity[a, b],
+            similarity[a, others].max(),
+        )
+        assert similarity[b, a] > similarity[b, others].max(), (
+            sentences[b],
+            similarity[b, a],
+            similarity[b, others].max(),
+        )
 
 
 def test_import_reads_the_config(minilm_dir):
     config = hf_bert_config(minilm_dir)
-    assert (config["hidden_size"], config["num_layers"], config["num_heads"], config["intermediate_size"]) == (384, 6, 12, 1536)
+    assert (config["hidden_size"], config["num_layers"], config["num_heads"], config["intermediate_size"]) == (
+        384,
+        6,
+        12,
+        1536,
+    )
 
 
 def _copy(minilm_dir, tmp_path, **config_changes):

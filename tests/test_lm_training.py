@@ -35,12 +35,17 @@ def test_a_vocabulary_trained_once_on_this_machine_is_copied_not_trained_again(t
     from concise_attention.training.preprocessing import tokenizer as tokenizer_module
 
     trained, compute = [], keras_hub.tokenizers.compute_word_piece_vocabulary
-    monkeypatch.setattr(keras_hub.tokenizers, "compute_word_piece_vocabulary", lambda *a, **k: trained.append(1) or compute(*a, **k))
+    monkeypatch.setattr(
+        keras_hub.tokenizers, "compute_word_piece_vocabulary", lambda *a, **k: trained.append(1) or compute(*a, **k)
+    )
     monkeypatch.setenv("CONCISE_ATTENTION_CACHE", str(tmp_path / "cache"))
     lines = read_lines()[:200]
     first = train_wordpiece(lines, 500, tmp_path / "a" / "vocab.txt").read_text()
     assert train_wordpiece(lines, 500, tmp_path / "b" / "vocab.txt").read_text() == first and len(trained) == 1
-    assert train_wordpiece(lines, 500, tmp_path / "c" / "vocab.txt", lowercase=False).read_text() != first and len(trained) == 2
+    assert (
+        train_wordpiece(lines, 500, tmp_path / "c" / "vocab.txt", lowercase=False).read_text() != first
+        and len(trained) == 2
+    )
     [cached] = [path for path in (tmp_path / "cache" / "vocabularies").glob("*.txt") if path.read_text() == first]
     cached.write_text(first.replace("[MASK]", "[MASQ]"))
     assert train_wordpiece(lines, 500, tmp_path / "d" / "vocab.txt").read_text() == first and len(trained) == 3
@@ -54,7 +59,9 @@ def test_a_vocabulary_trained_once_on_this_machine_is_copied_not_trained_again(t
 @pytest.mark.slow
 def test_deep_single_head_with_admin_trains_without_diverging(packed_corpus):
     vocabulary_size, packed = packed_corpus
-    config = configs.load_config("tiny_lm_deep_single_head_admin", [f"model.vocab_size={vocabulary_size}", "model.dropout=0"])
+    config = configs.load_config(
+        "tiny_lm_deep_single_head_admin", [f"model.vocab_size={vocabulary_size}", "model.dropout=0"]
+    )
     model = config.build_model()
     variances = model.initialize_admin({name: value[:16] for name, value in packed.items()})
     assert len(variances) == 2 * config.model.num_layers

@@ -169,13 +169,25 @@ alpha       1           the first letter of the alphabet
 FIXTURES = [
     ("docs-html", "usr/share/doc/docs-html/html/guide.html", HTML_PAGE),
     ("docs-html", "usr/share/doc/docs-html/html/second.html", HTML_DUPLICATE_PAGE),
-    ("docs-html", "usr/share/doc/docs-html/html/_sources/guide.rst.txt", "This Sphinx source copy is a twin of the page and must be skipped entirely."),
-    ("docs-html", "usr/share/doc/docs-html/html/de/guide.html", "<p>Die Konfiguration wird aus der Datei gelesen, die in der Option angegeben ist.</p>"),
+    (
+        "docs-html",
+        "usr/share/doc/docs-html/html/_sources/guide.rst.txt",
+        "This Sphinx source copy is a twin of the page and must be skipped entirely.",
+    ),
+    (
+        "docs-html",
+        "usr/share/doc/docs-html/html/de/guide.html",
+        "<p>Die Konfiguration wird aus der Datei gelesen, die in der Option angegeben ist.</p>",
+    ),
     ("docs-man", "usr/share/man/man1/tool.1.gz", MAN_PAGE),
     ("docs-pod", "usr/share/perl/5.36.0/pod/perlthing.pod", POD_FILE),
     ("docs-rst", "usr/share/doc/docs-rst/widgets.rst", RST_FILE),
     ("docs-rst", "usr/share/doc/docs-rst/README", TEXT_FILE),
-    ("docs-rst", "usr/share/doc/docs-rst/changelog.Debian.gz", "This changelog entry is packaging boilerplate, written in full sentences anyway."),
+    (
+        "docs-rst",
+        "usr/share/doc/docs-rst/changelog.Debian.gz",
+        "This changelog entry is packaging boilerplate, written in full sentences anyway.",
+    ),
 ]
 
 EXPECTED_PARAGRAPHS = {
@@ -194,17 +206,60 @@ EXPECTED_PARAGRAPHS = {
 }
 
 # Text of code, tables, navigation, boilerplate, translations and skipped twins: none may appear.
-DROPPED_TEXT = ["int main", "CELLTEXT", "TABLECELL", "GRIDCELL", "Home page", "Search the frobnicator", "Copyright 2024",
-                "while (read", "my $thing", "Raw HTML", "never_documentation", "widget.run", "make_widget()", "Sphinx source",
-                "Die Konfiguration", "Il programma", "changelog entry", "fixture --run", "alphabet", "Short line", "comment that",
-                "SEE ALSO", "copy bytes slowly", "Working with widgets", "configuration file and its many options"]
-MARKUP = ["<", "\\f", "\\(", "=head", "=item", "``", ":func:", "B<", "C<", "L<", "E<", "&amp;", "&para;", "\u00b6", ".. ", "::",
-          "**", "`_"]
+DROPPED_TEXT = [
+    "int main",
+    "CELLTEXT",
+    "TABLECELL",
+    "GRIDCELL",
+    "Home page",
+    "Search the frobnicator",
+    "Copyright 2024",
+    "while (read",
+    "my $thing",
+    "Raw HTML",
+    "never_documentation",
+    "widget.run",
+    "make_widget()",
+    "Sphinx source",
+    "Die Konfiguration",
+    "Il programma",
+    "changelog entry",
+    "fixture --run",
+    "alphabet",
+    "Short line",
+    "comment that",
+    "SEE ALSO",
+    "copy bytes slowly",
+    "Working with widgets",
+    "configuration file and its many options",
+]
+MARKUP = [
+    "<",
+    "\\f",
+    "\\(",
+    "=head",
+    "=item",
+    "``",
+    ":func:",
+    "B<",
+    "C<",
+    "L<",
+    "E<",
+    "&amp;",
+    "&para;",
+    "\u00b6",
+    ".. ",
+    "::",
+    "**",
+    "`_",
+]
 
 
 def _heldout_document_count(package, paths):
     """1 in 50 by the SHA-256 of "package/path" (the rule the builder documents), counted here by hand."""
-    return sum(int.from_bytes(hashlib.sha256(f"{package}/{path}".encode()).digest()[:8], "big") % 50 == 0 for path in paths)
+    return sum(
+        int.from_bytes(hashlib.sha256(f"{package}/{path}".encode()).digest()[:8], "big") % 50 == 0 for path in paths
+    )
 
 
 def _write_fixtures(root, extra_documents=0):
@@ -223,7 +278,8 @@ def _write_fixtures(root, extra_documents=0):
     pages.mkdir()
     for number in range(extra_documents):  # many documents, so that some are held out
         (pages / f"page{number:03d}.html").write_text(
-            f"<p>Page number {number} of the fixture manual is a document with one sentence of its own.</p>")
+            f"<p>Page number {number} of the fixture manual is a document with one sentence of its own.</p>"
+        )
 
 
 def _packages(root):
@@ -268,7 +324,8 @@ def test_no_duplicate_paragraph_and_no_heldout_document_in_train(built):
     assert train_pages == set(range(150)) - expected_heldout
     html_entry = next(entry for entry in manifest["sources"] if entry["package"] == "docs-html")
     assert html_entry["heldout_documents"] == _heldout_document_count(
-        "docs-html", pages + ["usr/share/doc/docs-html/html/guide.html", "usr/share/doc/docs-html/html/second.html"])
+        "docs-html", pages + ["usr/share/doc/docs-html/html/guide.html", "usr/share/doc/docs-html/html/second.html"]
+    )
 
 
 def test_the_trainer_reads_the_built_corpus_by_its_own_split(built, tmp_path):
@@ -323,7 +380,9 @@ def test_second_build_is_byte_identical_and_replaces_the_first(built, tmp_path):
     make_corpus.build_corpus(_packages(root), again, paragraph_min_words=8)
 
     def tree(directory):
-        return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+        return {
+            p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()
+        }
 
     assert tree(again) == tree(out)
 
@@ -338,11 +397,13 @@ def test_shards_roll_over_at_the_size_limit(tmp_path):
 
 
 def test_roff_escapes_and_pod_codes_by_hand():
-    assert make_corpus.roff_inline(r'''\fBbold\fR, \f(CWcode\fP and \s-1SMALL\s0 \(em \*(L"quoted\*(R" \e \- x\ y \('e''') == (
-        "bold, code and SMALL \u2014 \u201cquoted\u201d \\ - x y \u00e9")
-    assert make_corpus.roff_inline(r'''\[u00FC]ber \[em] \*(C+ text \" a comment''') == "\u00fcber \u2014 C++ text "
+    assert make_corpus.roff_inline(
+        r"""\fBbold\fR, \f(CWcode\fP and \s-1SMALL\s0 \(em \*(L"quoted\*(R" \e \- x\ y \('e"""
+    ) == ("bold, code and SMALL \u2014 \u201cquoted\u201d \\ - x y \u00e9")
+    assert make_corpus.roff_inline(r"""\[u00FC]ber \[em] \*(C+ text \" a comment""") == "\u00fcber \u2014 C++ text "
     assert make_corpus.pod_inline("B<I<nested>> C<< a->b >> L<text|http://x> L<perlfunc/open> X<index>E<lt>")[0] == (
-        "nested a->b text open in perlfunc <")
+        "nested a->b text open in perlfunc <"
+    )
     assert make_corpus.pod_inline("E<0x41>E<0102>E<67>E<eacute>E<verbar>")[0] == "ABC\u00e9|"
 
 
@@ -388,11 +449,13 @@ def test_document_formats_and_licences(tmp_path):
     assert make_corpus.document_format("usr/share/doc/x/picture.png") is None
     unstructured = tmp_path / "usr/share/doc/old/copyright"
     unstructured.parent.mkdir(parents=True)
-    unstructured.write_text(textwrap.dedent("""\
+    unstructured.write_text(
+        textwrap.dedent("""\
         This package was debianized by someone.
 
         It is distributed under the Python Software Foundation License, version 2.
-        """))
+        """)
+    )
     licence, path = make_corpus.read_licence(tmp_path, "old")
     assert path == "usr/share/doc/old/copyright"
     assert licence == "see usr/share/doc/old/copyright; it names: Python Software Foundation"
@@ -400,7 +463,10 @@ def test_document_formats_and_licences(tmp_path):
     (tmp_path / "usr/share/doc/old-doc").symlink_to("old")  # the licence is that of the linked package
     assert make_corpus.read_licence(tmp_path, "old-doc") == make_corpus.read_licence(tmp_path, "old")
     (tmp_path / "usr/share/doc/new-doc").symlink_to("new")
-    assert make_corpus.read_licence(tmp_path, "new-doc") == ("that of new (usr/share/doc/new-doc links to its directory)", None)
+    assert make_corpus.read_licence(tmp_path, "new-doc") == (
+        "that of new (usr/share/doc/new-doc links to its directory)",
+        None,
+    )
 
 
 def test_default_sources_name_each_package_once():
@@ -454,13 +520,17 @@ what you can do the day after tomorrow.
 
 def test_dictionary_and_fortune_entries_by_hand():
     assert make_corpus.dictd_entries(DICTD) == [
-        ["To act upon; to produce an effect or change upon.", "The climate affected their health and spirits.",
-         "To love; to regard with affection."],
+        [
+            "To act upon; to produce an effect or change upon.",
+            "The climate affected their health and spirits.",
+            "To love; to regard with affection.",
+        ],
         ["Afraid of something that is coming soon."],
     ]  # the header, the notice, headwords, etymologies, labels, sources, attributions and WordNet's block: gone
     assert make_corpus.fortune_entries(FORTUNES) == [
         ["A journey of a thousand miles begins with a single step."],
-        ["Never put off until tomorrow what you can do the day after tomorrow."]]
+        ["Never put off until tomorrow what you can do the day after tomorrow."],
+    ]
     assert make_corpus.document_format("usr/share/dictd/gcide.dict.dz") == "dictd"
     assert make_corpus.document_format("usr/share/games/fortunes/food") == "fortune"
     assert make_corpus.document_format("usr/share/games/fortunes/food.dat") is None
@@ -469,13 +539,29 @@ def test_dictionary_and_fortune_entries_by_hand():
 def test_each_dictionary_entry_is_its_own_document(tmp_path):
     root = tmp_path / "unpacked"
     (root / "dict-gcide/usr/share/dictd").mkdir(parents=True)
-    entries = "\n\n".join(f"Word{i} \\Word{i}\\, n.\n   The meaning number {i} of this word, written as a sentence.\n   [1913 Webster]"
-                          for i in range(200))
+    entries = "\n\n".join(
+        f"Word{i} \\Word{i}\\, n.\n   The meaning number {i} of this word, written as a sentence.\n   [1913 Webster]"
+        for i in range(200)
+    )
     (root / "dict-gcide/usr/share/dictd/gcide.dict.dz").write_bytes(gzip.compress(entries.encode(), mtime=0))
     (root / "dict-gcide/usr/share/doc/dict-gcide").mkdir(parents=True)
     (root / "dict-gcide/usr/share/doc/dict-gcide/copyright").write_text(COPYRIGHT)
-    assert make_corpus.main(["--out", str(tmp_path / "out"), "--unpacked", str(root), "--packages", "dict-gcide",
-                             "--min-words", "1", "--no-progress"]) == 0
+    assert (
+        make_corpus.main(
+            [
+                "--out",
+                str(tmp_path / "out"),
+                "--unpacked",
+                str(root),
+                "--packages",
+                "dict-gcide",
+                "--min-words",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     held_out = {i for i in range(200) if make_corpus.is_heldout("dict-gcide", f"usr/share/dictd/gcide.dict.dz#{i}")}
     assert 0 < len(held_out) < 20  # 1 in 50 entries by the same hash rule, not the whole file
     text = (tmp_path / "out/heldout/heldout-00000.txt").read_text()
@@ -490,12 +576,16 @@ def _deb(root, package, version, tmp_path, extra=""):
     tree = tmp_path / f"tree-{package}-{version}"
     shutil.copytree(root / package, tree)
     (tree / "DEBIAN").mkdir(exist_ok=True)
-    (tree / "DEBIAN" / "control").write_text(f"Package: {package}\nVersion: {version}\nArchitecture: all\n"
-                                             "Maintainer: Test <test@example.org>\nDescription: fixture\n")
+    (tree / "DEBIAN" / "control").write_text(
+        f"Package: {package}\nVersion: {version}\nArchitecture: all\n"
+        "Maintainer: Test <test@example.org>\nDescription: fixture\n"
+    )
     if extra:
         (tree / "usr/share/doc" / package / "extra.txt").write_text(extra)
     deb = tmp_path / f"{package}_{version.replace(':', '%3a')}_all.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(tree), str(deb)], check=True, capture_output=True)
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(tree), str(deb)], check=True, capture_output=True
+    )
     return deb
 
 
@@ -511,7 +601,9 @@ def _fake_apt(monkeypatch, debs):
                 raise ValueError(f"{what}: no such version")
             return f"Package: {package}\nVersion: {version or offered[-1]}\nArchitecture: all\n\n"
         if command[0] == "apt-cache" and command[1] == "madison":
-            return "".join(f" {p} | {v} | http://deb.example/ main all Packages\n" for p, v in sorted(debs) if p == command[2])
+            return "".join(
+                f" {p} | {v} | http://deb.example/ main all Packages\n" for p, v in sorted(debs) if p == command[2]
+            )
         if command[0] == "apt-get":
             package, version = command[2].split("=")
             shutil.copy(debs[(package, version)], kwargs["cwd"])
@@ -526,18 +618,49 @@ def test_a_corpus_is_rebuilt_from_its_manifest_and_says_what_differs(tmp_path, m
     byte) where apt offers the recorded versions, and where it does not says which package moved, and how."""
     root = tmp_path / "unpacked"
     _write_fixtures(root, extra_documents=20)
-    original = {("docs-html", "1:2.3-4"): _deb(root, "docs-html", "1:2.3-4", tmp_path), ("docs-man", "1.0"): _deb(root, "docs-man", "1.0", tmp_path)}
+    original = {
+        ("docs-html", "1:2.3-4"): _deb(root, "docs-html", "1:2.3-4", tmp_path),
+        ("docs-man", "1.0"): _deb(root, "docs-man", "1.0", tmp_path),
+    }
     _fake_apt(monkeypatch, original)
     common = ["--paragraph-min-words", "8", "--no-progress"]
-    assert make_corpus.main(["--out", str(tmp_path / "a"), "--packages", "docs-man", "docs-html", "--cache", str(tmp_path / "c1"), *common]) == 0
+    assert (
+        make_corpus.main(
+            [
+                "--out",
+                str(tmp_path / "a"),
+                "--packages",
+                "docs-man",
+                "docs-html",
+                "--cache",
+                str(tmp_path / "c1"),
+                *common,
+            ]
+        )
+        == 0
+    )
     recorded = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    assert {entry["package"]: entry["deb_sha256"] for entry in recorded["sources"]} == \
-        {package: hashlib.sha256(deb.read_bytes()).hexdigest() for (package, _), deb in original.items()}
+    assert {entry["package"]: entry["deb_sha256"] for entry in recorded["sources"]} == {
+        package: hashlib.sha256(deb.read_bytes()).hexdigest() for (package, _), deb in original.items()
+    }
     assert recorded["corpus_sha256"] == make_corpus.corpus_sha256(recorded["shards"])
     capsys.readouterr()
 
     manifest_file = str(tmp_path / "a" / "manifest.json")
-    assert make_corpus.main(["--out", str(tmp_path / "b"), "--manifest", manifest_file, "--cache", str(tmp_path / "c2"), "--no-progress"]) == 0
+    assert (
+        make_corpus.main(
+            [
+                "--out",
+                str(tmp_path / "b"),
+                "--manifest",
+                manifest_file,
+                "--cache",
+                str(tmp_path / "c2"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert f"the same corpus as {manifest_file}" in capsys.readouterr().out
     rebuilt = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert rebuilt["rebuilt_from"] == {"corpus_sha256": recorded["corpus_sha256"]}
@@ -545,10 +668,31 @@ def test_a_corpus_is_rebuilt_from_its_manifest_and_says_what_differs(tmp_path, m
     for shard in recorded["shards"]:
         assert (tmp_path / "b" / shard["file"]).read_bytes() == (tmp_path / "a" / shard["file"]).read_bytes()
 
-    moved = {("docs-html", "1:2.3-4"): original[("docs-html", "1:2.3-4")],
-             ("docs-man", "1.1"): _deb(root, "docs-man", "1.1", tmp_path, extra="A new paragraph of plain prose arrived with the next version of the package.\n")}
+    moved = {
+        ("docs-html", "1:2.3-4"): original[("docs-html", "1:2.3-4")],
+        ("docs-man", "1.1"): _deb(
+            root,
+            "docs-man",
+            "1.1",
+            tmp_path,
+            extra="A new paragraph of plain prose arrived with the next version of the package.\n",
+        ),
+    }
     _fake_apt(monkeypatch, moved)
-    assert make_corpus.main(["--out", str(tmp_path / "c"), "--manifest", manifest_file, "--cache", str(tmp_path / "c3"), "--no-progress"]) == 0
+    assert (
+        make_corpus.main(
+            [
+                "--out",
+                str(tmp_path / "c"),
+                "--manifest",
+                manifest_file,
+                "--cache",
+                str(tmp_path / "c3"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "docs-man 1.0: not offered here (1.1): its candidate is used" in out
     assert "docs-man: version 1.0 -> 1.1, deb_sha256" in out and "docs-html:" not in out.split("corpus sha256", 2)[-1]
@@ -559,5 +703,8 @@ def test_a_bad_manifest_is_one_line(tmp_path, capsys):
     (tmp_path / "manifest.json").write_text('{"sources": "x"}')
     assert make_corpus.main(["--out", str(tmp_path / "out"), "--manifest", str(tmp_path / "manifest.json")]) == 2
     error = capsys.readouterr().err
-    assert error.startswith(f"make_corpus: error: --manifest {tmp_path / 'manifest.json'}: not a manifest") and error.count("\n") == 1
+    assert (
+        error.startswith(f"make_corpus: error: --manifest {tmp_path / 'manifest.json'}: not a manifest")
+        and error.count("\n") == 1
+    )
     assert not (tmp_path / "out").exists()

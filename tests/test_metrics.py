@@ -38,10 +38,14 @@ def test_binary_metrics_equal_scikit_learn(labels, predictions):
         warnings.simplefilter("ignore")  # scikit-learn warns on its 0.0 of undefined cases
         expected_f1 = sklearn.metrics.f1_score(labels, predictions, pos_label=1, zero_division=0.0)
         expected_mcc = sklearn.metrics.matthews_corrcoef(labels, predictions)
-    assert metrics.accuracy(labels, predictions) == pytest.approx(sklearn.metrics.accuracy_score(labels, predictions), abs=TOLERANCE)
+    assert metrics.accuracy(labels, predictions) == pytest.approx(
+        sklearn.metrics.accuracy_score(labels, predictions), abs=TOLERANCE
+    )
     assert metrics.f1(labels, predictions) == pytest.approx(expected_f1, abs=TOLERANCE)
     assert metrics.matthews_corrcoef(labels, predictions) == pytest.approx(expected_mcc, abs=TOLERANCE)
-    assert all(type(value) is float for value in (metrics.accuracy(labels, predictions), metrics.f1(labels, predictions)))
+    assert all(
+        type(value) is float for value in (metrics.accuracy(labels, predictions), metrics.f1(labels, predictions))
+    )
 
 
 def test_f1_of_named_positive_class_and_multiclass_mcc_equal_scikit_learn():

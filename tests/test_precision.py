@@ -55,7 +55,9 @@ def test_mixed_precision_trains_like_float32_with_float32_variables(float32_run,
     # Within 2% of float32's evaluation loss, and not the float32 run itself.
     assert abs(metrics["eval_loss"] / reference["eval_loss"] - 1.0) < 0.02, (metrics, reference)
     assert metrics["eval_loss"] != reference["eval_loss"]
-    assert _policies(float32_model) == {"float32"} and not isinstance(float32_model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert _policies(float32_model) == {"float32"} and not isinstance(
+        float32_model.optimizer, keras.optimizers.LossScaleOptimizer
+    )
     # The model computes in 16 bits; its variables and the optimizer's state stay float32.
     assert _policies(model) == {precision}
     assert [weight.path for weight in model.weights if weight.dtype != "float32"] == []
@@ -86,7 +88,9 @@ def test_a_skipped_float16_step_is_counted():
 
 def test_unknown_precision_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        train_cli.main(["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", "training.precision=bfloat16"])
+        train_cli.main(
+            ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", "training.precision=bfloat16"]
+        )
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and "training.precision='bfloat16'" in error and "mixed_bfloat16" in error
     assert "Traceback" not in error and not (tmp_path / "run").exists()
@@ -110,7 +114,9 @@ def test_the_served_model_of_a_mixed_bfloat16_run_is_float32(tmp_path):
     serving = tf.saved_model.load(str(tmp_path / "out" / "serving" / "1"))
     encoder = tf.saved_model.load(str(tmp_path / "out" / "hub" / "1" / "encoder"))
     for path in ("serving/1", "hub/1/encoder"):
-        dtypes = tf.train.load_checkpoint(str(tmp_path / "out" / path / "variables" / "variables")).get_variable_to_dtype_map()
+        dtypes = tf.train.load_checkpoint(
+            str(tmp_path / "out" / path / "variables" / "variables")
+        ).get_variable_to_dtype_map()
         assert {dtype for dtype in dtypes.values() if dtype.is_floating} == {tf.float32}, path
     signature = serving.signatures["serving_default"]
     outputs = signature(text=tf.constant(["a mixed run", "served"]))

@@ -52,14 +52,22 @@ def prepared(tmp_path_factory):
     """tiny_lm's sample corpus prepared twice into two folders (100 rows per shard)."""
     folders = [tmp_path_factory.mktemp("prepared") / "lm" for _ in range(2)]
     for folder in folders:
-        assert prepare_data.main(["--config", "tiny_lm", "--out", str(folder), "--rows-per-shard", str(ROWS_PER_SHARD), "--quiet"]) == 0
+        assert (
+            prepare_data.main(
+                ["--config", "tiny_lm", "--out", str(folder), "--rows-per-shard", str(ROWS_PER_SHARD), "--quiet"]
+            )
+            == 0
+        )
     return folders
 
 
 @pytest.fixture(scope="module")
 def prepared_mlm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("prepared") / "mlm"
-    assert prepare_data.main(["--config", "tiny_bert_fixed", "--out", str(folder), "--rows-per-shard", "64", "--quiet"]) == 0
+    assert (
+        prepare_data.main(["--config", "tiny_bert_fixed", "--out", str(folder), "--rows-per-shard", "64", "--quiet"])
+        == 0
+    )
     return folder
 
 
@@ -88,13 +96,21 @@ def test_shards_hold_the_corpus_as_hugging_face_tokenizes_it(prepared):
     folder = prepared[0]
     reference = tokenizers.BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=True)
     lines = [line for index, line in enumerate(read_lines(SAMPLE_CORPUS)) if index % EVAL_EVERY != 0]
-    expected = [tuple(encoding.ids[start:start + 64]) for encoding in reference.encode_batch(lines, add_special_tokens=False)
-                for start in range(0, len(encoding.ids), 64)]
+    expected = [
+        tuple(encoding.ids[start : start + 64])
+        for encoding in reference.encode_batch(lines, add_special_tokens=False)
+        for start in range(0, len(encoding.ids), 64)
+    ]
     manifest = shards.read_manifest(folder)
-    rows = np.concatenate([shards.load_shard(folder, "train", index) for index in range(len(manifest["splits"]["train"]["shards"]))])
+    rows = np.concatenate(
+        [shards.load_shard(folder, "train", index) for index in range(len(manifest["splits"]["train"]["shards"]))]
+    )
     token_ids, segment_ids, positions = rows[:, 0], rows[:, 1], rows[:, 2]
-    segments = [tuple(row_ids[row_segments == segment].tolist()) for row_ids, row_segments in zip(token_ids, segment_ids)
-                for segment in range(1, row_segments.max() + 1)]
+    segments = [
+        tuple(row_ids[row_segments == segment].tolist())
+        for row_ids, row_segments in zip(token_ids, segment_ids)
+        for segment in range(1, row_segments.max() + 1)
+    ]
     assert sorted(segments) == sorted(expected)
     assert segments != expected  # stored in a seeded random order, not the corpus's
     assert np.all(token_ids[segment_ids == 0] == 0)
@@ -108,15 +124,26 @@ def test_shards_hold_the_corpus_as_hugging_face_tokenizes_it(prepared):
 def test_prepare_writes_and_training_reads_through_tf_io_gfile(prepared):
     """A non-local tf.io.gfile filesystem (TF's in-memory ram://) holds the same bytes."""
     folder, remote = prepared[0], "ram://prepared_test/lm"
-    argv = ["--config", "tiny_lm", "--out", remote, "--rows-per-shard", str(ROWS_PER_SHARD), "--quiet",
-            "--set", f"tokenizer.vocabulary={folder}/vocab.txt"]
+    argv = [
+        "--config",
+        "tiny_lm",
+        "--out",
+        remote,
+        "--rows-per-shard",
+        str(ROWS_PER_SHARD),
+        "--quiet",
+        "--set",
+        f"tokenizer.vocabulary={folder}/vocab.txt",
+    ]
     assert prepare_data.main(argv) == 0
     for path in folder.iterdir():
         if path.suffix in (".npy", ".json"):
             with tf.io.gfile.GFile(f"{remote}/{path.name}", "rb") as file:
                 assert file.read() == path.read_bytes(), path.name
     reader = shards.ShardReader(remote, "train", tf.io.gfile.GFile, seed=1)
-    np.testing.assert_array_equal(reader.batch(77, 8)["token_ids"], shards.ShardReader(folder, "train", seed=1).batch(77, 8)["token_ids"])
+    np.testing.assert_array_equal(
+        reader.batch(77, 8)["token_ids"], shards.ShardReader(folder, "train", seed=1).batch(77, 8)["token_ids"]
+    )
 
 
 def test_training_order_is_a_permutation_per_epoch():
@@ -129,7 +156,7 @@ def test_training_order_is_a_permutation_per_epoch():
     assert pairs[:total] != pairs[total:]  # each epoch has its own order
     # any window is computed directly, equal to the same window of a longer read
     window = shards.training_rows(seed=3, start=total - 5, count=20, shard_rows=shard_rows)
-    assert list(zip(*(part.tolist() for part in window))) == pairs[total - 5: total + 15]
+    assert list(zip(*(part.tolist() for part in window))) == pairs[total - 5 : total + 15]
     other_seed = shards.training_rows(seed=4, start=0, count=total, shard_rows=shard_rows)
     assert list(zip(*(part.tolist() for part in other_seed))) != pairs[:total]
 
@@ -154,16 +181,19 @@ def test_prepared_pipelines_give_the_text_pipelines_eval_batches_and_resume_dire
     reader = shards.ShardReader(folder, "eval")
     _assert_equal_batches(_batches(prepared_dataset(reader, 8), 100), text)
     train = shards.ShardReader(folder, "train", seed=5)
-    _assert_equal_batches(_batches(prepared_dataset(train, 8, skip_batches=140), 3),
-                          _batches(prepared_dataset(train, 8), 143)[140:])
+    _assert_equal_batches(
+        _batches(prepared_dataset(train, 8, skip_batches=140), 3), _batches(prepared_dataset(train, 8), 143)[140:]
+    )
     # masked_lm: same rows and the same masks, keyed on (seed, batch index)
     tokenizer = wordpiece_tokenizer(prepared_mlm / "vocab.txt")
     text = _batches(masked_lm_dataset(eval_lines, tokenizer, 64, 4, 10, 0.15, training=False, seed=7), 100)
     mask = masked_examples(tokenizer, 64, 4, 10, 0.15, seed=7)
     _assert_equal_batches(_batches(prepared_dataset(shards.ShardReader(prepared_mlm, "eval"), 4, mask=mask), 100), text)
     train = shards.ShardReader(prepared_mlm, "train", seed=7)
-    _assert_equal_batches(_batches(prepared_dataset(train, 4, skip_batches=90, mask=mask), 2),
-                          _batches(prepared_dataset(train, 4, mask=mask), 92)[90:])
+    _assert_equal_batches(
+        _batches(prepared_dataset(train, 4, skip_batches=90, mask=mask), 2),
+        _batches(prepared_dataset(train, 4, mask=mask), 92)[90:],
+    )
 
 
 @pytest.mark.slow  # the prepared-corpus fixtures take ~40 s
@@ -171,22 +201,68 @@ def test_bad_prepared_data_is_one_line(prepared, tmp_path, capsys):
     folder = prepared[0]
     other_vocabulary = tmp_path / "other_vocab.txt"
     other_vocabulary.write_text("\n".join(read_vocabulary(folder / "vocab.txt")[:-1]) + "\n")
-    prepared_run = ["--config", "tiny_lm", "--run-dir", str(tmp_path / "run"), "--set", "task.dataset=prepared",
-                    "--set", f"task.data_dir={folder}", "--set", f"tokenizer.vocabulary={folder}/vocab.txt"]
-    _errors(capsys, train_cli.main, prepared_run + ["--set", "training.sequence_length=32"],
-            "sequence_length=64", "training.sequence_length=32", "manifest.json")
-    _errors(capsys, train_cli.main, prepared_run + ["--set", f"tokenizer.vocabulary={other_vocabulary}"],
-            "another vocabulary", f"tokenizer.vocabulary={folder}/vocab.txt")
+    prepared_run = [
+        "--config",
+        "tiny_lm",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        "task.dataset=prepared",
+        "--set",
+        f"task.data_dir={folder}",
+        "--set",
+        f"tokenizer.vocabulary={folder}/vocab.txt",
+    ]
+    _errors(
+        capsys,
+        train_cli.main,
+        prepared_run + ["--set", "training.sequence_length=32"],
+        "sequence_length=64",
+        "training.sequence_length=32",
+        "manifest.json",
+    )
+    _errors(
+        capsys,
+        train_cli.main,
+        prepared_run + ["--set", f"tokenizer.vocabulary={other_vocabulary}"],
+        "another vocabulary",
+        f"tokenizer.vocabulary={folder}/vocab.txt",
+    )
     _errors(capsys, train_cli.main, prepared_run[:-2], "tokenizer.vocabulary=", "vocab.txt")
     _errors(capsys, train_cli.main, prepared_run[:-4] + ["--set", f"task.data_dir={tmp_path}"], "concise-prepare-data")
-    _errors(capsys, train_cli.main, prepared_run[:-2] + ["--set", "tokenizer.lowercase=false", "--set", f"tokenizer.vocabulary={folder}/vocab.txt"],
-            "lowercase")
-    _errors(capsys, prepare_data.main, ["--config", "tiny_lm", "--out", str(tmp_path / "out"), "--set", "task.dataset=text_files",
-                                        "--set", f"task.data_dir={tmp_path / 'missing'}"], "missing")
+    _errors(
+        capsys,
+        train_cli.main,
+        prepared_run[:-2] + ["--set", "tokenizer.lowercase=false", "--set", f"tokenizer.vocabulary={folder}/vocab.txt"],
+        "lowercase",
+    )
+    _errors(
+        capsys,
+        prepare_data.main,
+        [
+            "--config",
+            "tiny_lm",
+            "--out",
+            str(tmp_path / "out"),
+            "--set",
+            "task.dataset=text_files",
+            "--set",
+            f"task.data_dir={tmp_path / 'missing'}",
+        ],
+        "missing",
+    )
     _errors(capsys, prepare_data.main, ["--config", "tiny_lm", "--out", str(folder)], "already prepared")
-    _errors(capsys, shard_trainer.main, ["--config", "tiny_lm", "--data", str(folder), "--run-dir", str(tmp_path / "jax")],
-            "KERAS_BACKEND=jax")  # this process runs TensorFlow
-    assert not (tmp_path / "out").exists() and not (tmp_path / "run" / "checkpoint").exists() and not (tmp_path / "jax").exists()
+    _errors(
+        capsys,
+        shard_trainer.main,
+        ["--config", "tiny_lm", "--data", str(folder), "--run-dir", str(tmp_path / "jax")],
+        "KERAS_BACKEND=jax",
+    )  # this process runs TensorFlow
+    assert (
+        not (tmp_path / "out").exists()
+        and not (tmp_path / "run" / "checkpoint").exists()
+        and not (tmp_path / "jax").exists()
+    )
 
 
 JAX_RUNS = """
@@ -242,12 +318,29 @@ def test_jax_shard_trainer_matches_the_tf_trainer_and_resumes_bit_identically(pr
     files.save_weights(config.build_model(), init.file(files.BACKBONE_WEIGHTS))
     init.write_vocabulary(read_vocabulary(folder / "vocab.txt"))
     environment = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    jax = subprocess.run([sys.executable, "-c", JAX_RUNS, str(folder), str(tmp_path / "jax"), init.path], cwd=ROOT,
-                         env=environment, capture_output=True, text=True, timeout=900)
+    jax = subprocess.run(
+        [sys.executable, "-c", JAX_RUNS, str(folder), str(tmp_path / "jax"), init.path],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert jax.returncode == 0, jax.stderr[-3000:]
-    result = json.loads(next(line for line in jax.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
-    argv = ["--config", "tiny_lm", "--run-dir", str(tmp_path / "tf"), "--quiet", "--set", "task.dataset=prepared",
-            "--set", f"task.data_dir={folder}", "--set", f"task.init={init.path}"]
+    result = json.loads(next(line for line in jax.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT ") :])
+    argv = [
+        "--config",
+        "tiny_lm",
+        "--run-dir",
+        str(tmp_path / "tf"),
+        "--quiet",
+        "--set",
+        "task.dataset=prepared",
+        "--set",
+        f"task.data_dir={folder}",
+        "--set",
+        f"task.init={init.path}",
+    ]
     assert train_cli.main(argv + [item for override in same_init for item in ("--set", override)]) == 0
     tf_losses = _tensorboard_losses(tmp_path / "tf" / "logs")
     print(f"epoch losses: jax {result['losses']}, tensorflow {tf_losses}")
@@ -255,7 +348,11 @@ def test_jax_shard_trainer_matches_the_tf_trainer_and_resumes_bit_identically(pr
     np.testing.assert_allclose(result["losses"], tf_losses, rtol=0.02)
     assert tf_losses[-1] < tf_losses[0] - 0.5  # a curve that moves, not two flat lines
     assert not result["tensorflow_imported"]
-    assert result["bad_exit"] == 2 and "training.sequence_length=32" in jax.stderr and not (tmp_path / "jax" / "bad").exists()
+    assert (
+        result["bad_exit"] == 2
+        and "training.sequence_length=32" in jax.stderr
+        and not (tmp_path / "jax" / "bad").exists()
+    )
     assert len(result["differences"]) > 20 and max(result["differences"].values()) == 0.0, result["differences"]
 
 

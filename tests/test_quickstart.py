@@ -13,7 +13,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_readme_first_command_is_the_quickstart():
     readme = (ROOT / "README.md").read_text()
     first = re.search(r"```bash\n(.*?)```", readme, re.S).group(1).strip()
-    assert first == "python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e . && .venv/bin/concise-quickstart --out my_export"
+    assert (
+        first
+        == "python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e . && .venv/bin/concise-quickstart --out my_export"
+    )
 
 
 def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path):
@@ -29,13 +32,18 @@ def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path
 
     result = subprocess.run(
         [sys.executable, "-m", "concise_attention.cli.quickstart", "--out", str(tmp_path / "my_export")],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout
     assert re.search(r"step 1000: eval MLM loss (\d+\.\d+)", out) and "[3/3] masked-word predictions" in out
     rows = re.findall(r"    (trained|untrained) +top 5: (.*?)   \| '(\w+)' ranked (\d+) of (\d+)", out)
-    assert [(name, word) for name, _, word, _, _ in rows] == [(name, word) for _, word in PROBES for name in ("trained", "untrained")]
+    assert [(name, word) for name, _, word, _, _ in rows] == [
+        (name, word) for _, word in PROBES for name in ("trained", "untrained")
+    ]
     for name in ("encoder", "preprocess", "keras", "tarball", "serving", "models_config"):
         path = re.search(rf"  {name}\s+(\S+)", out).group(1)
         assert path.startswith(str(tmp_path / "my_export" / "export")) and pathlib.Path(path).exists(), name
@@ -45,20 +53,29 @@ def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path
     vocabulary = str(export / "encoder" / "assets" / "vocab.txt")
     tokens = pathlib.Path(vocabulary).read_text().splitlines()
     settings = json.loads((export / "export.json").read_text())
-    tokenizer = BertWordPieceTokenizer(vocabulary, lowercase=settings["lowercase"], strip_accents=settings["strip_accents"])
+    tokenizer = BertWordPieceTokenizer(
+        vocabulary, lowercase=settings["lowercase"], strip_accents=settings["strip_accents"]
+    )
     trained = [(top, int(rank)) for name, top, _, rank, _ in rows if name == "trained"]
     for (sentence, word), (top, rank) in zip(PROBES, trained):
         ids = tokenizer.encode(sentence).ids
         position = ids.index(tokens.index(word))
         ids[position] = tokens.index("[MASK]")
         padded = ids + [0] * (settings["seq_length"] - len(ids))  # as the quickstart's preprocessor packs them
-        inputs = {"input_word_ids": tf.constant([padded]), "input_mask": tf.constant([[int(i > 0) for i in padded]]),
-                  "input_type_ids": tf.zeros([1, len(padded)], tf.int32), "masked_lm_positions": tf.constant([[position]])}
+        inputs = {
+            "input_word_ids": tf.constant([padded]),
+            "input_mask": tf.constant([[int(i > 0) for i in padded]]),
+            "input_type_ids": tf.zeros([1, len(padded)], tf.int32),
+            "masked_lm_positions": tf.constant([[position]]),
+        }
         logits = encoder.mlm(inputs, training=False)["mlm_logits"].numpy()[0, 0, : len(tokens)]
         probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
         _assert_ranked_as_printed(top, rank, probabilities, tokens, word, sentence)
     _assert_similarities_as_printed(out)
-    assert "(its model card, from MTEB's protocols; `concise-evaluate --encoder concise-minilm-d192` scores it again)" in out
+    assert (
+        "(its model card, from MTEB's protocols; `concise-evaluate --encoder concise-minilm-d192` scores it again)"
+        in out
+    )
 
 
 def _assert_similarities_as_printed(out):

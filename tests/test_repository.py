@@ -8,11 +8,17 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_ci_runs_the_readme_test_command():
-    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    ci_lines = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
     assert len(ci_lines) == 1, ci_lines
     readme = (ROOT / "README.md").read_text()
     assert ci_lines[0] in readme
@@ -25,15 +31,26 @@ def test_product_layout_exists():
 
 def test_setup_declares_the_stack():
     setup = (ROOT / "setup.py").read_text()
-    for requirement in (r"tensorflow>=2\.20,<2\.21", "keras>=3", "keras-hub", r"tf-models-official>=2\.20,<2\.21",
-                        "tensorflow-text", "tensorflow-datasets", "tensorflow-hub", "tensorly", "safetensors"):
+    for requirement in (
+        r"tensorflow>=2\.20,<2\.21",
+        "keras>=3",
+        "keras-hub",
+        r"tf-models-official>=2\.20,<2\.21",
+        "tensorflow-text",
+        "tensorflow-datasets",
+        "tensorflow-hub",
+        "tensorly",
+        "safetensors",
+    ):
         assert re.search(rf'"{requirement}', setup), requirement
     assert '"test":' in setup
 
 
 def test_readme_python_example_runs(capsys):
     readme = (ROOT / "README.md").read_text()
-    example = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "FixedHeadSizeAttention(" in block)
+    example = next(
+        block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "FixedHeadSizeAttention(" in block
+    )
     exec(compile(example, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip().endswith("(2, 16, 512)")
 
@@ -48,7 +65,9 @@ def _required_distributions(name, extras=(), seen=None):
     seen = set() if seen is None else seen
     for text in importlib.metadata.requires(name) or []:
         requirement = Requirement(text)
-        wanted = requirement.marker is None or any(requirement.marker.evaluate({"extra": extra}) for extra in ("", *extras))
+        wanted = requirement.marker is None or any(
+            requirement.marker.evaluate({"extra": extra}) for extra in ("", *extras)
+        )
         key = canonicalize_name(requirement.name)
         if wanted and key not in seen:
             seen.add(key)
@@ -73,7 +92,11 @@ def test_constraints_pin_the_installed_stack_exactly():
     assert {"tensorflow", "keras", "numpy", "scipy", "tf-models-official"} <= required
     unpinned = sorted(required - set(pins))
     assert not unpinned, f"not in constraints.txt (bash scripts/refresh_constraints.sh): {unpinned}"
-    differing = {name: (pins[name], importlib.metadata.version(name)) for name in required if pins[name] != importlib.metadata.version(name)}
+    differing = {
+        name: (pins[name], importlib.metadata.version(name))
+        for name in required
+        if pins[name] != importlib.metadata.version(name)
+    }
     assert not differing, f"constraints.txt vs installed: {differing}"
 
 
@@ -109,12 +132,20 @@ def test_code_imports_ours_only_through_the_one_name_and_never_a_higher_tier():
                 where = f"{path.relative_to(ROOT)}:{line} imports {module}"
                 if parts[0] in OURS:
                     wrong.append(f"{where} (not through concise_attention)")
-                elif parts[0] == "concise_attention" and len(parts) > 1 and parts[1] in TIERS and TIERS.index(parts[1]) > TIERS.index(tier):
+                elif (
+                    parts[0] == "concise_attention"
+                    and len(parts) > 1
+                    and parts[1] in TIERS
+                    and TIERS.index(parts[1]) > TIERS.index(tier)
+                ):
                     wrong.append(f"{where} (a higher tier than {tier})")
     for folder in ("tests", "benchmarks", "scripts"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            wrong += [f"{path.relative_to(ROOT)}:{line} imports {module}" for line, module in _imports(path)
-                      if module.split(".")[0] in OURS]
+            wrong += [
+                f"{path.relative_to(ROOT)}:{line} imports {module}"
+                for line, module in _imports(path)
+                if module.split(".")[0] in OURS
+            ]
     assert not wrong, "\n".join(wrong)
 
 
@@ -167,11 +198,14 @@ def test_our_modules_are_imported_at_the_top_of_a_module():
             relative = str(path.relative_to(ROOT))
             for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    inside += [f"{relative}:{node.lineno} {node.module}" for node in ast.walk(function)
-                               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("concise_attention")
-                               and LAZY_IMPORTS.get(relative) != node.module]
+                    inside += [
+                        f"{relative}:{node.lineno} {node.module}"
+                        for node in ast.walk(function)
+                        if isinstance(node, ast.ImportFrom)
+                        and (node.module or "").startswith("concise_attention")
+                        and LAZY_IMPORTS.get(relative) != node.module
+                    ]
     assert not inside, "\n".join(inside)
-
 
 
 def test_every_import_inside_a_function_says_why():
@@ -186,14 +220,20 @@ def test_every_import_inside_a_function_says_why():
                 if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     imports = [node for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))]
                     if imports and "#" not in lines[imports[0].lineno - 1]:
-                        silent.append(f"{path.relative_to(ROOT)}:{imports[0].lineno} {lines[imports[0].lineno - 1].strip()}")
+                        silent.append(
+                            f"{path.relative_to(ROOT)}:{imports[0].lineno} {lines[imports[0].lineno - 1].strip()}"
+                        )
     assert not silent, "\n".join(silent)
+
 
 def _module_graph():
     """{module: modules of ours it imports}, over every module of the package (imports inside functions too;
     a module's import of its own parent package is not an edge: Python runs that one first anyway)."""
-    files = {"concise_attention." + ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
-             for tier in TIERS for path in (ROOT / tier).rglob("*.py")}
+    files = {
+        "concise_attention." + ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for tier in TIERS
+        for path in (ROOT / tier).rglob("*.py")
+    }
     graph = {}
     for name, path in files.items():
         graph[name] = set()
@@ -211,7 +251,7 @@ def test_no_module_imports_itself_through_others():
 
     def visit(module):
         if module in path:
-            raise AssertionError("import circle: " + " -> ".join(path[path.index(module):] + [module]))
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(module) :] + [module]))
         if module not in done:
             path.append(module)
             for imported in sorted(graph[module]):
@@ -231,9 +271,28 @@ def test_a_wheel_of_the_checkout_holds_one_import_name(tmp_path):
     source.mkdir()
     for name in ("setup.py", "pyproject.toml", "__init__.py", "README.md", *TIERS):
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
-        copy(ROOT / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree else {}))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "wheel"), str(source)],
-                           capture_output=True, text=True, timeout=300)
+        copy(
+            ROOT / name,
+            source / name,
+            **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree else {}),
+        )
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "wheel"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -242,12 +301,22 @@ def test_a_wheel_of_the_checkout_holds_one_import_name(tmp_path):
     top_level = next(name for name in names if name.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["concise_attention"]
     assert "concise_attention/setup.py" not in names
-    for expected in ("concise_attention/__init__.py", "concise_attention/cli/train.py", "concise_attention/configs/tiny_bert_fixed.yaml",
-                     "concise_attention/models/shipped/concise-minilm-d192/model.weights.h5", "concise_attention/training/data/wordnet_topics/dev.tsv"):
+    for expected in (
+        "concise_attention/__init__.py",
+        "concise_attention/cli/train.py",
+        "concise_attention/configs/tiny_bert_fixed.yaml",
+        "concise_attention/models/shipped/concise-minilm-d192/model.weights.h5",
+        "concise_attention/training/data/wordnet_topics/dev.tsv",
+    ):
         assert expected in names, expected
-    entry_points = zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("entry_points.txt"))).decode()
+    entry_points = (
+        zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("entry_points.txt"))).decode()
+    )
     targets = re.findall(r"= (\S+):main", entry_points)
-    assert len(targets) == 7 and all(target.startswith("concise_attention.cli.") or target == "concise_attention.training.trainers.prepare_data" for target in targets), targets
+    assert len(targets) == 7 and all(
+        target.startswith("concise_attention.cli.") or target == "concise_attention.training.trainers.prepare_data"
+        for target in targets
+    ), targets
 
 
 def test_the_package_alone_loads_no_tensorflow_and_lends_the_sentence_encoder_on_first_use():
@@ -256,16 +325,21 @@ def test_the_package_alone_loads_no_tensorflow_and_lends_the_sentence_encoder_on
     import subprocess
     import sys
 
-    code = ("import sys, concise_attention as c; light = 'tensorflow' not in sys.modules; "
-            "from concise_attention import SentenceEncoder; "
-            "from concise_attention.training.inference.embeddings import SentenceEncoder as Where; "
-            "assert 'SentenceEncoder' in dir(c); print(light, SentenceEncoder is Where, hasattr(c, 'NoSuchThing'), c.__all__)")
+    code = (
+        "import sys, concise_attention as c; light = 'tensorflow' not in sys.modules; "
+        "from concise_attention import SentenceEncoder; "
+        "from concise_attention.training.inference.embeddings import SentenceEncoder as Where; "
+        "assert 'SentenceEncoder' in dir(c); print(light, SentenceEncoder is Where, hasattr(c, 'NoSuchThing'), c.__all__)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, timeout=300)
     lines = result.stdout.strip().splitlines() or [""]
     assert lines[-1] == "True True False ['SentenceEncoder']", result.stderr[-2000:]
 
 
-def test_ruff_finds_nothing():
-    """The linter of pyproject.toml's [tool.ruff] (syntax errors, pyflakes) passes on the whole checkout."""
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(ROOT)], capture_output=True, text=True, cwd=ROOT)
+@pytest.mark.parametrize("command", [["format", "--check"], ["check"]])
+def test_ruff_finds_nothing(command):
+    """The formatter and the linter of pyproject.toml's [tool.ruff] pass on the whole checkout."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", *command, "--no-cache", str(ROOT)], capture_output=True, text=True, cwd=ROOT
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]

@@ -26,8 +26,14 @@ from concise_attention.training.run import configs
 DROPOUT = ["model.dropout=0.1", "model.attention_dropout=0.1", "training.jit_compile=false"]
 # 28 = 2 epochs of 10 steps + a last epoch of 8, in executions of 2 steps: a SIGTERM lands inside
 # an epoch, and resumes cross the shorter last epoch. Only the last 2 checkpoints are kept.
-STEPS = ["training.train_steps=28", "training.steps_per_epoch=10", "training.steps_per_execution=2",
-         "training.warmup_steps=5", "training.eval_batches=1", "training.keep_checkpoints=2"]
+STEPS = [
+    "training.train_steps=28",
+    "training.steps_per_epoch=10",
+    "training.steps_per_execution=2",
+    "training.warmup_steps=5",
+    "training.eval_batches=1",
+    "training.keep_checkpoints=2",
+]
 ITERATIONS = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
 
 
@@ -43,14 +49,19 @@ def _checkpoint_arrays(run_dir):
     """Every variable of the run's newest checkpoint (weights, optimizer, seed states, data position),
     but its save counter (how many saves this run made: a SIGTERM save is one more)."""
     reader = tf.train.load_checkpoint(str(run_dir / "checkpoint"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name not in ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")}
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name not in ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+    }
 
 
 def _max_difference(first, second):
     assert first.keys() == second.keys()
-    differences = {name: float(np.max(np.abs(first[name].astype(np.float64) - second[name].astype(np.float64)), initial=0.0))
-                   for name in first}
+    differences = {
+        name: float(np.max(np.abs(first[name].astype(np.float64) - second[name].astype(np.float64)), initial=0.0))
+        for name in first
+    }
     worst = max(differences, key=differences.get)
     assert differences[worst] == 0.0, (worst, differences[worst])
     return differences[worst]
@@ -58,7 +69,9 @@ def _max_difference(first, second):
 
 def _assert_same_run(run_dir, reference_dir):
     """The final weights and the newest checkpoint (dropout seed states included) are bit-identical."""
-    assert _max_difference(_h5_arrays(run_dir / "model.weights.h5"), _h5_arrays(reference_dir / "model.weights.h5")) == 0.0
+    assert (
+        _max_difference(_h5_arrays(run_dir / "model.weights.h5"), _h5_arrays(reference_dir / "model.weights.h5")) == 0.0
+    )
     mine, theirs = _checkpoint_arrays(run_dir), _checkpoint_arrays(reference_dir)
     assert any(name.startswith("dropout_seed_states/") for name in mine)
     assert _max_difference(mine, theirs) == 0.0
@@ -81,7 +94,16 @@ def _training_started(run_dir, before):
 
 
 def _start(config, run_dir, overrides):
-    command = [sys.executable, "-m", "concise_attention.cli.train", "--config", config, "--run-dir", str(run_dir), "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "concise_attention.cli.train",
+        "--config",
+        config,
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+    ]
     for override in overrides:
         command += ["--set", override]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -153,7 +175,10 @@ def test_killed_three_times_ends_bit_identical_with_dropout(tmp_path, vocabulary
     _assert_same_run(run_dir, reference_dir)
     # training.keep_checkpoints=2: of the checkpoints at steps 10, 20 and 28 the last two are kept.
     for directory in (reference_dir, run_dir):
-        assert sorted(path.name for path in (directory / "checkpoint").glob("*.index")) == ["ckpt-20.index", "ckpt-28.index"]
+        assert sorted(path.name for path in (directory / "checkpoint").glob("*.index")) == [
+            "ckpt-20.index",
+            "ckpt-28.index",
+        ]
 
 
 @pytest.mark.slow
@@ -189,7 +214,9 @@ def _logged_epochs(directory):
 
 
 @pytest.mark.slow
-def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, vocabulary, reference, caplog, capsys):
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(
+    tmp_path, vocabulary, reference, caplog, capsys
+):
     metrics, reference_dir = reference("tiny_lm")
     run_dir = tmp_path / "run"
     shutil.copytree(reference_dir, run_dir)
@@ -218,11 +245,25 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tmp_path
 def test_fine_tuning_killed_after_a_checkpoint_ends_bit_identical(tmp_path, vocabulary):
     """classification on the shipped WordNet topics, a tiny BERT, dropout on."""
     overrides = [
-        "model_type=bert", "model.vocab_size=1000", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-        "model.intermediate_size=64", "model.max_sequence_length=64", "model.dropout=0.1", "model.attention_dropout=0.1",
-        "training.sequence_length=32", "training.batch_size=8", "training.train_epochs=null", "training.train_steps=12",
-        "training.steps_per_epoch=5", "training.steps_per_execution=1", "training.warmup_fraction=null",
-        "training.warmup_steps=2", "training.jit_compile=false", f"tokenizer.vocabulary={vocabulary}",
+        "model_type=bert",
+        "model.vocab_size=1000",
+        "model.hidden_size=32",
+        "model.num_layers=2",
+        "model.num_heads=4",
+        "model.intermediate_size=64",
+        "model.max_sequence_length=64",
+        "model.dropout=0.1",
+        "model.attention_dropout=0.1",
+        "training.sequence_length=32",
+        "training.batch_size=8",
+        "training.train_epochs=null",
+        "training.train_steps=12",
+        "training.steps_per_epoch=5",
+        "training.steps_per_execution=1",
+        "training.warmup_fraction=null",
+        "training.warmup_steps=2",
+        "training.jit_compile=false",
+        f"tokenizer.vocabulary={vocabulary}",
     ]
     # Every run in a fresh process (as a user runs them): the comparison is then between processes
     # that started alike, not between a fresh one and this test process, which ran other tests.
@@ -233,20 +274,40 @@ def test_fine_tuning_killed_after_a_checkpoint_ends_bit_identical(tmp_path, voca
     for run_dir in (tmp_path / "killed", tmp_path / "straight"):
         process = _start("wordnet_topics", run_dir, overrides)
         assert process.wait(timeout=600) == 0, process.stderr.read()[-4000:]
-    metrics = [json.loads((run_dir / "metrics.json").read_text()) for run_dir in (tmp_path / "killed", tmp_path / "straight")]
+    metrics = [
+        json.loads((run_dir / "metrics.json").read_text()) for run_dir in (tmp_path / "killed", tmp_path / "straight")
+    ]
     assert metrics[0] == metrics[1] and metrics[0]["step"] == 12
     _assert_same_run(tmp_path / "killed", tmp_path / "straight")
 
 
 @pytest.mark.slow
 def test_train_steps_not_a_multiple_of_steps_per_epoch_are_honoured(tmp_path, vocabulary):
-    overrides = [f"tokenizer.vocabulary={vocabulary}", "training.train_steps=7", "training.steps_per_epoch=5", "training.steps_per_execution=5",
-                 "training.warmup_steps=2", "training.eval_batches=1"]
+    overrides = [
+        f"tokenizer.vocabulary={vocabulary}",
+        "training.train_steps=7",
+        "training.steps_per_epoch=5",
+        "training.steps_per_execution=5",
+        "training.warmup_steps=2",
+        "training.eval_batches=1",
+    ]
     metrics = train(configs.load_config("tiny_lm", overrides), tmp_path / "run", verbose=0)
     assert metrics["step"] == 7 and _step_of(tmp_path / "run") == 7
     # 4 steps per execution do not divide 2 steps per epoch: each epoch still stops at its step.
     with pytest.warns(UserWarning, match="steps_per_execution=4 does not divide training.steps_per_epoch=2"):
-        metrics = train(configs.load_config("tiny_lm", [f"tokenizer.vocabulary={vocabulary}", "training.train_steps=3", "training.steps_per_epoch=2",
-                                                        "training.steps_per_execution=4", "training.warmup_steps=1",
-                                                        "training.eval_batches=1"]), tmp_path / "run2", verbose=0)
+        metrics = train(
+            configs.load_config(
+                "tiny_lm",
+                [
+                    f"tokenizer.vocabulary={vocabulary}",
+                    "training.train_steps=3",
+                    "training.steps_per_epoch=2",
+                    "training.steps_per_execution=4",
+                    "training.warmup_steps=1",
+                    "training.eval_batches=1",
+                ],
+            ),
+            tmp_path / "run2",
+            verbose=0,
+        )
     assert metrics["step"] == 3 and _step_of(tmp_path / "run2") == 3

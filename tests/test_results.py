@@ -24,10 +24,14 @@ RESULTS = ROOT / "benchmarks" / "results"
 README = "\n".join(path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
 # the students scripts/distill_table.sh trains by default, label -> config name
 DISTILL_TABLE_SCRIPT = (ROOT / "scripts" / "distill_table.sh").read_text()
-SCRIPT_STUDENTS = dict(item.split(":") for item in re.search(r"STUDENTS:-([^}]*)}", DISTILL_TABLE_SCRIPT).group(1).split())
+SCRIPT_STUDENTS = dict(
+    item.split(":") for item in re.search(r"STUDENTS:-([^}]*)}", DISTILL_TABLE_SCRIPT).group(1).split()
+)
 # the overrides the script gives every run (the dropout the table was measured with)
 SCRIPT_SETS = re.search(r"SETS=\(([^)]*)\)", DISTILL_TABLE_SCRIPT).group(1).replace("--set", "").split()
-ABLATIONS = {"n": "a"}  # benchmarks/results/distill_ablation_3000: label -> the student it is trained from, one term off
+ABLATIONS = {
+    "n": "a"
+}  # benchmarks/results/distill_ablation_3000: label -> the student it is trained from, one term off
 
 
 def _benchmark_module(name):
@@ -48,10 +52,15 @@ def test_readme_study_table_is_the_committed_data(study):
         assert row["date"] != "unknown" and row["machine"] != "unknown" and int(row["steps"]) == 1500
         assert float(row["passes"]) > 0, row
         # passes is written to 4 decimals
-        assert abs(int(row["tokens_seen"]) - float(row["passes"]) * int(row["train_split_tokens"])) <= 5e-5 * int(row["train_split_tokens"]) + 1, row
+        assert (
+            abs(int(row["tokens_seen"]) - float(row["passes"]) * int(row["train_split_tokens"]))
+            <= 5e-5 * int(row["train_split_tokens"]) + 1
+        ), row
         assert row["seen_twice"] == str(float(row["passes"]) > 1), row
     assert {row["seen_twice"] for row in rows} == {"False"}, "a large-corpus run saw a training token twice"
-    assert studies.markdown(study, rows) in README, f"README table of the {study} study differs from `studies.py --markdown`"
+    assert studies.markdown(study, rows) in README, (
+        f"README table of the {study} study differs from `studies.py --markdown`"
+    )
     relative = results.relative_to(ROOT)
     assert (results / f"{study}.png").is_file()
     assert f"{relative}/{study}.png" in README
@@ -66,7 +75,9 @@ def test_the_tokens_table_and_its_trend_are_the_committed_data():
     assert all(re.fullmatch(r"[0-9a-f]{40}", row["commit"]) and row["clean"] in ("True", "False") for row in rows)
     assert {row["seen_twice"] for row in rows} == {"False"}
     assert studies.markdown("tokens", rows) in README
-    assert "benchmarks/results/studies_large/tokens.png" in README and (studies.LARGE_STUDIES_DIR / "tokens.png").is_file()
+    assert (
+        "benchmarks/results/studies_large/tokens.png" in README and (studies.LARGE_STUDIES_DIR / "tokens.png").is_file()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,17 +97,24 @@ def test_study_table_still_reproduces_with_todays_code(study, canary_losses):
     studies = _benchmark_module("studies")
     check = json.loads((studies.LARGE_STUDIES_DIR / "check.json").read_text())[study]
     first = studies.read_rows(study, studies.LARGE_STUDIES_DIR)[0]
-    assert (check["label"], check["seed"], check["committed"]) == (first["label"], int(first["seed"]), float(first["eval_subword_perplexity"]))
+    assert (check["label"], check["seed"], check["committed"]) == (
+        first["label"],
+        int(first["seed"]),
+        float(first["eval_subword_perplexity"]),
+    )
     if check["train_split_tokens"] == check["committed_train_split_tokens"]:  # the same build of the corpus
         assert check["reproduced"] and abs(check["rerun"] / check["committed"] - 1) <= studies.CHECK_TOLERANCE, check
-    assert f"| {first['label']} | {check['committed']:.3f} | {check['rerun']:.3f} |" in README, "docs/results.md misquotes check.json"
+    assert f"| {first['label']} | {check['committed']:.3f} | {check['rerun']:.3f} |" in README, (
+        "docs/results.md misquotes check.json"
+    )
     assert set(check["canaries"]) == set(studies.CANARIES[study])
     today_by_label = canary_losses(study)
     for label, recorded in check["canaries"].items():
         today = today_by_label[label]
         assert today == pytest.approx(recorded, rel=1e-4), (
             f"{study} / {label}: 10-step loss {today} today, {recorded} when the table was checked ({check['commit']}): "
-            "the code has changed the numbers; run `python benchmarks/studies.py --corpus corpus --check --jobs 2`")
+            "the code has changed the numbers; run `python benchmarks/studies.py --corpus corpus --check --jobs 2`"
+        )
 
 
 @pytest.mark.parametrize("study", ["heads", "collaborative"])
@@ -139,25 +157,47 @@ def test_the_gap_trend_is_a_least_squares_line_over_seed_paired_points():
     for steps, tokens in zip(studies.TREND_STEPS[:3], (10**5, 10**6, 10**7)):
         for seed in (0, 1, 2):
             gap = 16 + 0.2 * seed - 2 * np.log10(tokens)
-            rows.append({"label": f"fixed p=16 w=64 h=32 @{steps}", "seed": str(seed), "tokens_seen": str(tokens),
-                         "eval_subword_perplexity": str(100 * (1 + gap / 100))})
+            rows.append(
+                {
+                    "label": f"fixed p=16 w=64 h=32 @{steps}",
+                    "seed": str(seed),
+                    "tokens_seen": str(tokens),
+                    "eval_subword_perplexity": str(100 * (1 + gap / 100)),
+                }
+            )
             if seed < 2:  # seed 2 has no baseline: no pair
-                rows.append({"label": f"standard w=128 h=8 @{steps}", "seed": str(seed), "tokens_seen": str(tokens),
-                             "eval_subword_perplexity": "100"})
+                rows.append(
+                    {
+                        "label": f"standard w=128 h=8 @{steps}",
+                        "seed": str(seed),
+                        "tokens_seen": str(tokens),
+                        "eval_subword_perplexity": "100",
+                    }
+                )
     fit = studies.trend(rows, "fixed p=16 w=64 h=32")
     assert len(fit["points"]) == 6 and {seed for _, seed, _ in fit["points"]} == {0, 1}
     assert fit["slope"] == pytest.approx(-2.0) and fit["intercept"] == pytest.approx(16.1)
-    assert fit["closes_at"] == pytest.approx(10 ** 8.05, rel=1e-6)
-    growing = [{**row, "eval_subword_perplexity": str(200 - float(row["eval_subword_perplexity"]))} if row["label"].startswith("fixed")
-               else row for row in rows]
+    assert fit["closes_at"] == pytest.approx(10**8.05, rel=1e-6)
+    growing = [
+        {**row, "eval_subword_perplexity": str(200 - float(row["eval_subword_perplexity"]))}
+        if row["label"].startswith("fixed")
+        else row
+        for row in rows
+    ]
     assert studies.trend(growing, "fixed p=16 w=64 h=32")["closes_at"] is None
     assert studies.trend(rows, "fixed p=64 w=64 h=8")["slope"] is None  # no points
     assert studies.trend(rows, "fixed p=16 w=64 h=32", studies.TREND_STEPS[1:3])["slope"] == pytest.approx(-2.0)
     verdict = studies._trend_verdict(rows, "fixed p=16 w=64 h=32")  # seeds at +-0.1 around the line: slope's se 0.141
-    assert "Mean gap at 400 steps +6.1%, 1500 steps +4.1%, 6000 steps +2.1%; over the last two budgets alone -2.00 ± 0.14 % " \
-           "per decade, reaching 0 at about 1.1e+08 tokens." in verdict, verdict
-    level = [{**row, "eval_subword_perplexity": str(102 + 0.2 * int(row["seed"]))} if row["label"].startswith("fixed") and "@400" not in row["label"]
-             else row for row in rows]  # the last two budgets level: no change to report
+    assert (
+        "Mean gap at 400 steps +6.1%, 1500 steps +4.1%, 6000 steps +2.1%; over the last two budgets alone -2.00 ± 0.14 % "
+        "per decade, reaching 0 at about 1.1e+08 tokens." in verdict
+    ), verdict
+    level = [
+        {**row, "eval_subword_perplexity": str(102 + 0.2 * int(row["seed"]))}
+        if row["label"].startswith("fixed") and "@400" not in row["label"]
+        else row
+        for row in rows
+    ]  # the last two budgets level: no change to report
     assert "not distinguishable from no change" in studies._trend_verdict(level, "fixed p=16 w=64 h=32")
 
     def parameters(study, label):
@@ -168,7 +208,13 @@ def test_the_gap_trend_is_a_least_squares_line_over_seed_paired_points():
     for label in ("fixed p=16 w=64 h=32 @400", "fixed p=64 w=64 h=8 @12000"):
         assert abs(parameters("tokens", label) / baseline - 1) < 0.01
     for w, h in studies.WIDTH_PAIRS.items():
-        assert abs(parameters("width", f"fixed p=16 w={w} h={h}") / parameters("width", f"standard w={2 * w} h={w // 8}") - 1) < 0.02
+        assert (
+            abs(
+                parameters("width", f"fixed p=16 w={w} h={h}") / parameters("width", f"standard w={2 * w} h={w // 8}")
+                - 1
+            )
+            < 0.02
+        )
 
 
 def test_the_paired_verdicts_follow_from_the_rows():
@@ -179,10 +225,19 @@ def test_the_paired_verdicts_follow_from_the_rows():
     for study in ("head_size", "width"):
         assert {name for pair in studies.PAIRED[study] for name in pair} == set(studies.STUDIES[study])
     assert (label, baseline) in studies.PAIRED["head_size"]
-    rows = [{"label": name, "seed": str(seed), "tokens_seen": "1000", "eval_subword_perplexity": value}
-            for name, seed, value in ((baseline, 0, "100"), (baseline, 1, "200"), (label, 0, "110"), (label, 1, "198"), (label, 2, "50"))]
+    rows = [
+        {"label": name, "seed": str(seed), "tokens_seen": "1000", "eval_subword_perplexity": value}
+        for name, seed, value in (
+            (baseline, 0, "100"),
+            (baseline, 1, "200"),
+            (label, 0, "110"),
+            (label, 1, "198"),
+            (label, 2, "50"),
+        )
+    ]
     assert studies._paired_verdict(rows, label, baseline) == (
-        f"- {label} against {baseline}: perplexity +10.0%, -1.0% seed by seed (mean +4.5%), on both sides.")
+        f"- {label} against {baseline}: perplexity +10.0%, -1.0% seed by seed (mean +4.5%), on both sides."
+    )
     assert studies._paired_verdict(rows[:4], label, baseline).endswith("on both sides.")
     assert studies._paired_verdict(rows[:3], label, baseline).endswith("(mean +10.0%), behind at every seed.")
     assert studies._paired_verdict(rows[:2], label, baseline).endswith("no seed measured for both.")
@@ -193,8 +248,14 @@ def test_check_reproduces_a_table_from_scratch_and_flags_a_stale_one(tmp_path, m
     was raised by 1%: re-run from scratch (its data prepared again), the row gives its original perplexity to
     the last digit, the table is flagged stale, and the check records the token counts and the canary."""
     studies = _benchmark_module("studies")
-    tiny = ["training.train_steps=20", "training.steps_per_epoch=20", "training.warmup_steps=5", "training.steps_per_execution=5",
-            "training.jit_compile=false", "model.num_layers=1"]
+    tiny = [
+        "training.train_steps=20",
+        "training.steps_per_epoch=20",
+        "training.warmup_steps=5",
+        "training.steps_per_execution=5",
+        "training.jit_compile=false",
+        "model.num_layers=1",
+    ]
     monkeypatch.setattr(studies, "COMMON", [*studies.COMMON, *tiny])
     preset, overrides = studies._standard(32, 2)
     monkeypatch.setattr(studies, "STUDIES", {"depth": {"tiny": (preset, [*overrides, "training.eval_batches=2"])}})
@@ -206,7 +267,12 @@ def test_check_reproduces_a_table_from_scratch_and_flags_a_stale_one(tmp_path, m
     studies.write_rows(tmp_path / "results", "depth", [{**row, "eval_subword_perplexity": round(original * 1.01, 3)}])
     assert not studies.check_tables(studies.corpus(None, tmp_path / "scratch"), ["depth"], 1)
     check = json.loads((tmp_path / "results" / "check.json").read_text())["depth"]
-    assert (check["label"], check["rerun"], check["reproduced"], list(check["canaries"])) == ("tiny", original, False, ["tiny"])
+    assert (check["label"], check["rerun"], check["reproduced"], list(check["canaries"])) == (
+        "tiny",
+        original,
+        False,
+        ["tiny"],
+    )
     assert check["relative"] == pytest.approx(1 / 1.01 - 1, abs=1e-4)
     assert check["train_split_tokens"] == check["committed_train_split_tokens"] > 0
 
@@ -217,7 +283,9 @@ def test_readme_training_throughput_is_the_committed_data(backend):
     assert record["backend"] == backend
     for row in record["rows"]:
         figures = (f"{row['tokens_per_second']:,.0f}", f"{row['speed_vs_gpt2']:.2f}", f"{100 * row['mfu']:.1f}%")
-        line = next((line for line in README.splitlines() if line.startswith(f"| {backend} |") and figures[0] in line), None)
+        line = next(
+            (line for line in README.splitlines() if line.startswith(f"| {backend} |") and figures[0] in line), None
+        )
         assert line is not None, f"README has no {backend} training row with {figures[0]} tokens/s ({row['model']})"
         for figure in figures[1:]:
             assert figure in line, (figure, line)
@@ -238,9 +306,17 @@ def test_the_serving_tables_are_the_committed_data(name, monkeypatch):
     record = json.loads((RESULTS / f"{name}.json").read_text())
     assert _benchmark_module("serving_benchmark").table(record) in README
     if name == "serving_student":
-        rows = {(row["encoder"], row["length"], row["batch"]): row["sentences_per_s"]["export"] for row in record["rows"]}
-        for batch, quoted in ((32, "{} as many sentences per second as its teacher at batch 32"), (1, "and {} at\nbatch 1")):
-            ratios = [rows["concise-minilm-d192", length, batch] / rows["all-MiniLM-L6-v2", length, batch] for length in ("short", "medium", "long")]
+        rows = {
+            (row["encoder"], row["length"], row["batch"]): row["sentences_per_s"]["export"] for row in record["rows"]
+        }
+        for batch, quoted in (
+            (32, "{} as many sentences per second as its teacher at batch 32"),
+            (1, "and {} at\nbatch 1"),
+        ):
+            ratios = [
+                rows["concise-minilm-d192", length, batch] / rows["all-MiniLM-L6-v2", length, batch]
+                for length in ("short", "medium", "long")
+            ]
             assert quoted.format(f"{ratios[0]:.1f}x, {ratios[1]:.1f}x and {ratios[2]:.1f}x") in README, (batch, ratios)
 
 
@@ -253,7 +329,9 @@ def test_readme_collaborative_protocol_and_fine_tuning_figures_are_the_committed
     assert table in README, "README's protocol table differs from `collaborative_protocol.py --markdown`"
     # The fine-tuning section quotes the protocol's first step, and its budget.
     tuned = record["fine_tuned"]
-    figure = f"dev accuracy **{100 * tuned['eval_accuracy']:.1f}%** against {100 * record['majority_class_accuracy']:.1f}%"
+    figure = (
+        f"dev accuracy **{100 * tuned['eval_accuracy']:.1f}%** against {100 * record['majority_class_accuracy']:.1f}%"
+    )
     assert figure in README, figure
     assert f"{tuned['steps']} steps" in README and f"{record['seconds'] / 60:.0f} min" in README
 
@@ -266,9 +344,19 @@ def test_readme_distillation_table_is_the_committed_data():
     assert result["machine"] and result["date"] and result["command"].startswith("python benchmarks/distill_eval.py")
     rows = result["rows"]
     assert distill_eval.table(rows, next(iter(rows))) in README
-    for name in ("distill_eval_stage2.json", "distill_eval_bucketed.json", "distill_eval_nodrop.json", "distill_eval_12k.json",
-                 "distill_eval_16k.json", "distill_eval_shipped.json", "distill_eval_d128x6.json",
-                 "distill_eval_shipped_256.json", "distill_eval_d128x6_16k.json", "distill_eval_least_squares.json", "distill_eval_16k_s1.json"):  # stage 2 (not shipped); shipped runs; the shipped file
+    for name in (
+        "distill_eval_stage2.json",
+        "distill_eval_bucketed.json",
+        "distill_eval_nodrop.json",
+        "distill_eval_12k.json",
+        "distill_eval_16k.json",
+        "distill_eval_shipped.json",
+        "distill_eval_d128x6.json",
+        "distill_eval_shipped_256.json",
+        "distill_eval_d128x6_16k.json",
+        "distill_eval_least_squares.json",
+        "distill_eval_16k_s1.json",
+    ):  # stage 2 (not shipped); shipped runs; the shipped file
         later = json.loads((RESULTS / name).read_text())
         assert later["commit"] and distill_eval.table(later["rows"], next(iter(later["rows"]))) in README, name
     queries, own = np.eye(12)[:3], np.eye(12)[:3] * 0.5  # query i's own document is row i
@@ -291,7 +379,9 @@ def test_the_least_squares_cosine_scores_scikit_learn_s_ridge_predictions():
     distill_eval = _benchmark_module("distill_eval")
     rng = np.random.default_rng(0)
     teacher = distill_eval.unit(rng.normal(size=(600, 8)))
-    student = teacher[:, :5] @ rng.normal(size=(5, 5)) + 0.3 * rng.normal(size=(600, 5))  # part of the teacher, and noise
+    student = teacher[:, :5] @ rng.normal(size=(5, 5)) + 0.3 * rng.normal(
+        size=(600, 5)
+    )  # part of the teacher, and noise
     centred = student[:400] - student[:400].mean(0)
     ridge = Ridge(alpha=RIDGE * np.trace(centred.T @ centred) / 5).fit(student[:400], teacher[:400])
     expected = np.mean(np.sum(distill_eval.unit(ridge.predict(student[400:])) * teacher[400:], axis=1))
@@ -318,7 +408,9 @@ def test_the_distillation_table_in_the_docs_is_every_committed_run():
     distill_eval = _benchmark_module("distill_eval")
     files = sorted((RESULTS / "distill_table_3000").glob("*.json"))
     results = [json.loads(path.read_text()) for path in files]
-    assert files and all(result["commit"] and result["command"].startswith("python benchmarks/distill_eval.py") for result in results)
+    assert files and all(
+        result["commit"] and result["command"].startswith("python benchmarks/distill_eval.py") for result in results
+    )
     rows = distill_eval.merge(results)
     docs = (ROOT / "docs" / "distillation.md").read_text()
     assert distill_eval.table(rows, next(iter(rows))) in docs
@@ -330,10 +422,14 @@ def test_the_distillation_table_in_the_docs_is_every_committed_run():
     for name, config in configs.items():  # each run was trained by the config the table names, at its seed
         assert config["name"] == SCRIPT_STUDENTS[ABLATIONS.get(name[0], name[0])], name
         expected = load_config(config["name"], SCRIPT_SETS).to_dict()["model"]
-        later = {key: expected.pop(key) for key in set(expected) - set(config["model"])}  # settings added since, at their defaults
+        later = {
+            key: expected.pop(key) for key in set(expected) - set(config["model"])
+        }  # settings added since, at their defaults
         assert config["model"] == expected and later == {key: _BERT_DEFAULTS[key] for key in later}, name
         assert config["training"]["seed"] == int(name.split("_s")[1]) and config["training"]["train_steps"] == 3000
-    for name in (path.stem for path in (RESULTS / "distill_ablation_3000").glob("n_s*.json")):  # (a) without the similarity term
+    for name in (
+        path.stem for path in (RESULTS / "distill_ablation_3000").glob("n_s*.json")
+    ):  # (a) without the similarity term
         without, with_ = configs[name], configs[ABLATIONS["n"] + name[1:]]
         assert without["task"].pop("similarity_weight") == 0 and with_["task"].pop("similarity_weight") > 0
         assert without == with_, "the ablation differs from (a) in more than the similarity term"
@@ -344,7 +440,9 @@ def test_the_readme_carries_the_distillation_tables_means_over_seeds_and_paired_
     """README: the students' means over every committed seed and the differences paired by seed
     (`distill_eval.summary` of all files in distill_table_3000), with the command that regenerates them."""
     distill_eval = _benchmark_module("distill_eval")
-    rows = distill_eval.merge([json.loads(path.read_text()) for path in sorted((RESULTS / "distill_table_3000").glob("*.json"))])
+    rows = distill_eval.merge(
+        [json.loads(path.read_text()) for path in sorted((RESULTS / "distill_table_3000").glob("*.json"))]
+    )
     readme = (ROOT / "README.md").read_text()
     assert distill_eval.summary(rows, [("a", "b"), ("a", "c"), ("e", "c"), ("a", "e"), ("d", "a")]) in readme
     assert "bash scripts/distill_table.sh runs_table 3000 0 1" in readme
@@ -359,8 +457,12 @@ def test_the_summary_averages_each_student_over_its_seeds_and_pairs_by_seed():
     def row(value, speedup):
         return {"width": 8, "parameters": 2_000_000, **{key: value for key in measures}, "speedup_batch_32": speedup}
 
-    rows = {"teacher t": {**row(1.0, 1.0), "width": 16}, "student a_s0": row(0.5, 2.0), "student a_s1": row(0.7, 3.0),
-            "student b_s0": row(0.4, 2.5)}
+    rows = {
+        "teacher t": {**row(1.0, 1.0), "width": 16},
+        "student a_s0": row(0.5, 2.0),
+        "student a_s1": row(0.7, 3.0),
+        "student b_s0": row(0.4, 2.5),
+    }
     lines = distill_eval.summary(rows, [("a", "b"), ("a", "c")]).splitlines()
     assert lines[2] == "| teacher t |  | 16 | 2.0M | " + "1.000 | " * 5 + "1.00x |"
     assert lines[3] == f"| {distill_eval.STUDENTS['a']} | 0, 1 | 8 | 2.0M | " + "0.600 (60.0%) | " * 5 + "2.50x |"
@@ -395,15 +497,34 @@ def test_a_runs_training_minutes_are_the_spans_of_its_fit_calls_logs(tmp_path):
 
     distill_eval = _benchmark_module("distill_eval")
     (tmp_path / "run" / "logs" / "train").mkdir(parents=True)
-    for name, times in (("first", (1000.0, 1030.0, 1060.0)), ("resumed", (1660.0, 1780.0))):  # the file's first event opens it
+    for name, times in (
+        ("first", (1000.0, 1030.0, 1060.0)),
+        ("resumed", (1660.0, 1780.0)),
+    ):  # the file's first event opens it
         with tf.io.TFRecordWriter(str(tmp_path / "run" / "logs" / "train" / f"events.out.tfevents.{name}")) as writer:
             for wall_time in times:
                 writer.write(event_pb2.Event(wall_time=wall_time, step=1).SerializeToString())
     assert distill_eval.training_minutes(tmp_path / "run") == 3.0
     assert distill_eval.training_minutes(tmp_path / "no run") is None
-    rows = {"teacher t": {"width": 4, "parameters": 10**6, "sentences_per_s_batch_1": 10.0, "sentences_per_s_batch_32": 20.0},
-            "student run": {"width": 2, "parameters": 250_000, "train_minutes": 3.0, "sentences_per_s_batch_1": 30.0, "sentences_per_s_batch_32": 50.0}}
-    assert distill_eval.table(rows, "teacher t").splitlines()[-1] == "| student run | 2 | 0.2M | 0.5 |  |  |  |  |  | 30 (3.00x) | 50 (2.50x) | 3 |"
+    rows = {
+        "teacher t": {
+            "width": 4,
+            "parameters": 10**6,
+            "sentences_per_s_batch_1": 10.0,
+            "sentences_per_s_batch_32": 20.0,
+        },
+        "student run": {
+            "width": 2,
+            "parameters": 250_000,
+            "train_minutes": 3.0,
+            "sentences_per_s_batch_1": 30.0,
+            "sentences_per_s_batch_32": 50.0,
+        },
+    }
+    assert (
+        distill_eval.table(rows, "teacher t").splitlines()[-1]
+        == "| student run | 2 | 0.2M | 0.5 |  |  |  |  |  | 30 (3.00x) | 50 (2.50x) | 3 |"
+    )
 
 
 def test_results_measured_in_separate_sessions_merge_into_one_table():
@@ -412,19 +533,32 @@ def test_results_measured_in_separate_sessions_merge_into_one_table():
     teacher (hand computed), since files come from different days or machines."""
     distill_eval = _benchmark_module("distill_eval")
     teacher = {"sentences_per_s_batch_1": 50.0, "sentences_per_s_batch_32": 100.0, "cosine_to_teacher": 1.0}
-    first = {"rows": {"teacher t": teacher, "student a_s0": {"sentences_per_s_batch_1": 100.0, "sentences_per_s_batch_32": 250.0},
-                      "bag of words (TF-IDF)": {"recall_at_10": 0.5}}}
-    second = {"rows": {"teacher t": {**teacher, "sentences_per_s_batch_1": 25.0, "sentences_per_s_batch_32": 40.0},
-                       "student b_s0": {"sentences_per_s_batch_1": 30.0, "sentences_per_s_batch_32": 80.0},
-                       "bag of words (TF-IDF)": {"recall_at_10": 0.25}}}
+    first = {
+        "rows": {
+            "teacher t": teacher,
+            "student a_s0": {"sentences_per_s_batch_1": 100.0, "sentences_per_s_batch_32": 250.0},
+            "bag of words (TF-IDF)": {"recall_at_10": 0.5},
+        }
+    }
+    second = {
+        "rows": {
+            "teacher t": {**teacher, "sentences_per_s_batch_1": 25.0, "sentences_per_s_batch_32": 40.0},
+            "student b_s0": {"sentences_per_s_batch_1": 30.0, "sentences_per_s_batch_32": 80.0},
+            "bag of words (TF-IDF)": {"recall_at_10": 0.25},
+        }
+    }
     rows = distill_eval.merge([first, second])
     assert list(rows) == ["teacher t", "student a_s0", "bag of words (TF-IDF)", "student b_s0"]
-    assert rows["teacher t"]["sentences_per_s_batch_32"] == 100.0 and rows["bag of words (TF-IDF)"]["recall_at_10"] == 0.5
+    assert (
+        rows["teacher t"]["sentences_per_s_batch_32"] == 100.0 and rows["bag of words (TF-IDF)"]["recall_at_10"] == 0.5
+    )
     assert rows["student a_s0"]["speedup_batch_32"] == 2.5 and rows["student b_s0"]["speedup_batch_32"] == 2.0
     assert rows["student b_s0"]["speedup_batch_1"] == 1.2
     lines = distill_eval.table(rows, "teacher t").splitlines()
     assert lines[-1].endswith("| 30 (1.20x) | 80 (2.00x) |")  # not 80 / 100: its own teacher's ratio
-    assert "student b_s0" not in first["rows"] and "speedup_batch_1" not in first["rows"]["student a_s0"]  # inputs untouched
+    assert (
+        "student b_s0" not in first["rows"] and "speedup_batch_1" not in first["rows"]["student a_s0"]
+    )  # inputs untouched
 
 
 def test_the_paired_table_differences_students_seed_by_seed():
@@ -434,16 +568,26 @@ def test_the_paired_table_differences_students_seed_by_seed():
     measures = list(distill_eval.QUALITY)
 
     def row(base):  # each measure its own value, so that a measure read for another would show
-        return {key: base + index ** 2 / 100 for index, key in enumerate(measures)}
+        return {key: base + index**2 / 100 for index, key in enumerate(measures)}
 
-    rows = {"teacher t": row(1.0), "student a_s0": row(0.80), "student a_s1": row(0.70), "student a_s2": row(0.5),
-            "student b_s0": row(0.75), "student b_s1": row(0.72), "student ab_s0": row(0.0)}
+    rows = {
+        "teacher t": row(1.0),
+        "student a_s0": row(0.80),
+        "student a_s1": row(0.70),
+        "student a_s2": row(0.5),
+        "student b_s0": row(0.75),
+        "student b_s1": row(0.72),
+        "student ab_s0": row(0.0),
+    }
     lines = distill_eval.paired(rows, "a", "b").splitlines()
     assert lines[0] == "| a - b | seed 0 | seed 1 | mean |"  # seed 2 has no b; "ab_s0" is not an "a" run
     assert lines[2:] == [f"| {title} | +0.050 | -0.020 | +0.015 |" for title in distill_eval.QUALITY.values()]
     rows["student b_s0"]["recall_at_10"] = 0.0  # one cell of one measure: only its line changes
-    assert distill_eval.paired(rows, "a", "b").splitlines()[-1] == f"| recall@10 | {rows['student a_s0']['recall_at_10']:+.3f} | -0.020 | " \
+    assert (
+        distill_eval.paired(rows, "a", "b").splitlines()[-1]
+        == f"| recall@10 | {rows['student a_s0']['recall_at_10']:+.3f} | -0.020 | "
         f"{(rows['student a_s0']['recall_at_10'] - 0.02) / 2:+.3f} |"
+    )
     with pytest.raises(ValueError, match="no seed was measured for both 'a' and 'c'"):
         distill_eval.paired(rows, "a", "c")
 
@@ -491,8 +635,10 @@ def test_readme_long_text_figures_are_the_committed_data():
     the two upper triangles of cosines, checked on a hand-made case where the rank order is known."""
     long_texts = _benchmark_module("long_texts")
     record = json.loads((ROOT / "benchmarks" / "results" / "long_texts.json").read_text())["spearman"]
-    quoted = (f"with Spearman {record['concise-minilm-d192 at 256']:.2f} at 256, {record['concise-minilm-d192 at 128']:.2f} at 128 "
-              f"and {record['concise-minilm-d192 at 64']:.2f} at 64 (the teacher itself cut to 64: {record['teacher at 64']:.2f};")
+    quoted = (
+        f"with Spearman {record['concise-minilm-d192 at 256']:.2f} at 256, {record['concise-minilm-d192 at 128']:.2f} at 128 "
+        f"and {record['concise-minilm-d192 at 64']:.2f} at 64 (the teacher itself cut to 64: {record['teacher at 64']:.2f};"
+    )
     assert quoted in " ".join(README.split()), quoted
     unit = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])  # cosines 0.8, 0.0, 0.6
     flipped = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])  # cosines 0.0, 0.6, 0.8: the ranks 3,1,2 become 1,2,3
@@ -502,10 +648,15 @@ def test_readme_long_text_figures_are_the_committed_data():
 
 def test_the_least_squares_fit_size_table_is_the_committed_data():
     record = json.loads((RESULTS / "least_squares_fit.json").read_text())
-    assert record["command"].startswith("python benchmarks/least_squares_fit.py") and record["preset"] == "concise-minilm-d192"
+    assert (
+        record["command"].startswith("python benchmarks/least_squares_fit.py")
+        and record["preset"] == "concise-minilm-d192"
+    )
     for row in record["rows"]:
         if row["ridge"] == 1e-3:
-            assert f"| {row['texts']:,} | {row['held_out_cosine']:.3f} | {row['fitted_texts_cosine']:.3f} |" in README, row
+            assert (
+                f"| {row['texts']:,} | {row['held_out_cosine']:.3f} | {row['fitted_texts_cosine']:.3f} |" in README
+            ), row
     at_40000 = [row["held_out_cosine"] for row in record["rows"] if row["texts"] == 40000]
     assert len(at_40000) == 4 and max(at_40000) - min(at_40000) < 2e-4  # "moves it by less than 0.0002"
 
@@ -518,7 +669,9 @@ def test_the_readmes_mteb_table_is_the_committed_data():
     assert _benchmark_module("mteb_table").markdown(record) in readme
     rows = record["rows"]
     pca = next(row for name, row in rows.items() if name.endswith(", PCA to 192"))
-    below = [name for name, row in rows.items() if row["width"] == 192 and "PCA" not in name and row["mean"] < pca["mean"]]
+    below = [
+        name for name, row in rows.items() if row["width"] == 192 and "PCA" not in name and row["mean"] < pca["mean"]
+    ]
     assert below and "so not shipped" in readme and all(f"`{name}`" in readme for name in below)
 
 

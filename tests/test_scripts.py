@@ -45,7 +45,7 @@ TRAIN_REMOTE = (
     'exec 9>>"$HOME/.concise-train.lock"; '
     'if ! flock -n 9; then echo "concise-train is already running on $(hostname)" >&2; exit 1; fi; '
     "echo running | gcloud storage cp - gs://my-bucket/runs/lm/launcher/status || exit 1; "
-    f'setsid nohup bash -c {shlex.quote(LOOP)} > /dev/null 2>&1 < /dev/null &'
+    f"setsid nohup bash -c {shlex.quote(LOOP)} > /dev/null 2>&1 < /dev/null &"
 )
 TRAIN = f"{SSH} {shlex.quote('--command=' + TRAIN_REMOTE)}"
 TARBALL = ROOT / "dist" / "concise-attention.tar.gz"
@@ -63,7 +63,18 @@ def _dry_run(capsys, *argv):
 
 # --help -------------------------------------------------------------------------------------
 
-SUBCOMMANDS = ("create", "install", "train", "up", "supervise", "status", "logs", "tensorboard", "upload-data", "delete")
+SUBCOMMANDS = (
+    "create",
+    "install",
+    "train",
+    "up",
+    "supervise",
+    "status",
+    "logs",
+    "tensorboard",
+    "upload-data",
+    "delete",
+)
 
 
 def test_help_lists_every_subcommand(capsys):
@@ -127,8 +138,9 @@ def test_up_with_a_queued_resource_waits_for_it_before_installing(capsys):
 
 
 def test_install_from_a_pip_requirement_without_the_tpu_swap(capsys):
-    assert _dry_run(capsys, "install", *TARGET, "--package", "git+https://example.com/concise-attention@v1",
-                    "--tf-package", "none") == [
+    assert _dry_run(
+        capsys, "install", *TARGET, "--package", "git+https://example.com/concise-attention@v1", "--tf-package", "none"
+    ) == [
         f"{SSH} '--command=python3 -m pip install --upgrade pip && "
         "python3 -m pip install git+https://example.com/concise-attention@v1'"
     ]
@@ -136,8 +148,18 @@ def test_install_from_a_pip_requirement_without_the_tpu_swap(capsys):
 
 def test_train_command_and_data_dir(capsys):
     assert _dry_run(capsys, "train", *TARGET, *RUN) == [TRAIN]
-    line = _dry_run(capsys, "train", *TARGET, *RUN, "--config", "tiny_lm", "--set", "task.dataset=text_files",
-                    "--data-dir", "gs://my-bucket/data/txt")[0]
+    line = _dry_run(
+        capsys,
+        "train",
+        *TARGET,
+        *RUN,
+        "--config",
+        "tiny_lm",
+        "--set",
+        "task.dataset=text_files",
+        "--data-dir",
+        "gs://my-bucket/data/txt",
+    )[0]
     assert "--set task.data_dir=gs://my-bucket/data/txt >>" in line
     # The command the VM runs, resolved as concise-train itself resolves it: its own parser, then the config.
     from concise_attention.training.run import configs
@@ -145,21 +167,26 @@ def test_train_command_and_data_dir(capsys):
     remote = shlex.split(shlex.split(line)[-1].removeprefix("--command="))
     loop = shlex.split(remote[remote.index("-c") + 1])  # the detached bash loop
     start = next(index for index, word in enumerate(loop) if word == "concise-train" and loop[index + 1] == "--config")
-    argv = loop[start + 1: loop.index(">>", start)]
+    argv = loop[start + 1 : loop.index(">>", start)]
     parser = argparse.ArgumentParser()
     configs.add_config_arguments(parser)
     for flag in ("--run-dir", "--strategy", "--tpu"):
         parser.add_argument(flag)
     args = parser.parse_args(argv)
     config = configs.load_config(args.config, args.set)
-    assert (config.task.data_dir, config.task.dataset, config.training.train_steps) == ("gs://my-bucket/data/txt", "text_files", 200)
+    assert (config.task.data_dir, config.task.dataset, config.training.train_steps) == (
+        "gs://my-bucket/data/txt",
+        "text_files",
+        200,
+    )
 
 
 def test_remote_command_quoting_survives_awkward_overrides(capsys):
     """Values with spaces and quotes reach concise-train as single, intact arguments."""
     awkward = "training.vocabulary=my vocab's file.txt"
-    line = _dry_run(capsys, "train", *TARGET, "--run-dir", "gs://my-bucket/runs/lm", "--config", "tiny_lm",
-                    "--set", awkward)[0]
+    line = _dry_run(
+        capsys, "train", *TARGET, "--run-dir", "gs://my-bucket/runs/lm", "--config", "tiny_lm", "--set", awkward
+    )[0]
     remote = shlex.split(line)[-1].removeprefix("--command=")
     loop = shlex.split(remote.split("bash -c ", 1)[1])[0]  # what the worker's bash -c receives
     train = next(part for part in loop.split("; ") if part.startswith("concise-train"))
@@ -207,7 +234,9 @@ def test_logs_tensorboard_upload_status_delete(capsys, tmp_path):
         "gcloud compute tpus queued-resources describe lm-tpu-qr --zone=us-central2-b '--format=value(state.state)'",
         "gcloud storage cat gs://my-bucket/runs/lm/launcher/status",
     ]
-    assert _dry_run(capsys, "delete", *TARGET) == ["gcloud compute tpus tpu-vm delete lm-tpu --zone=us-central2-b --quiet"]
+    assert _dry_run(capsys, "delete", *TARGET) == [
+        "gcloud compute tpus tpu-vm delete lm-tpu --zone=us-central2-b --quiet"
+    ]
     assert _dry_run(capsys, "delete", *TARGET, "--queued") == [
         "gcloud compute tpus queued-resources delete lm-tpu-qr --zone=us-central2-b --force --quiet"
     ]
@@ -216,28 +245,43 @@ def test_logs_tensorboard_upload_status_delete(capsys, tmp_path):
 # Bad options: exit 2, one line naming the option and the value, no traceback ---------------
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["create", "--zone", "uscentral", "--name", "lm-tpu"], "--zone='uscentral'"),
-    (["create", "--zone", "us-central2-b", "--name", "LM_TPU"], "--name='LM_TPU'"),
-    (["create", *TARGET, "--accelerator-type", "tpu8"], "--accelerator-type='tpu8'"),
-    (["create", *TARGET, "--spot", "--preemptible"], "--spot --preemptible"),
-    (["create", *TARGET, "--queued", "--preemptible"], "--queued --preemptible"),
-    (["create", *TARGET, "--project", "X"], "--project='X'"),
-    (["train", *TARGET, "--run-dir", "/tmp/runs/lm", "--config", "tiny_lm"], "--run-dir='/tmp/runs/lm'"),
-    (["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "no_such_preset"], "--config='no_such_preset'"),
-    (["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "configs/tiny_lm.yaml"], "--config='configs/tiny_lm.yaml'"),
-    (["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "tiny_lm", "--set", "steps"], "--set='steps'"),
-    (["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "tiny_lm", "--data-dir", "data/"], "--data-dir='data/'"),
-    (["supervise", *TARGET, *RUN, "--poll-interval", "0"], "--poll-interval=0"),
-    (["supervise", *TARGET, *RUN, "--max-retries", "-1"], "--max-retries=-1"),
-    (["install", *TARGET], "--run-dir"),
-    (["logs", *TARGET, "--saved"], "--run-dir"),
-    (["logs", *TARGET, "--worker", "first"], "--worker='first'"),
-    (["tensorboard", "--run-dir", "gs://my-bucket/r", "--port", "70000"], "--port=70000"),
-    (["upload-data", "--source", "/no/such/folder", "--data-dir", "gs://my-bucket/d"], "--source='/no/such/folder'"),
-    (["create", "--name", "lm-tpu"], "--zone"),
-    (["train", *TARGET, "--config", "tiny_lm"], "--run-dir"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["create", "--zone", "uscentral", "--name", "lm-tpu"], "--zone='uscentral'"),
+        (["create", "--zone", "us-central2-b", "--name", "LM_TPU"], "--name='LM_TPU'"),
+        (["create", *TARGET, "--accelerator-type", "tpu8"], "--accelerator-type='tpu8'"),
+        (["create", *TARGET, "--spot", "--preemptible"], "--spot --preemptible"),
+        (["create", *TARGET, "--queued", "--preemptible"], "--queued --preemptible"),
+        (["create", *TARGET, "--project", "X"], "--project='X'"),
+        (["train", *TARGET, "--run-dir", "/tmp/runs/lm", "--config", "tiny_lm"], "--run-dir='/tmp/runs/lm'"),
+        (
+            ["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "no_such_preset"],
+            "--config='no_such_preset'",
+        ),
+        (
+            ["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "configs/tiny_lm.yaml"],
+            "--config='configs/tiny_lm.yaml'",
+        ),
+        (["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "tiny_lm", "--set", "steps"], "--set='steps'"),
+        (
+            ["train", *TARGET, "--run-dir", "gs://my-bucket/r", "--config", "tiny_lm", "--data-dir", "data/"],
+            "--data-dir='data/'",
+        ),
+        (["supervise", *TARGET, *RUN, "--poll-interval", "0"], "--poll-interval=0"),
+        (["supervise", *TARGET, *RUN, "--max-retries", "-1"], "--max-retries=-1"),
+        (["install", *TARGET], "--run-dir"),
+        (["logs", *TARGET, "--saved"], "--run-dir"),
+        (["logs", *TARGET, "--worker", "first"], "--worker='first'"),
+        (["tensorboard", "--run-dir", "gs://my-bucket/r", "--port", "70000"], "--port=70000"),
+        (
+            ["upload-data", "--source", "/no/such/folder", "--data-dir", "gs://my-bucket/d"],
+            "--source='/no/such/folder'",
+        ),
+        (["create", "--name", "lm-tpu"], "--zone"),
+        (["train", *TARGET, "--config", "tiny_lm"], "--run-dir"),
+    ],
+)
 def test_bad_options_exit_2_naming_the_option(capsys, argv, expected):
     with pytest.raises(SystemExit) as exit_info:
         cloud_tpu.main([*argv, "--dry-run"])
@@ -264,7 +308,11 @@ class FakeCloud:
         if "describe" in argv:
             state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
             if state in ("NOT_FOUND", "FLAKY"):
-                message = "ERROR: (gcloud) NOT_FOUND: node does not exist" if state == "NOT_FOUND" else "ERROR: connection reset"
+                message = (
+                    "ERROR: (gcloud) NOT_FOUND: node does not exist"
+                    if state == "NOT_FOUND"
+                    else "ERROR: connection reset"
+                )
                 return subprocess.CompletedProcess(argv, 1, "", message)
             return subprocess.CompletedProcess(argv, 0, state + "\n", "")
         if argv[1:3] == ["storage", "cat"]:
@@ -281,28 +329,34 @@ class FakeCloud:
 
 def _supervise(cloud, *extra):
     sleeps = []
-    code = cloud_tpu.main(["supervise", *TARGET, *RUN, "--package", "pkg==1", "--poll-interval", "7", *extra],
-                          runner=cloud, sleep=sleeps.append)
+    code = cloud_tpu.main(
+        ["supervise", *TARGET, *RUN, "--package", "pkg==1", "--poll-interval", "7", *extra],
+        runner=cloud,
+        sleep=sleeps.append,
+    )
     return code, sleeps
 
 
-@pytest.mark.parametrize("state, status, launched, action", [
-    ("READY", "running", True, "wait"),
-    ("READY", None, True, "launch"),
-    ("READY", "running", False, "launch"),
-    ("CREATING", "running", False, "wait"),
-    ("PREEMPTED", "running", True, "recreate"),
-    ("TERMINATED", "running", True, "recreate"),
-    ("NOT_FOUND", None, True, "recreate"),
-    ("SUSPENDED", "running", True, "recreate"),
-    ("WAITING_FOR_RESOURCES", "running", False, "wait"),
-    ("UNKNOWN", "running", True, "wait"),
-    ("READY", "unknown", True, "wait"),
-    ("READY", "0", True, "done"),
-    ("PREEMPTED", "0", True, "done"),
-    ("READY", "1", True, "failed"),
-    ("READY", "75", True, "failed"),
-])
+@pytest.mark.parametrize(
+    "state, status, launched, action",
+    [
+        ("READY", "running", True, "wait"),
+        ("READY", None, True, "launch"),
+        ("READY", "running", False, "launch"),
+        ("CREATING", "running", False, "wait"),
+        ("PREEMPTED", "running", True, "recreate"),
+        ("TERMINATED", "running", True, "recreate"),
+        ("NOT_FOUND", None, True, "recreate"),
+        ("SUSPENDED", "running", True, "recreate"),
+        ("WAITING_FOR_RESOURCES", "running", False, "wait"),
+        ("UNKNOWN", "running", True, "wait"),
+        ("READY", "unknown", True, "wait"),
+        ("READY", "0", True, "done"),
+        ("PREEMPTED", "0", True, "done"),
+        ("READY", "1", True, "failed"),
+        ("READY", "75", True, "failed"),
+    ],
+)
 def test_decide(state, status, launched, action):
     assert cloud_tpu.decide(state, status, launched) == action
 
@@ -314,7 +368,8 @@ def test_one_preemption_means_one_recreation(capsys):
     assert cloud.count("tpu-vm delete") == 1 and cloud.count("tpu-vm create") == 1
     assert cloud.count("pip install") == 1 and cloud.count("setsid nohup") == 1
     assert cloud.commands.index(next(c for c in cloud.commands if "tpu-vm create" in c)) < cloud.commands.index(
-        next(c for c in cloud.commands if "setsid nohup" in c))
+        next(c for c in cloud.commands if "setsid nohup" in c)
+    )
     assert sleeps == [7, 7]  # no wait between creating the VM and launching on it
     assert "PREEMPTED" in capsys.readouterr().out
 
@@ -361,10 +416,14 @@ def test_the_checkout_is_staged_only_when_the_run_has_none(capsys, staged):
 
 
 def test_a_queued_resource_is_polled_until_active(capsys):
-    cloud = FakeCloud(["SUSPENDED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "ACTIVE"],
-                      ["running", "running", "running", "running", "0"])
+    cloud = FakeCloud(
+        ["SUSPENDED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "ACTIVE"],
+        ["running", "running", "running", "running", "0"],
+    )
     assert _supervise(cloud, "--queued")[0] == 0
-    assert cloud.count("queued-resources delete lm-tpu-qr") == 1 and cloud.count("queued-resources create lm-tpu-qr") == 1
+    assert (
+        cloud.count("queued-resources delete lm-tpu-qr") == 1 and cloud.count("queued-resources create lm-tpu-qr") == 1
+    )
     assert cloud.count("setsid nohup") == 1
 
 
@@ -419,23 +478,44 @@ def fake_vm(tmp_path):
 
 
 def _options(max_restarts=100):
-    return cloud_tpu.Options(zone="us-central2-b", name="lm-tpu", run_dir="gs://my-bucket/runs/lm", config="tiny_lm",
-                             overrides=("training.train_steps=200",), max_restarts=max_restarts)
+    return cloud_tpu.Options(
+        zone="us-central2-b",
+        name="lm-tpu",
+        run_dir="gs://my-bucket/runs/lm",
+        config="tiny_lm",
+        overrides=("training.train_steps=200",),
+        max_restarts=max_restarts,
+    )
 
 
-@pytest.mark.parametrize("codes, max_restarts, calls, status", [
-    ([75, 75, 0], 100, 3, "0"),  # restarted after each 75, finished
-    ([1, 0], 100, 1, "1"),  # a crash is not restarted on the VM
-    ([75, 75, 75, 75], 2, 3, "75"),  # restarts are bounded
-])
+@pytest.mark.parametrize(
+    "codes, max_restarts, calls, status",
+    [
+        ([75, 75, 0], 100, 3, "0"),  # restarted after each 75, finished
+        ([1, 0], 100, 1, "1"),  # a crash is not restarted on the VM
+        ([75, 75, 75, 75], 2, 3, "75"),  # restarts are bounded
+    ],
+)
 def test_restart_loop(fake_vm, codes, max_restarts, calls, status):
     home, env, launcher = fake_vm
     (home / "codes").write_text("".join(f"{code}\n" for code in codes))
-    subprocess.run(["bash", "-c", cloud_tpu.training_loop(_options(max_restarts))], env=env, check=True, timeout=60,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        ["bash", "-c", cloud_tpu.training_loop(_options(max_restarts))],
+        env=env,
+        check=True,
+        timeout=60,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     lines = (home / "calls").read_text().splitlines()
-    assert lines == ["--config tiny_lm --run-dir gs://my-bucket/runs/lm --strategy tpu --tpu local "
-                     "--set training.train_steps=200"] * calls
+    assert (
+        lines
+        == [
+            "--config tiny_lm --run-dir gs://my-bucket/runs/lm --strategy tpu --tpu local "
+            "--set training.train_steps=200"
+        ]
+        * calls
+    )
     assert (launcher / "status").read_text().strip() == status
     saved_log = (launcher / f"{os.uname().nodename}.log").read_text()
     assert saved_log.count("training, call") == calls and f"exit code {codes[calls - 1]}" in saved_log
@@ -514,8 +594,13 @@ def _prepared_folder(path, train_shards, rows=5, length=8, seed=0):
             np.save(path / name, np.stack([tokens, segments, positions], axis=1).astype(np.int32))
             listed.append({"file": name, "rows": rows})
         splits[split] = {"shards": listed, "rows": rows * count, "lines": 3 * count, "tokens": 0}
-    manifest = {"format": "concise-prepared-data/1", "task": "causal_lm", "fields": ["token_ids", "segment_ids", "positions"],
-                "sequence_length": length, "splits": splits}
+    manifest = {
+        "format": "concise-prepared-data/1",
+        "task": "causal_lm",
+        "fields": ["token_ids", "segment_ids", "positions"],
+        "sequence_length": length,
+        "splits": splits,
+    }
     (path / "manifest.json").write_text(json.dumps(manifest))
     return manifest
 
@@ -536,8 +621,13 @@ def test_prepared_archive_rebuilds_the_shards_byte_for_byte_and_refuses_a_change
     archive, out = tmp_path / "data.tar.xz", tmp_path / "out"
     subprocess.run([*script, "pack", str(tmp_path / "prepared"), str(archive), "--train-shards", "2"], check=True)
     subprocess.run([*script, "unpack", str(archive), str(out)], check=True)
-    assert sorted(path.name for path in out.iterdir()) == ["eval-00000.npy", "manifest.json", "train-00000.npy",
-                                                           "train-00001.npy", "vocab.txt"]
+    assert sorted(path.name for path in out.iterdir()) == [
+        "eval-00000.npy",
+        "manifest.json",
+        "train-00000.npy",
+        "train-00001.npy",
+        "vocab.txt",
+    ]
     for name in ("eval-00000.npy", "train-00000.npy", "train-00001.npy", "vocab.txt"):
         assert (out / name).read_bytes() == (tmp_path / "prepared" / name).read_bytes(), name
     train = json.loads((out / "manifest.json").read_text())["splits"]["train"]
@@ -558,7 +648,9 @@ def test_prepared_archive_rebuilds_the_shards_byte_for_byte_and_refuses_a_change
                 data = buffer.getvalue()
                 member.size = len(data)
             target.addfile(member, io.BytesIO(data))
-    result = subprocess.run([*script, "unpack", str(changed), str(tmp_path / "refused")], capture_output=True, text=True)
+    result = subprocess.run(
+        [*script, "unpack", str(changed), str(tmp_path / "refused")], capture_output=True, text=True
+    )
     assert result.returncode == 2 and "train-00001.npy does not rebuild" in result.stderr, result.stderr
     assert not (tmp_path / "refused" / "manifest.json").exists()
 
@@ -580,10 +672,15 @@ def test_gpu_heads_study_collect_reads_finished_runs_and_the_last_checkpoint_of_
     np.savez(stopped / "checkpoint" / "state.npz", model_0=np.zeros(3), history=np.asarray(json.dumps(history)))
     (runs / "lm1b_standard_d256.log").write_text("not a run")
     script = ROOT / "scripts" / "gpu_heads_study.sh"
-    subprocess.run(["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True)
+    subprocess.run(
+        ["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True
+    )
     study = json.loads((tmp_path / "study.json").read_text())
     assert sorted(study) == ["lm1b_fixed_d256_p32_h70", "lm1b_standard_d256"]
-    assert study["lm1b_standard_d256"] == {"config": {"name": "lm1b_standard_d256"}, "metrics": {"step": 600, "eval_loss": 4.0}}
+    assert study["lm1b_standard_d256"] == {
+        "config": {"name": "lm1b_standard_d256"},
+        "metrics": {"step": 600, "eval_loss": 4.0},
+    }
     assert study["lm1b_fixed_d256_p32_h70"]["history"] == history
     assert [path.name for path in tmp_path.iterdir() if ".tmp-" in path.name] == []
     assert not (tmp_path / "provenance.json").exists()  # none recorded: none invented
@@ -598,10 +695,13 @@ def _check_provenance(script, runs, tmp_path):
     import shutil
 
     def provenance(folder, script=script, **env):
-        return subprocess.run(["bash", str(script), "provenance", str(folder)], capture_output=True, text=True,
-                              env={**os.environ, **env})
+        return subprocess.run(
+            ["bash", str(script), "provenance", str(folder)], capture_output=True, text=True, env={**os.environ, **env}
+        )
 
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     other = "0123456789abcdef0123456789abcdef01234567"
     assert provenance(runs, STUDY_COMMIT=other).returncode == 0  # a git checkout: its own commit wins
     assert json.loads((runs / "provenance.json").read_text())["commit"] == head
@@ -613,9 +713,16 @@ def _check_provenance(script, runs, tmp_path):
     assert refused.returncode == 2 and "STUDY_COMMIT='abc'" in refused.stderr
     assert provenance(runs, copy, STUDY_COMMIT=other, STUDY_CLEAN="true").returncode == 0  # resumed from other code
     record = json.loads((runs / "provenance.json").read_text())
-    assert (record["commit"], [(later["commit"], later["clean"]) for later in record["later"]]) == (head, [(other, "true")])
-    subprocess.run(["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True)
+    assert (record["commit"], [(later["commit"], later["clean"]) for later in record["later"]]) == (
+        head,
+        [(other, "true")],
+    )
+    subprocess.run(
+        ["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True
+    )
     assert json.loads((tmp_path / "provenance.json").read_text()) == record
     (runs / "provenance.json").unlink()
-    subprocess.run(["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True)
+    subprocess.run(
+        ["bash", str(script), "collect", str(runs), str(tmp_path / "study.json")], check=True, capture_output=True
+    )
     assert not (tmp_path / "provenance.json").exists()

@@ -29,10 +29,16 @@ def test_shipped_preset_is_small_float16_hashed_and_documented(name):
     files = [path for path in folder.rglob("*") if path.is_file()]
     assert sum(path.stat().st_size for path in files) <= LIMIT
     manifest = json.loads((folder / presets.MANIFEST_FILE).read_text())["sha256"]
-    assert sorted(manifest) == sorted(str(path.relative_to(folder)) for path in files if path.name != presets.MANIFEST_FILE)
+    assert sorted(manifest) == sorted(
+        str(path.relative_to(folder)) for path in files if path.name != presets.MANIFEST_FILE
+    )
     with h5py.File(folder / presets.WEIGHTS_FILE) as weights:  # read here with h5py, not with presets.stored_dtype
         dtypes = set()
-        weights.visititems(lambda _, item: dtypes.add(str(item.dtype)) if isinstance(item, h5py.Dataset) and item.dtype.kind == "f" else None)
+        weights.visititems(
+            lambda _, item: (
+                dtypes.add(str(item.dtype)) if isinstance(item, h5py.Dataset) and item.dtype.kind == "f" else None
+            )
+        )
     assert dtypes == {"float16"} and presets.stored_dtype(name) == "float16"
     card = (folder / "README.md").read_text()
     for section in ("## Model", "## Evaluation", "## Training", "## Data and licences", "## Intended use and limits"):
@@ -63,7 +69,9 @@ def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
     unit = mean / np.linalg.norm(mean, axis=1, keepdims=True)
     np.testing.assert_allclose(served, unit, atol=2e-5)
     assert served.shape[1] == encoder.hidden_size
-    np.testing.assert_allclose(served, SentenceEncoder.from_preset(name, sequence_length=mask.shape[1]).encode(texts), atol=2e-5)
+    np.testing.assert_allclose(
+        served, SentenceEncoder.from_preset(name, sequence_length=mask.shape[1]).encode(texts), atol=2e-5
+    )
     layer = hub.KerasLayer(str(tmp_path / "export" / "hub" / "1" / "encoder"), trainable=True)
     hub_outputs = layer(dict(inputs))
     for key in ("default", "pooled_output", "embedding"):
@@ -79,13 +87,20 @@ def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
     assert presets.trained_sequence_length(keras_preset) == presets.trained_sequence_length(name)
     assert presets.serving_length(keras_preset) == presets.serving_length(name)
     export_settings = json.loads((tmp_path / "export" / "serving" / "1" / "assets.extra" / "export.json").read_text())
-    assert export_settings["seq_length"] == SentenceEncoder.from_preset(name).sequence_length  # one default cut for both
+    assert (
+        export_settings["seq_length"] == SentenceEncoder.from_preset(name).sequence_length
+    )  # one default cut for both
     assert presets.sentence_embedding(keras_preset) == "normalized_mean"
-    assert (keras_preset / "README.md").read_text() == (pathlib.Path(presets.SHIPPED_DIR) / name / "README.md").read_text()
+    assert (keras_preset / "README.md").read_text() == (
+        pathlib.Path(presets.SHIPPED_DIR) / name / "README.md"
+    ).read_text()
     assert presets.stored_dtype(keras_preset) == "float16" == presets.stored_dtype(name)
     long_text = ["word " * 300]
-    np.testing.assert_allclose(SentenceEncoder.from_preset(str(keras_preset)).encode(long_text),
-                               SentenceEncoder.from_preset(name).encode(long_text), atol=2e-5)
+    np.testing.assert_allclose(
+        SentenceEncoder.from_preset(str(keras_preset)).encode(long_text),
+        SentenceEncoder.from_preset(name).encode(long_text),
+        atol=2e-5,
+    )
     (keras_preset / presets.WEIGHTS_FILE).write_bytes(b"tampered")
     with pytest.raises(ValueError, match="does not match the sha256"):
         BertEncoder.from_preset(str(keras_preset))
@@ -133,7 +148,10 @@ def test_the_model_cards_probe_figure_holds_for_the_shipped_weights(name):
     stated = float(re.search(r"\| WordNet topics linear probe \| (\d\.\d+)", card).group(1))
     length = int(re.search(r"Distilled at (\d+) tokens", card).group(1))
     data = root / "training" / "data" / "wordnet_topics"
-    train, dev = ([row for row in csv.DictReader(open(data / f"{split}.tsv", encoding="utf-8"), delimiter="\t")] for split in ("train", "dev"))
+    train, dev = (
+        [row for row in csv.DictReader(open(data / f"{split}.tsv", encoding="utf-8"), delimiter="\t")]
+        for split in ("train", "dev")
+    )
     encoder = SentenceEncoder.from_preset(name, sequence_length=length)
     train_x, dev_x = (encoder.encode([row["sentence"] for row in rows]) for rows in (train, dev))
     train_y, dev_y = ([row["label"] for row in rows] for rows in (train, dev))
@@ -158,15 +176,24 @@ def test_the_readmes_three_lines_print_the_shipped_encoders_embeddings(capsys):
     from concise_attention.models.bert import BertEncoder
 
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    example = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "from concise_attention import SentenceEncoder" in block)
+    example = next(
+        block
+        for block in re.findall(r"```python\n(.*?)```", readme, re.S)
+        if "from concise_attention import SentenceEncoder" in block
+    )
     namespace = {}
     exec(compile(example, "README.md", "exec"), namespace)
     out = capsys.readouterr().out.strip()
     assert f"prints `{out}`" in readme, out
-    name, texts = re.search(r'from_preset\("([^"]+)"\)', example).group(1), re.search(r"encode\((\[.*?\])\)", example).group(1)
+    name, texts = (
+        re.search(r'from_preset\("([^"]+)"\)', example).group(1),
+        re.search(r"encode\((\[.*?\])\)", example).group(1),
+    )
     assert namespace["encoder"].sequence_length == 256  # its teacher's cut, recorded by ship --serving-length
     vocabulary = pathlib.Path(presets.SHIPPED_DIR) / name / "assets" / "tokenizer" / "vocabulary.txt"
-    pooled = keras_mean_pooled(BertEncoder.from_preset(name), hugging_face_ids(vocabulary, ast.literal_eval(texts), 256, strip_accents=True))
+    pooled = keras_mean_pooled(
+        BertEncoder.from_preset(name), hugging_face_ids(vocabulary, ast.literal_eval(texts), 256, strip_accents=True)
+    )
     unit = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
     np.testing.assert_allclose(namespace["vectors"], unit, atol=2e-5)
     assert out == f"{unit.shape} float32 {(unit @ unit.T)[0].round(2)}"

@@ -23,8 +23,15 @@ def _inputs(shape=(2, 12)):
 
 
 def _student(**model):
-    base = {"vocab_size": 30522, "hidden_size": 384, "num_layers": 6, "num_heads": 12, "intermediate_size": 1536,
-            "attention": {"type": "standard"}, "activation": "gelu"}
+    base = {
+        "vocab_size": 30522,
+        "hidden_size": 384,
+        "num_layers": 6,
+        "num_heads": 12,
+        "intermediate_size": 1536,
+        "attention": {"type": "standard"},
+        "activation": "gelu",
+    }
     return BUILDERS["bert"](**(base | model))
 
 
@@ -45,21 +52,29 @@ def test_stream_directions_are_the_residual_streams_leading_ones_with_the_norm_k
     rows = np.concatenate([np.asarray(layer)[real] for layer in teacher(inputs)["encoder_outputs"]])
     values = _assert_leading_subspace(projection, rows)
     assert gain == pytest.approx(np.sqrt(values[:192].sum() / values.sum() * 384 / 192), rel=1e-6)
-    student = _student(hidden_size=192, num_heads=6, intermediate_size=384, num_layers=2, attention={"type": "fixed", "head_size": 64})
+    student = _student(
+        hidden_size=192, num_heads=6, intermediate_size=384, num_layers=2, attention={"type": "fixed", "head_size": 64}
+    )
     shrink_into(teacher, student, projection, gain_scale=gain)
     gamma = teacher.blocks[3].attention_norm.gamma.numpy()
-    np.testing.assert_allclose(student.blocks[1].attention_norm.gamma.numpy(), gain * (np.square(projection).T @ gamma), rtol=1e-5)
+    np.testing.assert_allclose(
+        student.blocks[1].attention_norm.gamma.numpy(), gain * (np.square(projection).T @ gamma), rtol=1e-5
+    )
 
 
 def test_a_student_of_the_teachers_shape_is_the_teacher(teacher):
     student = _student()
     shrink_into(teacher, student)
     inputs = _inputs()
-    np.testing.assert_array_equal(np.asarray(student(inputs)["sequence_output"]), np.asarray(teacher(inputs)["sequence_output"]))
+    np.testing.assert_array_equal(
+        np.asarray(student(inputs)["sequence_output"]), np.asarray(teacher(inputs)["sequence_output"])
+    )
 
 
 def test_a_half_width_fixed_head_student_takes_projected_and_resplit_weights(teacher):
-    student = _student(hidden_size=192, num_heads=6, intermediate_size=384, num_layers=3, attention={"type": "fixed", "head_size": 64})
+    student = _student(
+        hidden_size=192, num_heads=6, intermediate_size=384, num_layers=3, attention={"type": "fixed", "head_size": 64}
+    )
     projection = shrink_into(teacher, student)
     embeddings = teacher.word_embeddings.embeddings.numpy()
     assert projection.shape == (384, 192)
@@ -68,7 +83,11 @@ def test_a_half_width_fixed_head_student_takes_projected_and_resplit_weights(tea
     np.testing.assert_allclose(student.word_embeddings.embeddings.numpy(), embeddings @ projection, atol=1e-6)
     # layer 1 of 3 is the teacher's layer 2; its 12 query heads of 32 become 6 of 64, read through P
     query = teacher.blocks[2].attention.query_dense.kernel.numpy().reshape(384, 6, 64)
-    np.testing.assert_allclose(student.blocks[1].attention.query_dense.kernel.numpy(), np.tensordot(projection, query, axes=([0], [0])), atol=1e-5)
+    np.testing.assert_allclose(
+        student.blocks[1].attention.query_dense.kernel.numpy(),
+        np.tensordot(projection, query, axes=([0], [0])),
+        atol=1e-5,
+    )
     # the 384 feed-forward units kept are the same in both matrices: those of largest |in| * |out|
     inner, outer = teacher.blocks[2].intermediate.kernel.numpy(), teacher.blocks[2].feedforward_output.kernel.numpy()
     keep = np.sort(np.argsort(-np.linalg.norm(inner, axis=0) * np.linalg.norm(outer, axis=1))[:384])
@@ -80,6 +99,8 @@ def test_a_standard_student_with_fewer_heads_keeps_the_first_heads(teacher):
     student = _student(hidden_size=192, num_heads=6, intermediate_size=768)
     projection = shrink_into(teacher, student)
     key = teacher.blocks[0].attention.key_dense.kernel.numpy()[:, :6, :]
-    np.testing.assert_allclose(student.blocks[0].attention.key_dense.kernel.numpy(), np.tensordot(projection, key, axes=([0], [0])), atol=1e-5)
+    np.testing.assert_allclose(
+        student.blocks[0].attention.key_dense.kernel.numpy(), np.tensordot(projection, key, axes=([0], [0])), atol=1e-5
+    )
     output = teacher.blocks[0].attention.output_dense.kernel.numpy()[:6]
     np.testing.assert_allclose(student.blocks[0].attention.output_dense.kernel.numpy(), output @ projection, atol=1e-5)

@@ -20,15 +20,34 @@ from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 
 TINY_BERT = [
-    "model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-    "model.intermediate_size=64", "model.max_sequence_length=64", "model.attention={type: fixed, head_size: 16}",
+    "model_type=bert",
+    "model.vocab_size=30522",
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.intermediate_size=64",
+    "model.max_sequence_length=64",
+    "model.attention={type: fixed, head_size: 16}",
 ]
-SHORT = ["training.sequence_length=32", "training.batch_size=4", "training.train_steps=4", "training.train_epochs=null",
-         "training.steps_per_epoch=2", "training.steps_per_execution=2", "training.jit_compile=false",
-         "training.learning_rate=1e-3", "training.warmup_fraction=null", "training.warmup_steps=1",
-         "task.max_query_length=8", "task.doc_stride=8", "task.max_answer_length=6"]
-WORDS = ("the river flows past old mills while farmers grow wheat and barley near quiet villages where "
-         "children play football after school every single day").split()
+SHORT = [
+    "training.sequence_length=32",
+    "training.batch_size=4",
+    "training.train_steps=4",
+    "training.train_epochs=null",
+    "training.steps_per_epoch=2",
+    "training.steps_per_execution=2",
+    "training.jit_compile=false",
+    "training.learning_rate=1e-3",
+    "training.warmup_fraction=null",
+    "training.warmup_steps=1",
+    "task.max_query_length=8",
+    "task.doc_stride=8",
+    "task.max_answer_length=6",
+]
+WORDS = (
+    "the river flows past old mills while farmers grow wheat and barley near quiet villages where "
+    "children play football after school every single day"
+).split()
 
 
 @pytest.fixture()
@@ -42,7 +61,7 @@ def _train(capsys, run_dir, vocabulary, *overrides):
         argv += ["--set", override]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    return json.loads(out[out.index("{"):])
+    return json.loads(out[out.index("{") :])
 
 
 @pytest.fixture()
@@ -82,7 +101,9 @@ def _f1(prediction, truth):
 
 
 def _official_scores(predictions, questions):
-    exact = [max(float(_normalize(predictions[qid]) == _normalize(truth)) for truth in truths) for qid, truths in questions]
+    exact = [
+        max(float(_normalize(predictions[qid]) == _normalize(truth)) for truth in truths) for qid, truths in questions
+    ]
     f1 = [max(_f1(predictions[qid], truth) for truth in truths) for qid, truths in questions]
     return 100.0 * np.mean(exact), 100.0 * np.mean(f1)
 
@@ -102,13 +123,26 @@ def _reloaded_answers(run_dir, examples):
     task = config.task
     answers, losses, window_logits = {}, [], []
     for example in examples:
-        features = squad.make_features(example, tokenize_words, special_ids, config.training.sequence_length, task.doc_stride, task.max_query_length)
+        features = squad.make_features(
+            example,
+            tokenize_words,
+            special_ids,
+            config.training.sequence_length,
+            task.doc_stride,
+            task.max_query_length,
+        )
         outputs = model.predict(features.model_inputs(), verbose=0)
-        answers[example.id] = squad.best_answer(example, features, outputs["start_logits"], outputs["end_logits"],
-                                                task.n_best_size, task.max_answer_length)
+        answers[example.id] = squad.best_answer(
+            example, features, outputs["start_logits"], outputs["end_logits"], task.n_best_size, task.max_answer_length
+        )
         window_logits.append((np.asarray(outputs["start_logits"]), np.asarray(outputs["end_logits"])))
-        for logits, positions in ((outputs["start_logits"], features.start_positions), (outputs["end_logits"], features.end_positions)):
-            losses.append(scipy.special.log_softmax(np.asarray(logits, np.float64), axis=-1)[np.arange(len(features)), positions])
+        for logits, positions in (
+            (outputs["start_logits"], features.start_positions),
+            (outputs["end_logits"], features.end_positions),
+        ):
+            losses.append(
+                scipy.special.log_softmax(np.asarray(logits, np.float64), axis=-1)[np.arange(len(features)), positions]
+            )
     # run_squad.py's loss: the mean of the start and end cross-entropies over all windows.
     loss = -0.5 * (np.concatenate(losses[0::2]).mean() + np.concatenate(losses[1::2]).mean())
     return answers, loss, len(features), [np.concatenate(side) for side in zip(*window_logits)]
@@ -120,7 +154,9 @@ def _assert_scored_as_reloaded(metrics, evaluated, logits, dev):
         np.testing.assert_allclose(recorded, reloaded, atol=1e-4)
     answers = evaluated["answers"]
     assert all(answer == "" or answer in example.context for example, answer in zip(dev, answers.values()))
-    exact_match, f1 = _official_scores(answers, [(example.id, [text for text, _ in example.answers]) for example in dev])
+    exact_match, f1 = _official_scores(
+        answers, [(example.id, [text for text, _ in example.answers]) for example in dev]
+    )
     assert metrics["eval_exact_match"] == pytest.approx(exact_match, abs=1e-9)
     assert metrics["eval_f1"] == pytest.approx(f1, abs=1e-9)
     return f1
@@ -136,17 +172,31 @@ def _write_squad(directory):
             context = " ".join(rng.choice(WORDS, 40)) + f". The secret is number{index}, said the miller."
             answer, middle = f"number{index}", " ".join(context.split()[10:30])
             # The long second answer gives an untrained model's spans a non-zero F1.
-            qas = [{"id": f"{split}-{index}", "question": "what is the secret?",
-                    "answers": [{"text": answer, "answer_start": context.index(answer)}, {"text": middle, "answer_start": context.index(middle)}]}]
+            qas = [
+                {
+                    "id": f"{split}-{index}",
+                    "question": "what is the secret?",
+                    "answers": [
+                        {"text": answer, "answer_start": context.index(answer)},
+                        {"text": middle, "answer_start": context.index(middle)},
+                    ],
+                }
+            ]
             paragraphs.append({"context": context, "qas": qas})
-        (directory / f"{split}-v1.1.json").write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}))
+        (directory / f"{split}-v1.1.json").write_text(
+            json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]})
+        )
     return squad.read_squad_json(directory / "dev-v1.1.json")
 
 
 @pytest.mark.slow
-def test_squad_json_trains_and_reports_the_official_scores_of_the_reloaded_model(tmp_path, capsys, vocabulary, evaluated):
+def test_squad_json_trains_and_reports_the_official_scores_of_the_reloaded_model(
+    tmp_path, capsys, vocabulary, evaluated
+):
     dev = _write_squad(tmp_path / "squad")
-    metrics = _train(capsys, tmp_path / "run", vocabulary, "task.dataset=squad_json", f"task.data_dir={tmp_path / 'squad'}")
+    metrics = _train(
+        capsys, tmp_path / "run", vocabulary, "task.dataset=squad_json", f"task.data_dir={tmp_path / 'squad'}"
+    )
     assert metrics["task"] == "span_qa" and metrics["step"] == 4 and np.isfinite(metrics["eval_loss"])
     _, loss, windows, logits = _reloaded_answers(tmp_path / "run", dev)
     assert windows > 2  # the context is longer than one window
@@ -160,8 +210,15 @@ def _mock_squad_records(num_examples):
     for index in range(num_examples):
         context = " ".join(WORDS[index:] + WORDS[:index])
         answer = WORDS[(index + 5) % len(WORDS)]
-        records.append({"id": f"mock{index}", "title": "mock", "question": f"which word is number {index}?", "context": context,
-                        "answers": {"text": [answer], "answer_start": np.array([context.index(answer)], np.int32)}})
+        records.append(
+            {
+                "id": f"mock{index}",
+                "title": "mock",
+                "question": f"which word is number {index}?",
+                "context": context,
+                "answers": {"text": [answer], "answer_start": np.array([context.index(answer)], np.int32)},
+            }
+        )
     return records
 
 
@@ -173,10 +230,16 @@ def test_squad_from_tfds_mock_data(tmp_path, capsys, vocabulary, evaluated):
     records = _mock_squad_records(10)
 
     def as_dataset(self, *args, **kwargs):
-        return tf.data.Dataset.from_generator(lambda: iter(records), output_signature={
-            "id": tf.TensorSpec([], tf.string), "title": tf.TensorSpec([], tf.string), "question": tf.TensorSpec([], tf.string),
-            "context": tf.TensorSpec([], tf.string),
-            "answers": {"text": tf.TensorSpec([None], tf.string), "answer_start": tf.TensorSpec([None], tf.int32)}})
+        return tf.data.Dataset.from_generator(
+            lambda: iter(records),
+            output_signature={
+                "id": tf.TensorSpec([], tf.string),
+                "title": tf.TensorSpec([], tf.string),
+                "question": tf.TensorSpec([], tf.string),
+                "context": tf.TensorSpec([], tf.string),
+                "answers": {"text": tf.TensorSpec([None], tf.string), "answer_start": tf.TensorSpec([None], tf.int32)},
+            },
+        )
 
     with tfds.testing.mock_data(as_dataset_fn=as_dataset):
         metrics = _train(capsys, tmp_path / "run", vocabulary)
@@ -199,5 +262,9 @@ def test_settings_errors_name_the_field_and_value():
 def test_preset_is_berts_squad_recipe():
     config = configs.load_config("squad_v1")
     assert config.task.name == "span_qa" and config.task.dataset == "squad/v1.1"
-    assert (config.training.sequence_length, config.training.learning_rate, config.training.train_epochs) == (384, 3e-5, 2)
+    assert (config.training.sequence_length, config.training.learning_rate, config.training.train_epochs) == (
+        384,
+        3e-5,
+        2,
+    )
     assert (config.task.doc_stride, config.task.max_query_length, config.task.max_answer_length) == (128, 64, 30)

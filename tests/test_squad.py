@@ -36,7 +36,9 @@ class ThreeCharPieces:
         return pieces
 
     def __call__(self, words):
-        return [[self.vocabulary.setdefault(piece, len(self.vocabulary)) for piece in self.pieces(word)] for word in words]
+        return [
+            [self.vocabulary.setdefault(piece, len(self.vocabulary)) for piece in self.pieces(word)] for word in words
+        ]
 
 
 def _ids(tokenize_words, text):
@@ -45,7 +47,20 @@ def _ids(tokenize_words, text):
 
 def _long_example(answer, question="When was the leader born?"):
     words = [f"word{index}" for index in range(70)]
-    words[41:41] = ["The", "leader", "was", "John", "Smith", "(1895-1943).", "The", "Denver", "Broncos,", "who", "won,", "rejoiced."]
+    words[41:41] = [
+        "The",
+        "leader",
+        "was",
+        "John",
+        "Smith",
+        "(1895-1943).",
+        "The",
+        "Denver",
+        "Broncos,",
+        "who",
+        "won,",
+        "rejoiced.",
+    ]
     context = " ".join(words)
     char_start = context.index(answer)
     return SquadExample("q1", question, context, [(answer, char_start)])
@@ -61,7 +76,10 @@ def test_windows_over_a_long_context(answer):
     document = _ids(tokenize_words, example.context)
     doc_offset, per_window = len(query) + 2, max_seq_length - len(query) - 3
     assert len(features) > 5 and features.input_word_ids.shape == (len(features), max_seq_length)
-    assert all(array.dtype == np.int32 for array in (*features.model_inputs().values(), features.start_positions, features.end_positions))
+    assert all(
+        array.dtype == np.int32
+        for array in (*features.model_inputs().values(), features.start_positions, features.end_positions)
+    )
     answer_ids = _ids(tokenize_words, answer)
     windows_with_answer = 0
     for window in range(len(features)):
@@ -69,9 +87,13 @@ def test_windows_over_a_long_context(answer):
         context_ids = document[start : start + per_window]
         expected_row = [1, *query, 2, *context_ids, 2]
         np.testing.assert_array_equal(row, expected_row + [0] * (max_seq_length - len(expected_row)))
-        np.testing.assert_array_equal(features.input_mask[window], [1] * len(expected_row) + [0] * (max_seq_length - len(expected_row)))
+        np.testing.assert_array_equal(
+            features.input_mask[window], [1] * len(expected_row) + [0] * (max_seq_length - len(expected_row))
+        )
         padding = [0] * (max_seq_length - len(expected_row))
-        np.testing.assert_array_equal(features.input_type_ids[window], [0] * doc_offset + [1] * (len(context_ids) + 1) + padding)
+        np.testing.assert_array_equal(
+            features.input_type_ids[window], [0] * doc_offset + [1] * (len(context_ids) + 1) + padding
+        )
         found = [i for i in range(len(context_ids)) if context_ids[i : i + len(answer_ids)] == answer_ids]
         if found:
             windows_with_answer += 1
@@ -80,7 +102,9 @@ def test_windows_over_a_long_context(answer):
             expected_positions = (0, 0)
         assert (features.start_positions[window], features.end_positions[window]) == expected_positions
     assert windows_with_answer >= 1
-    assert (len(features) - 1) * doc_stride + per_window >= len(document) > (len(features) - 2) * doc_stride + per_window
+    assert (
+        (len(features) - 1) * doc_stride + per_window >= len(document) > (len(features) - 2) * doc_stride + per_window
+    )
     # Every context token has exactly one max-context window.
     counts = {}
     for window, position in zip(*np.nonzero(features.token_is_max_context)):
@@ -95,11 +119,15 @@ def test_windows_over_a_long_context(answer):
 def test_one_hot_logits_of_the_true_span_decode_to_the_answer(answer):
     tokenize_words = ThreeCharPieces()
     example = _long_example(answer)
-    features = squad.make_features(example, tokenize_words, SPECIAL_IDS, max_seq_length=40, doc_stride=6, max_query_length=4)
+    features = squad.make_features(
+        example, tokenize_words, SPECIAL_IDS, max_seq_length=40, doc_stride=6, max_query_length=4
+    )
     # The window where the answer's first token has its most context (it holds the whole
     # answer here: windows of 33 context tokens, answers of at most 12).
     window = next(
-        w for w in range(len(features)) if features.start_positions[w] and features.token_is_max_context[w, features.start_positions[w]]
+        w
+        for w in range(len(features))
+        if features.start_positions[w] and features.token_is_max_context[w, features.start_positions[w]]
     )
     start_logits, end_logits = np.zeros(features.input_word_ids.shape), np.zeros(features.input_word_ids.shape)
     start_logits[window, features.start_positions[window]] = 10.0
@@ -110,7 +138,9 @@ def test_one_hot_logits_of_the_true_span_decode_to_the_answer(answer):
 def test_decoding_respects_max_context_and_answer_length():
     tokenize_words = ThreeCharPieces()
     example = SquadExample("q", "Who?", "alpha beta gamma delta", [])
-    features = squad.make_features(example, tokenize_words, SPECIAL_IDS, max_seq_length=16, doc_stride=2, max_query_length=4)
+    features = squad.make_features(
+        example, tokenize_words, SPECIAL_IDS, max_seq_length=16, doc_stride=2, max_query_length=4
+    )
     assert len(features) == 1 and not features.start_positions.any()
     doc_offset = len(_ids(tokenize_words, example.question)) + 2  # [CLS] who ? [SEP]
     pieces = ["alp", "##ha", "bet", "##a", "gam", "##ma", "del", "##ta"]
@@ -126,7 +156,9 @@ def test_decoding_respects_max_context_and_answer_length():
     # Starting inside a WordPiece continuation ("##ma") gives the whole word.
     start_logits[0, tokens["##ma"]] = 9.0
     assert squad.best_answer(example, features, start_logits, end_logits) == "gamma"
-    assert squad.best_answer(example, features, np.zeros((1, 16)) - np.arange(16), np.zeros((1, 16)), n_best_size=3) == ""
+    assert (
+        squad.best_answer(example, features, np.zeros((1, 16)) - np.arange(16), np.zeros((1, 16)), n_best_size=3) == ""
+    )
 
 
 def test_answer_inside_a_word_keeps_the_word_when_no_token_matches():
@@ -135,7 +167,9 @@ def test_answer_inside_a_word_keeps_the_word_when_no_token_matches():
     context = "The Japanese electronics industry is the largest."
     example = SquadExample("q", "Which country?", context, [("Japan", context.index("Japan"))])
     assert squad.answer_found_in_context(example)
-    features = squad.make_features(example, tokenize_words, SPECIAL_IDS, max_seq_length=32, doc_stride=8, max_query_length=8)
+    features = squad.make_features(
+        example, tokenize_words, SPECIAL_IDS, max_seq_length=32, doc_stride=8, max_query_length=8
+    )
     doc_offset = len(_ids(tokenize_words, example.question)) + 2
     # "japanese" is jap ##ane ##se: tokens 1..3 of the context.
     assert (features.start_positions[0], features.end_positions[0]) == (doc_offset + 1, doc_offset + 3)
@@ -157,9 +191,16 @@ def _squad_document():
                             {
                                 "id": "a1",
                                 "question": "Where?",
-                                "answers": [{"text": "Santa Clara", "answer_start": 28}, {"text": "Santa Clara, California", "answer_start": 28}],
+                                "answers": [
+                                    {"text": "Santa Clara", "answer_start": 28},
+                                    {"text": "Santa Clara, California", "answer_start": 28},
+                                ],
                             },
-                            {"id": "a2", "question": "Who won?", "answers": [{"text": "Denver Broncos", "answer_start": context.index("Denver")}]},
+                            {
+                                "id": "a2",
+                                "question": "Who won?",
+                                "answers": [{"text": "Denver Broncos", "answer_start": context.index("Denver")}],
+                            },
                         ],
                     }
                 ],
@@ -186,9 +227,18 @@ def test_read_squad_json(tmp_path):
     [
         (lambda d: d.pop("data"), r"missing key 'data' in the top level"),
         (lambda d: d["data"][0]["paragraphs"][0].pop("qas"), r"missing key 'qas' in data\[0\]\.paragraphs\[0\]"),
-        (lambda d: d["data"][0]["paragraphs"][0]["qas"][1].pop("question"), r"missing key 'question' in data\[0\]\.paragraphs\[0\]\.qas\[1\]"),
-        (lambda d: _first_qa(d)["answers"][1].pop("answer_start"), r"missing key 'answer_start' in .*qas\[0\]\.answers\[1\]"),
-        (lambda d: _first_qa(d)["answers"][0].update(answer_start=500), r"SQuAD example 'a1': answer 'Santa Clara' at character 500 does not lie inside"),
+        (
+            lambda d: d["data"][0]["paragraphs"][0]["qas"][1].pop("question"),
+            r"missing key 'question' in data\[0\]\.paragraphs\[0\]\.qas\[1\]",
+        ),
+        (
+            lambda d: _first_qa(d)["answers"][1].pop("answer_start"),
+            r"missing key 'answer_start' in .*qas\[0\]\.answers\[1\]",
+        ),
+        (
+            lambda d: _first_qa(d)["answers"][0].update(answer_start=500),
+            r"SQuAD example 'a1': answer 'Santa Clara' at character 500 does not lie inside",
+        ),
     ],
 )
 def test_bad_squad_json_names_file_and_key(tmp_path, edit, message):
@@ -224,7 +274,10 @@ def test_bad_arguments_are_named(tmp_path):
 
 def test_tfds_squad_examples():
     context = "The Denver Broncos won."
-    answers = {"text": np.array([b"Denver Broncos", b"The Denver Broncos"], object), "answer_start": np.array([4, 0], np.int32)}
+    answers = {
+        "text": np.array([b"Denver Broncos", b"The Denver Broncos"], object),
+        "answer_start": np.array([4, 0], np.int32),
+    }
     records = [{"id": b"x1", "title": b"T", "context": context.encode(), "question": b"Who won?", "answers": answers}]
     splits_read = []
 
@@ -263,10 +316,26 @@ QUESTIONS = [
 def minilm_squad(minilm_dir, tmp_path_factory):
     from tokenizers import BertWordPieceTokenizer
 
-    document = {"data": [{"title": "t", "paragraphs": [{"context": PARAGRAPH, "qas": [
-        {"id": f"q{index}", "question": question, "answers": [{"text": answer, "answer_start": PARAGRAPH.index(answer)}]}
-        for index, (question, answer) in enumerate(QUESTIONS)
-    ]}]}]}
+    document = {
+        "data": [
+            {
+                "title": "t",
+                "paragraphs": [
+                    {
+                        "context": PARAGRAPH,
+                        "qas": [
+                            {
+                                "id": f"q{index}",
+                                "question": question,
+                                "answers": [{"text": answer, "answer_start": PARAGRAPH.index(answer)}],
+                            }
+                            for index, (question, answer) in enumerate(QUESTIONS)
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
     path = tmp_path_factory.mktemp("squad") / "train-v1.1.json"
     path.write_text(json.dumps(document), encoding="utf-8")
     wordpiece = BertWordPieceTokenizer(str(minilm_dir / "vocab.txt"), lowercase=True)
@@ -274,7 +343,9 @@ def minilm_squad(minilm_dir, tmp_path_factory):
     def tokenize_words(words):
         return [encoding.ids for encoding in wordpiece.encode_batch(words, add_special_tokens=False)]
 
-    special_ids = {name: wordpiece.token_to_id(token) for name, token in (("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"))}
+    special_ids = {
+        name: wordpiece.token_to_id(token) for name, token in (("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"))
+    }
     return path, tokenize_words, special_ids
 
 
@@ -285,7 +356,9 @@ def _reference_features(path, vocab_file, max_seq_length, doc_stride, max_query_
     examples = squad_lib.read_squad_examples(str(path), is_training=True, version_2_with_negative=False)
     tokenizer = tokenization.FullTokenizer(str(vocab_file), do_lower_case=True)
     features = []
-    squad_lib.convert_examples_to_features(examples, tokenizer, max_seq_length, doc_stride, max_query_length, True, features.append)
+    squad_lib.convert_examples_to_features(
+        examples, tokenizer, max_seq_length, doc_stride, max_query_length, True, features.append
+    )
     return examples, features
 
 
@@ -295,9 +368,14 @@ def test_windows_and_decoding_equal_tf_models_run_squad(minilm_squad, minilm_dir
 
     path, tokenize_words, special_ids = minilm_squad
     max_seq_length, doc_stride, max_query_length = 48, 12, 10
-    reference_examples, reference_features = _reference_features(path, minilm_dir / "vocab.txt", max_seq_length, doc_stride, max_query_length)
+    reference_examples, reference_features = _reference_features(
+        path, minilm_dir / "vocab.txt", max_seq_length, doc_stride, max_query_length
+    )
     examples = squad.read_squad_json(path)
-    ours = [squad.make_features(e, tokenize_words, special_ids, max_seq_length, doc_stride, max_query_length) for e in examples]
+    ours = [
+        squad.make_features(e, tokenize_words, special_ids, max_seq_length, doc_stride, max_query_length)
+        for e in examples
+    ]
     assert sum(len(features) for features in ours) == len(reference_features)
     rows = [(index, window) for index, features in enumerate(ours) for window in range(len(features))]
     for (index, window), reference in zip(rows, reference_features):
@@ -306,10 +384,17 @@ def test_windows_and_decoding_equal_tf_models_run_squad(minilm_squad, minilm_dir
         np.testing.assert_array_equal(features.input_word_ids[window], reference.input_ids)
         np.testing.assert_array_equal(features.input_mask[window], reference.input_mask)
         np.testing.assert_array_equal(features.input_type_ids[window], reference.segment_ids)
-        assert (features.start_positions[window], features.end_positions[window]) == (reference.start_position, reference.end_position)
-        assert {p: int(w) for p, w in enumerate(features.token_to_word[window]) if w >= 0} == reference.token_to_orig_map
+        assert (features.start_positions[window], features.end_positions[window]) == (
+            reference.start_position,
+            reference.end_position,
+        )
+        assert {
+            p: int(w) for p, w in enumerate(features.token_to_word[window]) if w >= 0
+        } == reference.token_to_orig_map
         in_context = features.token_to_word[window] >= 0
-        assert {p: bool(features.token_is_max_context[window, p]) for p in np.nonzero(in_context)[0]} == reference.token_is_max_context
+        assert {
+            p: bool(features.token_is_max_context[window, p]) for p in np.nonzero(in_context)[0]
+        } == reference.token_is_max_context
 
     rng = np.random.default_rng(0)
     compared_inside_words = 0
@@ -318,11 +403,17 @@ def test_windows_and_decoding_equal_tf_models_run_squad(minilm_squad, minilm_dir
         if trial == 0:  # the true spans, one-hot
             for features, pair in zip(ours, logits):
                 pair[:] = 0.0
-                pair[0][features.start_positions.nonzero()[0], features.start_positions[features.start_positions.nonzero()]] = 10.0
-                pair[1][features.end_positions.nonzero()[0], features.end_positions[features.end_positions.nonzero()]] = 10.0
+                pair[0][
+                    features.start_positions.nonzero()[0], features.start_positions[features.start_positions.nonzero()]
+                ] = 10.0
+                pair[1][
+                    features.end_positions.nonzero()[0], features.end_positions[features.end_positions.nonzero()]
+                ] = 10.0
         results = [
             types.SimpleNamespace(
-                unique_id=reference.unique_id, start_logits=list(logits[index][0][window]), end_logits=list(logits[index][1][window])
+                unique_id=reference.unique_id,
+                start_logits=list(logits[index][0][window]),
+                end_logits=list(logits[index][1][window]),
             )
             for (index, window), reference in zip(rows, reference_features)
         ]

@@ -24,7 +24,9 @@ SKIP, COMPARED = 3, 4  # batches consumed before the resume, batches compared af
 
 
 def _task(preset, minilm_dir, *overrides, model=TINY_BERT):
-    config = configs.load_config(preset, [*model, *SHORT, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}", *overrides])
+    config = configs.load_config(
+        preset, [*model, *SHORT, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}", *overrides]
+    )
     config, _ = trainer.resolve_config(config)
     task = make_task(config)
     task.check()
@@ -74,8 +76,15 @@ def test_a_pair_task_from_the_original_tsv_files_resumes_at_the_batch_it_stopped
 
 def test_span_qa_resumes_at_the_batch_it_stopped(tmp_path, minilm_dir):
     _write_squad(tmp_path / "squad")
-    config, task = _task("squad_v1", minilm_dir, "task.dataset=squad_json", f"task.data_dir={tmp_path / 'squad'}",
-                         "training.batch_size=2", "task.max_query_length=8", "task.doc_stride=8")
+    config, task = _task(
+        "squad_v1",
+        minilm_dir,
+        "task.dataset=squad_json",
+        f"task.data_dir={tmp_path / 'squad'}",
+        "training.batch_size=2",
+        "task.max_query_length=8",
+        "task.doc_stride=8",
+    )
     _assert_resumes_where_it_stopped(config, task, minilm_dir)
 
 
@@ -87,13 +96,16 @@ def _assert_static_int32(dataset, name):
     assert all(spec.dtype in (tf.int32, tf.float32) for spec in specs), (name, dataset.element_spec)
 
 
-@pytest.mark.parametrize("preset, overrides", [
-    ("tiny_lm", ["model.vocab_size=30522", "model.max_sequence_length=64"]),
-    ("tiny_bert_fixed", ["model.vocab_size=30522", "model.max_sequence_length=64"]),
-    ("glue_mrpc", ["task.dataset=glue_tsv/mrpc"]),
-    ("glue_stsb", ["task.dataset=glue_tsv/stsb"]),
-    ("squad_v1", ["task.dataset=squad_json", "task.max_query_length=8", "task.doc_stride=8"]),
-])
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("tiny_lm", ["model.vocab_size=30522", "model.max_sequence_length=64"]),
+        ("tiny_bert_fixed", ["model.vocab_size=30522", "model.max_sequence_length=64"]),
+        ("glue_mrpc", ["task.dataset=glue_tsv/mrpc"]),
+        ("glue_stsb", ["task.dataset=glue_tsv/stsb"]),
+        ("squad_v1", ["task.dataset=squad_json", "task.max_query_length=8", "task.doc_stride=8"]),
+    ],
+)
 def test_every_task_feeds_static_shapes_and_int32_ids(preset, overrides, tmp_path, minilm_dir):
     """The TPU strategy path: every training and evaluation tensor has a fully defined shape
     (drop_remainder, fixed length) and ids are int32."""
@@ -106,7 +118,9 @@ def test_every_task_feeds_static_shapes_and_int32_ids(preset, overrides, tmp_pat
     _write_squad(tmp_path / "squad")
     data_dirs = {"glue_mrpc": tmp_path / "MRPC", "glue_stsb": tmp_path / "STS-B", "squad_v1": tmp_path / "squad"}
     data_dir = [f"task.data_dir={data_dirs[preset]}"] if preset in data_dirs else []
-    config, task = _task(preset, minilm_dir, *overrides, *data_dir, model=[] if preset.startswith("tiny") else TINY_BERT)
+    config, task = _task(
+        preset, minilm_dir, *overrides, *data_dir, model=[] if preset.startswith("tiny") else TINY_BERT
+    )
     tokenizer = wordpiece_tokenizer(minilm_dir / "vocab.txt", **tokenizer_settings(config))
     train, evaluation, _ = task.data(tokenizer)
     _assert_static_int32(train, f"{preset} train")

@@ -69,9 +69,25 @@ MULTILINGUAL = [
 ]
 # Blocks of code points whose characters the test writes out one by one.
 BLOCKS = [
-    (0x20, 0x250), (0x250, 0x370), (0x370, 0x530), (0x530, 0x590), (0x590, 0x700), (0x900, 0x980), (0x1E00, 0x2000),
-    (0x2000, 0x2070), (0x2070, 0x20D0), (0x2100, 0x2190), (0x2190, 0x2300), (0x2460, 0x2500), (0x3000, 0x3100),
-    (0xAC00, 0xAC80), (0xF900, 0xFA00), (0xFB00, 0xFB50), (0xFE30, 0xFE50), (0xFF00, 0xFFF0), (0x1D400, 0x1D500),
+    (0x20, 0x250),
+    (0x250, 0x370),
+    (0x370, 0x530),
+    (0x530, 0x590),
+    (0x590, 0x700),
+    (0x900, 0x980),
+    (0x1E00, 0x2000),
+    (0x2000, 0x2070),
+    (0x2070, 0x20D0),
+    (0x2100, 0x2190),
+    (0x2190, 0x2300),
+    (0x2460, 0x2500),
+    (0x3000, 0x3100),
+    (0xAC00, 0xAC80),
+    (0xF900, 0xFA00),
+    (0xFB00, 0xFB50),
+    (0xFE30, 0xFE50),
+    (0xFF00, 0xFFF0),
+    (0x1D400, 0x1D500),
 ]
 
 
@@ -126,7 +142,13 @@ def build_corpus():
         for start in range(0, len(characters), 16):
             chunk = characters[start : start + 16]
             blocks += ["".join(chunk), " ".join(chunk), "a" + "a".join(chunk) + "a"]
-    classes = [COMPATIBILITY, EMOJI, "a" + "a".join(FORMAT_AND_CONTROL) + "a", "a" + "a".join(SPACES) + "a", "a\u00a0b\u2003c\u3000d"]
+    classes = [
+        COMPATIBILITY,
+        EMOJI,
+        "a" + "a".join(FORMAT_AND_CONTROL) + "a",
+        "a" + "a".join(SPACES) + "a",
+        "a\u00a0b\u2003c\u3000d",
+    ]
     corpus = lines + sentences + perturbed + MULTILINGUAL + blocks + classes + _long_words() + [""]
     assert not any(token in line for line in corpus for token in SPECIAL_TOKENS)  # Hugging Face would match those
     return corpus
@@ -144,7 +166,9 @@ def cased_vocabulary(corpus, tmp_path_factory):
     """A cased WordPiece vocabulary trained with the project's (keras-hub's, deterministic)
     trainer on part of the corpus (the whole would take 40 s)."""
     lines = read_lines(SAMPLE_CORPUS)[:400] + MULTILINGUAL + [COMPATIBILITY, EMOJI]
-    return train_wordpiece(lines, 3000, tmp_path_factory.mktemp("cased") / "vocab.txt", lowercase=False, strip_accents=False)
+    return train_wordpiece(
+        lines, 3000, tmp_path_factory.mktemp("cased") / "vocab.txt", lowercase=False, strip_accents=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +191,9 @@ def _hugging_face_ids(vocabulary, lowercase, strip_accents, lines):
     "vocabulary_name, lowercase, strip_accents",
     [("minilm", True, None), ("minilm", True, False), ("cased", False, None), ("cased", False, True)],
 )
-def test_ids_equal_hugging_face_on_every_line(corpus, minilm_dir, minilm_tokenizer, cased_vocabulary, vocabulary_name, lowercase, strip_accents):
+def test_ids_equal_hugging_face_on_every_line(
+    corpus, minilm_dir, minilm_tokenizer, cased_vocabulary, vocabulary_name, lowercase, strip_accents
+):
     vocabulary = minilm_dir / "vocab.txt" if vocabulary_name == "minilm" else cased_vocabulary
     expected = [encoding.ids for encoding in _hugging_face_ids(vocabulary, lowercase, strip_accents, corpus)]
     if (vocabulary_name, lowercase, strip_accents) == ("minilm", True, None):
@@ -194,7 +220,10 @@ def test_graph_words_and_pieces_equal_the_training_tokenizer_and_hugging_face(co
     assert words.ragged_rank == 2
     assert words.merge_dims(1, 2).to_list() == minilm_tokenizer(tf.constant(corpus)).to_list()
     pieces_per_word = words.row_lengths(axis=2)
-    expected = [list(collections.Counter(encoding.word_ids).values()) for encoding in _hugging_face_ids(vocabulary, True, None, corpus)]
+    expected = [
+        list(collections.Counter(encoding.word_ids).values())
+        for encoding in _hugging_face_ids(vocabulary, True, None, corpus)
+    ]
     assert pieces_per_word.to_list() == expected
 
 
@@ -214,7 +243,13 @@ def test_training_interface_and_keras_hub_packer(minilm_dir, minilm_tokenizer):
 
     tokenizer = minilm_tokenizer
     assert tokenizer.vocabulary_size() == 30522
-    assert [tokenizer.token_to_id(token) for token in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [0, 100, 101, 102, 103]
+    assert [tokenizer.token_to_id(token) for token in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [
+        0,
+        100,
+        101,
+        102,
+        103,
+    ]
     assert tokenizer.id_to_token(7592) == "hello"
     assert tokenizer(tf.constant("Hello world!")).numpy().tolist() == [7592, 2088, 999]
     with pytest.raises(ValueError, match=r"token='\[NOPE\]'"):
@@ -222,7 +257,9 @@ def test_training_interface_and_keras_hub_packer(minilm_dir, minilm_tokenizer):
     texts = [["Hello world!", "Fixed head size."], ["Ｆｕｌｌ ① ﬁne", "東京 Straße"]]
     encodings = _hugging_face_ids(minilm_dir / "vocab.txt", True, None, sum(texts, []))
     ids = {text: encoding.ids for text, encoding in zip(sum(texts, []), encodings)}
-    packer = keras_hub.layers.MultiSegmentPacker(16, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
+    packer = keras_hub.layers.MultiSegmentPacker(
+        16, start_value=101, end_value=102, pad_value=0, truncate="round_robin"
+    )
     pairs = tf.data.Dataset.from_tensor_slices(texts).batch(2)
     ours = next(iter(pairs.map(segment_pair_packer(tokenizer, 16))))
     keras_hubs = next(iter(pairs.map(lambda pair: packer((tokenizer(pair[:, 0]), tokenizer(pair[:, 1]))))))
@@ -230,7 +267,9 @@ def test_training_interface_and_keras_hub_packer(minilm_dir, minilm_tokenizer):
         for row, (first, second) in enumerate(texts):
             packed = [101] + ids[first] + [102] + ids[second] + [102]
             assert token_ids.numpy()[row].tolist() == packed + [0] * (16 - len(packed))
-            assert segment_ids.numpy()[row].tolist() == [0] * (len(ids[first]) + 2) + [1] * (len(ids[second]) + 1) + [0] * (16 - len(packed))
+            assert segment_ids.numpy()[row].tolist() == [0] * (len(ids[first]) + 2) + [1] * (len(ids[second]) + 1) + [
+                0
+            ] * (16 - len(packed))
 
 
 def test_pack_equals_keras_hubs_packer_on_random_segments(minilm_tokenizer):
@@ -250,13 +289,17 @@ def test_pack_equals_keras_hubs_packer_on_random_segments(minilm_tokenizer):
             return flat, flat
         splits = [sorted(set(rng.integers(0, length + 1, 3).tolist()) | {0, int(length)}) for length in lengths]
         word_lengths = [np.diff(split).tolist() for split in splits]
-        return tf.RaggedTensor.from_nested_row_lengths(pieces, [[len(w) for w in word_lengths], sum(word_lengths, [])]), flat
+        return tf.RaggedTensor.from_nested_row_lengths(
+            pieces, [[len(w) for w in word_lengths], sum(word_lengths, [])]
+        ), flat
 
     for trial in range(24):
         rows = int(rng.integers(0, 5))
         segments, flats = zip(*(segment(rows, trial % 3 == 0) for _ in range(1 + trial % 2)))
         seq_length = int(rng.integers(len(segments) + 1, 48))
-        packer = keras_hub.layers.MultiSegmentPacker(seq_length, start_value=101, end_value=102, pad_value=0, truncate="round_robin")
+        packer = keras_hub.layers.MultiSegmentPacker(
+            seq_length, start_value=101, end_value=102, pad_value=0, truncate="round_robin"
+        )
         token_ids, segment_ids = packer(tuple(tf.cast(flat, tf.int32) for flat in flats))
         packs = [module.pack(list(segments), seq_length)]
         if trial % 4 == 0:
@@ -359,14 +402,27 @@ def test_cost_is_bounded_by_the_sequence_length(minilm_dir, tmp_path):
     inputs.write_text(json.dumps({"cases": {name: [text.hex() for text in texts] for name, texts in cases.items()}}))
     out = tmp_path / "out.json"
     script = subprocess.run(
-        [sys.executable, "-c", BOUNDED_COST_SCRIPT, str(minilm_dir / "vocab.txt"), str(tmp_path / "saved"), str(inputs), str(out)],
-        capture_output=True, text=True, timeout=600, cwd=str(SAMPLE_CORPUS.parents[2]),
+        [
+            sys.executable,
+            "-c",
+            BOUNDED_COST_SCRIPT,
+            str(minilm_dir / "vocab.txt"),
+            str(tmp_path / "saved"),
+            str(inputs),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(SAMPLE_CORPUS.parents[2]),
     )
     assert script.returncode == 0, script.stderr[-4000:]
     results = json.loads(out.read_text())
     assert not results["tensorflow_text_imported"]
     for name, texts in cases.items():  # [CLS] + the first 126 ids + [SEP], as Hugging Face gives them
-        encodings = _hugging_face_ids(minilm_dir / "vocab.txt", True, None, [text.decode("utf-8", "replace") for text in texts])
+        encodings = _hugging_face_ids(
+            minilm_dir / "vocab.txt", True, None, [text.decode("utf-8", "replace") for text in texts]
+        )
         expected = [[101] + encoding.ids[:126] + [102] for encoding in encodings]
         assert [[i for i in row if i] for row in results["ids"][name]] == expected, name
     # `tokenize` is bounded by its default max_length (512 words, 4x 128), so a long input
@@ -376,6 +432,8 @@ def test_cost_is_bounded_by_the_sequence_length(minilm_dir, tmp_path):
         rounded = json.dumps({case: round(ratio, 2) for case, ratio in ratios.items()})
         print(f"{function}: 32 ordinary sentences {1000 * results[function]['ordinary']:.2f} ms; ratios {rounded}")
         assert max(ratios.values()) <= limit, ratios
-    print(f"64 x 1 MB random: {results['batch_64_seconds']:.3f} s, peak RSS {results['rss_peak_mb']:.0f} MB "
-          f"(resident before, 64 MB input included: {results['rss_before_mb']:.0f} MB)")
+    print(
+        f"64 x 1 MB random: {results['batch_64_seconds']:.3f} s, peak RSS {results['rss_peak_mb']:.0f} MB "
+        f"(resident before, 64 MB input included: {results['rss_before_mb']:.0f} MB)"
+    )
     assert results["rss_peak_mb"] < 2048

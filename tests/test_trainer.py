@@ -26,13 +26,24 @@ def _weights(path):
     """Every model variable of a weights file (optimizer state aside), by name."""
     arrays = {}
     with h5py.File(path, "r") as f:
-        f["layers"].visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+        f["layers"].visititems(
+            lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None
+        )
     assert arrays
     return arrays
 
 
 def _cli(run_dir, *overrides, env=None, config="tiny_lm"):
-    command = [sys.executable, "-m", "concise_attention.cli.train", "--config", config, "--run-dir", str(run_dir), "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "concise_attention.cli.train",
+        "--config",
+        config,
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+    ]
     for override in (*TINY, *overrides):
         command += ["--set", override]
     return command
@@ -63,8 +74,16 @@ def test_one_step_on_mock_lm1b_with_one_trace_of_the_train_step(tmp_path, monkey
     monkeypatch.setattr(TensorFlowTrainer, "train_step", lambda self, data: traces.append(1) or original(self, data))
     config = configs.load_config(
         "tiny_lm",
-        [*TINY, "task.dataset=lm1b", "training.train_steps=1", "training.steps_per_epoch=1", "training.eval_batches=1",
-         "training.steps_per_execution=1", "training.sequence_length=16", "training.batch_size=2"],
+        [
+            *TINY,
+            "task.dataset=lm1b",
+            "training.train_steps=1",
+            "training.steps_per_epoch=1",
+            "training.eval_batches=1",
+            "training.steps_per_execution=1",
+            "training.sequence_length=16",
+            "training.batch_size=2",
+        ],
     )
     with tfds.testing.mock_data(num_examples=64):
         metrics = train(config, tmp_path / "run", verbose=0)
@@ -86,7 +105,9 @@ def _main(command):
 def test_training_lowers_the_loss_and_logs(tmp_path):
     metrics = _main(_cli(tmp_path / "run", "training.train_steps=60"))
     assert metrics["step"] == 60 and metrics["eval_subword_perplexity"] < 600
-    assert metrics["eval_word_perplexity"] == pytest.approx(np.exp(metrics["eval_loss"] * metrics["tokens_per_word"]), rel=1e-4)
+    assert metrics["eval_word_perplexity"] == pytest.approx(
+        np.exp(metrics["eval_loss"] * metrics["tokens_per_word"]), rel=1e-4
+    )
     assert list((tmp_path / "run" / "logs" / "validation").glob("events.out.tfevents.*"))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["model"]["hidden_size"] == 32 and saved["training"]["train_steps"] == 60
@@ -149,7 +170,10 @@ def test_two_steps_under_mirrored_strategy_on_two_cpus(tmp_path):
         print("global batch ok")
         """
     )
-    results = [subprocess.run([sys.executable, "-c", script, part], capture_output=True, text=True, timeout=600) for part in ("train", "loss")]
+    results = [
+        subprocess.run([sys.executable, "-c", script, part], capture_output=True, text=True, timeout=600)
+        for part in ("train", "loss")
+    ]
     for result in results:
         assert result.returncode == 0, result.stderr[-4000:]
     assert "'step': 4" in results[0].stdout and "global batch ok" in results[1].stdout
@@ -172,8 +196,14 @@ def test_multi_worker_mirrored_two_processes_end_with_identical_weights(tmp_path
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = dict(os.environ, TF_CONFIG=json.dumps(tf_config))
-        command = _cli(tmp_path / f"run{index}", "training.strategy=multi_worker", "training.train_steps=4",
-                       "training.steps_per_epoch=2", "training.steps_per_execution=1", "training.eval_batches=1")
+        command = _cli(
+            tmp_path / f"run{index}",
+            "training.strategy=multi_worker",
+            "training.train_steps=4",
+            "training.steps_per_epoch=2",
+            "training.steps_per_execution=1",
+            "training.eval_batches=1",
+        )
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [process.communicate(timeout=600) for process in processes]
     for process, (_, stderr) in zip(processes, outputs):
@@ -195,12 +225,28 @@ def test_multi_worker_mirrored_two_processes_end_with_identical_weights(tmp_path
 
 
 # A tiny BERT classifier on the shipped WordNet topics, 4 steps with dropout on.
-CLASSIFIER = ["model_type=bert", "model.vocab_size=30522", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-              "model.intermediate_size=64", "model.max_sequence_length=64", "model.attention={type: fixed, head_size: 16}",
-              "model.dropout=0.1", "training.sequence_length=32", "training.batch_size=8", "training.train_steps=4",
-              "training.train_epochs=null", "training.steps_per_epoch=2", "training.steps_per_execution=1",
-              "training.jit_compile=false", "training.learning_rate=1e-3", "training.warmup_fraction=null",
-              "training.warmup_steps=1", "training.eval_batches=2"]
+CLASSIFIER = [
+    "model_type=bert",
+    "model.vocab_size=30522",
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.intermediate_size=64",
+    "model.max_sequence_length=64",
+    "model.attention={type: fixed, head_size: 16}",
+    "model.dropout=0.1",
+    "training.sequence_length=32",
+    "training.batch_size=8",
+    "training.train_steps=4",
+    "training.train_epochs=null",
+    "training.steps_per_epoch=2",
+    "training.steps_per_execution=1",
+    "training.jit_compile=false",
+    "training.learning_rate=1e-3",
+    "training.warmup_fraction=null",
+    "training.warmup_steps=1",
+    "training.eval_batches=2",
+]
 
 
 @pytest.mark.slow
@@ -209,16 +255,31 @@ def test_a_classifier_trains_under_multi_worker_as_under_the_default_strategy(tm
     task failed there): a one-worker cluster's classifier ends with the default strategy's weights, bit for bit.
     The multi-worker run has a process of its own (its cluster); the default one runs here."""
     runs_ = {strategy: tmp_path / strategy for strategy in ("cpu", "multi_worker")}
-    commands = {strategy: _cli(run, *CLASSIFIER, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}", f"training.strategy={strategy}",
-                               config="wordnet_topics") for strategy, run in runs_.items()}
+    commands = {
+        strategy: _cli(
+            run,
+            *CLASSIFIER,
+            f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}",
+            f"training.strategy={strategy}",
+            config="wordnet_topics",
+        )
+        for strategy, run in runs_.items()
+    }
     cluster = {"cluster": {"worker": [f"127.0.0.1:{_free_ports(1)[0]}"]}, "task": {"type": "worker", "index": 0}}
-    process = subprocess.Popen(commands["multi_worker"], env=dict(os.environ, TF_CONFIG=json.dumps(cluster)),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        commands["multi_worker"],
+        env=dict(os.environ, TF_CONFIG=json.dumps(cluster)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _main(commands["cpu"])
     _, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr[-4000:]
     single, multi = (_weights(runs_[name] / "model.weights.h5") for name in ("cpu", "multi_worker"))
-    assert single.keys() == multi.keys() and any(not name.startswith("bert_encoder/") for name in single)  # the head too
+    assert single.keys() == multi.keys() and any(
+        not name.startswith("bert_encoder/") for name in single
+    )  # the head too
     for name in single:
         np.testing.assert_array_equal(multi[name], single[name], err_msg=name)
     metrics = json.loads((runs_["multi_worker"] / "metrics.json").read_text())
@@ -261,7 +322,9 @@ def test_bad_inputs_fail_before_training(tmp_path, overrides, message):
 
 def test_vocabulary_larger_than_the_model_fails_before_training(tmp_path):
     vocabulary = tmp_path / "vocab.txt"
-    vocabulary.write_text("\n".join(["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"] + [f"word{i}" for i in range(95)]) + "\n")
+    vocabulary.write_text(
+        "\n".join(["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"] + [f"word{i}" for i in range(95)]) + "\n"
+    )
     config = configs.load_config("tiny_lm", [*TINY, f"tokenizer.vocabulary={vocabulary}", "model.vocab_size=50"])
     with pytest.raises(ValueError, match="has 100 tokens but model.vocab_size=50"):
         train(config, tmp_path / "run", verbose=0)

@@ -27,12 +27,18 @@ def _padding():
 def test_standard_block_matches_keras_hub_transformer_encoder(norm_position):
     x = _random(BATCH, LENGTH, WIDTH)
     reference = keras_hub.layers.TransformerEncoder(
-        intermediate_dim=32, num_heads=HEADS, activation="relu", normalize_first=norm_position == "pre", layer_norm_epsilon=1e-6
+        intermediate_dim=32,
+        num_heads=HEADS,
+        activation="relu",
+        normalize_first=norm_position == "pre",
+        layer_norm_epsilon=1e-6,
     )
     reference(x)
     rng = np.random.default_rng(5)
     reference.set_weights([rng.normal(scale=0.3, size=w.shape).astype("float32") for w in reference.get_weights()])
-    block = TransformerBlock(num_heads=HEADS, intermediate_size=32, activation="relu", norm_position=norm_position, layer_norm_epsilon=1e-6)
+    block = TransformerBlock(
+        num_heads=HEADS, intermediate_size=32, activation="relu", norm_position=norm_position, layer_norm_epsilon=1e-6
+    )
     block(x)
     pairs = [
         (block.attention, reference._self_attention_layer),
@@ -50,12 +56,21 @@ def test_standard_block_matches_keras_hub_transformer_encoder(norm_position):
 @pytest.mark.parametrize(
     "attention, message",
     [
-        ({"type": "linear"}, r"attention.type` must be one of \['collaborative', 'fixed', 'standard'\]. Received: attention.type='linear'"),
+        (
+            {"type": "linear"},
+            r"attention.type` must be one of \['collaborative', 'fixed', 'standard'\]. Received: attention.type='linear'",
+        ),
         ({"type": "fixed"}, "`attention.head_size` is required for attention type 'fixed'"),
-        ({"type": "standard", "head_size": 8}, "Unknown key `attention.head_size` for attention type 'standard'.*Known keys: type, output_size"),
+        (
+            {"type": "standard", "head_size": 8},
+            "Unknown key `attention.head_size` for attention type 'standard'.*Known keys: type, output_size",
+        ),
         ({"type": "collaborative", "head_size": 8}, "`attention.shared_key_dim` is required"),
         ({"type": "fixed", "head_size": 8, "shared_key_dim": 4}, "Unknown key `attention.shared_key_dim`.*'fixed'"),
-        ({"type": "fixed", "head_size": 8, "dropout": 0.5}, r"`attention.dropout` is set by the model \(attention_dropout\)"),
+        (
+            {"type": "fixed", "head_size": 8, "dropout": 0.5},
+            r"`attention.dropout` is set by the model \(attention_dropout\)",
+        ),
         ({"type": "fixed", "head_size": 8, "name": "x"}, "Unknown key `attention.name`"),
         ("fixed", "`attention` must be a mapping"),
     ],
@@ -67,10 +82,20 @@ def test_attention_factory_errors(attention, message):
 
 def test_attention_factory_passes_the_nested_config_unchanged():
     """Every key but `type` reaches the variant's constructor, including ones no builder knows of."""
-    layer = make_attention({"type": "fixed", "head_size": 8, "value_head_size": 4, "use_fused": False, "output_size": None},
-                           num_heads=2, dropout=0.25, name="attention")
+    layer = make_attention(
+        {"type": "fixed", "head_size": 8, "value_head_size": 4, "use_fused": False, "output_size": None},
+        num_heads=2,
+        dropout=0.25,
+        name="attention",
+    )
     assert type(layer) is FixedHeadSizeAttention
-    assert (layer.head_size, layer.value_head_size, layer.use_fused, layer.output_size, layer.dropout) == (8, 4, False, None, 0.25)
+    assert (layer.head_size, layer.value_head_size, layer.use_fused, layer.output_size, layer.dropout) == (
+        8,
+        4,
+        False,
+        None,
+        0.25,
+    )
     assert type(make_attention(None, num_heads=2)) is StandardAttention
 
 
@@ -94,7 +119,10 @@ def block(request):
     kwargs = {
         "standard": {},
         "fixed": {"attention": {"type": "fixed", "head_size": 8}, "norm_position": "pre"},
-        "collaborative_admin": {"attention": {"type": "collaborative", "head_size": 4, "shared_key_dim": 8}, "residual_scaling": "admin"},
+        "collaborative_admin": {
+            "attention": {"type": "collaborative", "head_size": 4, "shared_key_dim": 8},
+            "residual_scaling": "admin",
+        },
     }[request.param]
     block = TransformerBlock(num_heads=HEADS, intermediate_size=32, **kwargs)
     block.build((BATCH, LENGTH, WIDTH))
@@ -117,8 +145,13 @@ def test_admin_omegas_follow_the_profiled_variances():
     """omega_i^2 = 1 + sum of Var[f_j(x_{j-1})] over the earlier sublayers j < i, with the
     variances recomputed here by hand through each block's public sublayers (omega = 1)."""
     blocks = [
-        TransformerBlock(num_heads=1, intermediate_size=16, attention={"type": "fixed", "head_size": 8}, residual_scaling="admin",
-                         name=f"b{i}")
+        TransformerBlock(
+            num_heads=1,
+            intermediate_size=16,
+            attention={"type": "fixed", "head_size": 8},
+            residual_scaling="admin",
+            name=f"b{i}",
+        )
         for i in range(4)
     ]
     x = _random(BATCH, LENGTH, WIDTH)
@@ -130,7 +163,9 @@ def test_admin_omegas_follow_the_profiled_variances():
     for block in blocks:
         attended = np.asarray(block.attention(h, attention_mask=_padding()))
         h = np.asarray(block.attention_norm(h + attended))
-        transformed = np.asarray(block.feedforward_output(keras.activations.gelu(block.intermediate(h), approximate=False)))
+        transformed = np.asarray(
+            block.feedforward_output(keras.activations.gelu(block.intermediate(h), approximate=False))
+        )
         h = np.asarray(block.feedforward_norm(h + transformed))
         variances += [attended.var(), transformed.var()]
     omegas = [np.asarray(omega) for block in blocks for omega in (block.attention_omega, block.feedforward_omega)]

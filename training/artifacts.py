@@ -103,8 +103,10 @@ def read(path, kind=None):
     if not tf.io.gfile.isdir(path):
         if kind is None and path in presets.shipped_presets():
             return _read_preset(presets.resolve(path))
-        raise ValueError(f"Not a directory: {path!r} (expected a run directory, a Hugging Face folder, a preset folder, "
-                         f"a TF-Hub export or a shipped preset: {', '.join(presets.shipped_presets()) or 'none is shipped'}).")
+        raise ValueError(
+            f"Not a directory: {path!r} (expected a run directory, a Hugging Face folder, a preset folder, "
+            f"a TF-Hub export or a shipped preset: {', '.join(presets.shipped_presets()) or 'none is shipped'})."
+        )
     if kind == "hf" and not is_hf_folder(path):
         raise ValueError(f"{path} has no model.safetensors: not a Hugging Face BERT folder.")
     if kind != "run" and is_hf_folder(path):
@@ -136,11 +138,20 @@ def _read_run(path):
         raise ValueError(f"{path} has no {BACKBONE_WEIGHTS}: the run has not finished (or is not a run directory).")
     model = check_nested_attention(config["model"])
     model_weights = join(path, MODEL_WEIGHTS)
-    return Source(path, "run", config["model_type"], model, weights, join(path, VOCABULARY),
-                  saved_tokenizer_settings(config, join(path, CONFIG)), config.get("task"),
-                  model_weights=model_weights if tf.io.gfile.exists(model_weights) else None,
-                  name=config.get("name") or _basename(path), sequence_length=(config.get("training") or {}).get("sequence_length"),
-                  embedding=_run_embedding(config.get("task") or {}))
+    return Source(
+        path,
+        "run",
+        config["model_type"],
+        model,
+        weights,
+        join(path, VOCABULARY),
+        saved_tokenizer_settings(config, join(path, CONFIG)),
+        config.get("task"),
+        model_weights=model_weights if tf.io.gfile.exists(model_weights) else None,
+        name=config.get("name") or _basename(path),
+        sequence_length=(config.get("training") or {}).get("sequence_length"),
+        embedding=_run_embedding(config.get("task") or {}),
+    )
 
 
 def _run_embedding(task):
@@ -152,17 +163,28 @@ def _run_embedding(task):
 
 
 def is_preset_folder(path):
-    return tf.io.gfile.exists(join(path, presets.METADATA_FILE)) and tf.io.gfile.exists(join(path, presets.TOKENIZER_FILE))
+    return tf.io.gfile.exists(join(path, presets.METADATA_FILE)) and tf.io.gfile.exists(
+        join(path, presets.TOKENIZER_FILE)
+    )
 
 
 def _read_preset(path):
     """A Keras preset folder (`models.presets`; a shipped preset's) as a source: its BERT encoder."""
     model = presets.backbone_arguments(path, BertEncoder)
     settings = presets.tokenizer_settings(path)
-    return Source(path, "preset", "bert", model, join(path, presets.WEIGHTS_FILE), settings["path"],
-                  {"lowercase": settings["lowercase"], "strip_accents": settings["strip_accents"]}, name=_basename(path),
-                  sequence_length=presets.trained_sequence_length(path), embedding=presets.sentence_embedding(path),
-                  recorded_serving_length=presets.serving_length(path))
+    return Source(
+        path,
+        "preset",
+        "bert",
+        model,
+        join(path, presets.WEIGHTS_FILE),
+        settings["path"],
+        {"lowercase": settings["lowercase"], "strip_accents": settings["strip_accents"]},
+        name=_basename(path),
+        sequence_length=presets.trained_sequence_length(path),
+        embedding=presets.sentence_embedding(path),
+        recorded_serving_length=presets.serving_length(path),
+    )
 
 
 def _read_hf_folder(path):
@@ -170,9 +192,23 @@ def _read_hf_folder(path):
     tokens = read_vocabulary(join(path, VOCABULARY))
     check_tokenizer_agrees(path, tokens)
     serving_length, embedding = sentence_transformers_settings(path)
-    vocabulary = join(path, VOCABULARY) if read_hf_config(path)["model_type"] == "bert" else bert_named_vocabulary(bert_named_tokens(tokens))
-    return Source(path, "hf", "bert", model, join(path, "model.safetensors"), vocabulary, tokenizer,
-                  name=_basename(path), embedding=embedding, recorded_serving_length=serving_length)
+    vocabulary = (
+        join(path, VOCABULARY)
+        if read_hf_config(path)["model_type"] == "bert"
+        else bert_named_vocabulary(bert_named_tokens(tokens))
+    )
+    return Source(
+        path,
+        "hf",
+        "bert",
+        model,
+        join(path, "model.safetensors"),
+        vocabulary,
+        tokenizer,
+        name=_basename(path),
+        embedding=embedding,
+        recorded_serving_length=serving_length,
+    )
 
 
 def bert_named_vocabulary(tokens):
@@ -181,7 +217,10 @@ def bert_named_vocabulary(tokens):
     the temporary directory where the cache cannot be written): the vocabulary its tokenizer, exports and presets use."""
     text = "\n".join(tokens) + "\n"
     name = f"bert-named-{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
-    for folder in (files.user_cache("vocabularies"), os.path.join(tempfile.gettempdir(), "concise_attention_vocabularies")):
+    for folder in (
+        files.user_cache("vocabularies"),
+        os.path.join(tempfile.gettempdir(), "concise_attention_vocabularies"),
+    ):
         base = os.path.join(folder, name)
         try:
             if files.read_verified(base, ".txt") is not None:
@@ -193,8 +232,10 @@ def bert_named_vocabulary(tokens):
             return base + ".txt"
         except (OSError, tf.errors.OpError):
             continue
-    raise ValueError(f"The BERT-named vocabulary could not be written to the cache ({files.user_cache('vocabularies')}) "
-                     "nor to the temporary directory")
+    raise ValueError(
+        f"The BERT-named vocabulary could not be written to the cache ({files.user_cache('vocabularies')}) "
+        "nor to the temporary directory"
+    )
 
 
 def sentence_transformers_settings(path):
@@ -215,7 +256,11 @@ def sentence_transformers_settings(path):
     if kinds[:2] != ["Transformer", "Pooling"] or any(kind != "Normalize" for kind in kinds[2:]):
         return length, " + ".join(kinds)
     pooling_file = join(join(path, modules[1].get("path") or ""), "config.json")
-    modes = [key[len("pooling_mode_"):] for key, value in read_json(pooling_file).items() if key.startswith("pooling_mode_") and value is True]
+    modes = [
+        key[len("pooling_mode_") :]
+        for key, value in read_json(pooling_file).items()
+        if key.startswith("pooling_mode_") and value is True
+    ]
     if modes != ["mean_tokens"]:
         return length, f"{' + '.join(modes) or 'no'} pooling"
     return length, DISTILLED_EMBEDDING if "Normalize" in kinds else "mean"
@@ -225,8 +270,10 @@ def check_mean_pooling(source):
     """Refuses a source whose sentence embedding is not the mean of its token vectors (a sentence-transformers
     folder with CLS or max pooling, or a Dense layer): `SentenceEncoder` and the exports compute mean pooling."""
     if source.embedding not in (None, "mean", DISTILLED_EMBEDDING):
-        raise ValueError(f"{source.path}: its sentence-transformers modules give the sentence embedding by {source.embedding} "
-                         f"(modules.json), which this project does not compute: it pools by the mean of the token vectors.")
+        raise ValueError(
+            f"{source.path}: its sentence-transformers modules give the sentence embedding by {source.embedding} "
+            f"(modules.json), which this project does not compute: it pools by the mean of the token vectors."
+        )
 
 
 def _basename(path):
@@ -242,7 +289,9 @@ def saved_tokenizer_settings(config, config_path):
     if not isinstance(lowercase, bool):
         raise ValueError(f"{config_path}: `tokenizer.lowercase` must be true or false. Received: {lowercase!r}")
     if strip_accents is not None and not isinstance(strip_accents, bool):
-        raise ValueError(f"{config_path}: `tokenizer.strip_accents` must be true, false or null. Received: {strip_accents!r}")
+        raise ValueError(
+            f"{config_path}: `tokenizer.strip_accents` must be true, false or null. Received: {strip_accents!r}"
+        )
     return {"lowercase": lowercase, "strip_accents": strip_accents}
 
 
@@ -265,8 +314,11 @@ class LoadedModel:
     def tokenizer(self):
         """Its WordPiece tokenizer (`training.preprocessing.tokenizer`), as the source's settings say."""
         settings = self.source.tokenizer
-        return wordpiece_tokenizer(self.source.vocabulary, lowercase=settings.get("lowercase", True),
-                                   strip_accents=settings.get("strip_accents"))
+        return wordpiece_tokenizer(
+            self.source.vocabulary,
+            lowercase=settings.get("lowercase", True),
+            strip_accents=settings.get("strip_accents"),
+        )
 
     @property
     def pooling(self):

@@ -104,7 +104,9 @@ def read_json(path, kind=dict):
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON ({error}).") from error
     if not isinstance(value, kind):
-        raise ValueError(f"{path} must hold a JSON {'object' if kind is dict else kind.__name__}. Received: {type(value).__name__}")
+        raise ValueError(
+            f"{path} must hold a JSON {'object' if kind is dict else kind.__name__}. Received: {type(value).__name__}"
+        )
     return value
 
 
@@ -129,7 +131,9 @@ def load_weights(model, path):
         try:
             model.load_weights(local_path)
         except (ValueError, OSError, KeyError) as error:
-            raise ValueError(f"The weights in {path} cannot be loaded into this model: {str(error).splitlines()[0]}") from error
+            raise ValueError(
+                f"The weights in {path} cannot be loaded into this model: {str(error).splitlines()[0]}"
+            ) from error
 
 
 def move_folder_in(staging, target):

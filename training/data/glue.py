@@ -80,20 +80,44 @@ GLUE_TASKS = {
         GlueTask("cola", (3,), 1, False, 4, ("sentence",), metrics=("matthews_corrcoef",)),
         GlueTask("sst2", (0,), 1, True, 2, ("sentence",)),
         GlueTask(
-            "mrpc", (3, 4), 0, True, 5, ("sentence1", "sentence2"),
-            metrics=("accuracy", "f1"), positive_labels=frozenset({"1", "equivalent"}),
+            "mrpc",
+            (3, 4),
+            0,
+            True,
+            5,
+            ("sentence1", "sentence2"),
+            metrics=("accuracy", "f1"),
+            positive_labels=frozenset({"1", "equivalent"}),
         ),
         GlueTask(
-            "qqp", (3, 4), 5, True, 6, ("question1", "question2"),
-            metrics=("accuracy", "f1"), positive_labels=frozenset({"1", "duplicate"}),
+            "qqp",
+            (3, 4),
+            5,
+            True,
+            6,
+            ("question1", "question2"),
+            metrics=("accuracy", "f1"),
+            positive_labels=frozenset({"1", "duplicate"}),
         ),
         GlueTask(
-            "stsb", (7, 8), LAST_COLUMN, True, 10, ("sentence1", "sentence2"),
-            is_regression=True, metrics=("pearson", "spearman"),
+            "stsb",
+            (7, 8),
+            LAST_COLUMN,
+            True,
+            10,
+            ("sentence1", "sentence2"),
+            is_regression=True,
+            metrics=("pearson", "spearman"),
         ),
         GlueTask(
-            "mnli", (8, 9), LAST_COLUMN, True, 11, ("premise", "hypothesis"),
-            tfds_dev_split="validation_matched", dev_file="dev_matched.tsv",
+            "mnli",
+            (8, 9),
+            LAST_COLUMN,
+            True,
+            11,
+            ("premise", "hypothesis"),
+            tfds_dev_split="validation_matched",
+            dev_file="dev_matched.tsv",
         ),
         GlueTask("qnli", (1, 2), LAST_COLUMN, True, 4, ("question", "sentence")),
         GlueTask("rte", (1, 2), LAST_COLUMN, True, 4, ("sentence1", "sentence2")),
@@ -107,7 +131,9 @@ GENERIC_TSV = "tsv"
 def glue_task(task):
     """The `GlueTask` named `task`."""
     if task not in GLUE_TASKS:
-        raise ValueError(f"Unknown GLUE task; expected one of {sorted(GLUE_TASKS)} or {GENERIC_TSV!r}. Received: task={task!r}")
+        raise ValueError(
+            f"Unknown GLUE task; expected one of {sorted(GLUE_TASKS)} or {GENERIC_TSV!r}. Received: task={task!r}"
+        )
     return GLUE_TASKS[task]
 
 
@@ -212,7 +238,9 @@ def tfds_glue_examples(task, split, data_dir=None):
     builder = tfds.builder(f"glue/{task}", data_dir=data_dir)
     builder.download_and_prepare()
     label_names = None if layout.is_regression else builder.info.features["label"].names
-    records = sorted(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)), key=lambda record: int(record["idx"]))
+    records = sorted(
+        tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False)), key=lambda record: int(record["idx"])
+    )
     examples = []
     for record in records:
         texts = [record[feature].decode("utf-8") for feature in layout.tfds_features]
@@ -221,7 +249,9 @@ def tfds_glue_examples(task, split, data_dir=None):
         elif 0 <= int(record["label"]) < len(label_names):
             label = label_names[int(record["label"])]
         else:
-            raise ValueError(f"tfds glue/{task} split {split!r} has no labels (idx {int(record['idx'])} has label {int(record['label'])})")
+            raise ValueError(
+                f"tfds glue/{task} split {split!r} has no labels (idx {int(record['idx'])} has label {int(record['label'])})"
+            )
         examples.append(TextExample(texts[0], texts[1] if len(texts) > 1 else None, label))
     return examples
 
@@ -238,10 +268,14 @@ def glue_source(task, split, data_dir, source):
         raise ValueError(f"GLUE source must be one of {SOURCES}. Received: source={source!r}")
     if source == "tfds":
         if task == GENERIC_TSV:
-            raise ValueError(f"task={GENERIC_TSV!r} reads users' own files: it needs source='tsv'. Received: source='tfds'")
+            raise ValueError(
+                f"task={GENERIC_TSV!r} reads users' own files: it needs source='tsv'. Received: source='tfds'"
+            )
         return f"tfds glue/{task} {_tfds_split(task, split)}"
     if data_dir is None:
-        raise ValueError(f"GLUE TSV files need a data_dir holding train.tsv and dev.tsv. Received: data_dir=None (task={task!r})")
+        raise ValueError(
+            f"GLUE TSV files need a data_dir holding train.tsv and dev.tsv. Received: data_dir=None (task={task!r})"
+        )
     dev_file = "dev.tsv" if task == GENERIC_TSV else glue_task(task).dev_file
     return os.path.join(str(data_dir), "train.tsv" if split == "train" else dev_file)
 
@@ -272,9 +306,13 @@ def label_vocabulary(examples, source="the training split"):
     labels = {example.label for example in examples}
     not_strings = sorted({repr(label) for label in labels if not isinstance(label, str)})
     if not_strings:
-        raise ValueError(f"Classification labels must be strings (regression scores have no vocabulary). Received: {not_strings[:5]}")
+        raise ValueError(
+            f"Classification labels must be strings (regression scores have no vocabulary). Received: {not_strings[:5]}"
+        )
     if len(labels) < 2:
-        raise ValueError(f"{source}: a classifier needs at least 2 labels. Received: {sorted(labels) if labels else 'no examples'}")
+        raise ValueError(
+            f"{source}: a classifier needs at least 2 labels. Received: {sorted(labels) if labels else 'no examples'}"
+        )
     return sorted(labels)
 
 
@@ -295,7 +333,9 @@ def encode_labels(examples, vocabulary, source):
     for index, example in enumerate(examples):
         if example.label not in ids:
             where = f"line {example.line}" if example.line else f"example {index}"
-            raise ValueError(f"{source} {where}: label {example.label!r} is not among the training labels {list(vocabulary)}")
+            raise ValueError(
+                f"{source} {where}: label {example.label!r} is not among the training labels {list(vocabulary)}"
+            )
         encoded[index] = ids[example.label]
     return encoded
 
@@ -306,5 +346,7 @@ def positive_label_id(task, vocabulary):
     positive = glue_task(task).positive_labels
     found = [index for index, label in enumerate(vocabulary) if label in positive]
     if len(found) != 1:
-        raise ValueError(f"GLUE {task}: expected one of {sorted(positive)} in the label vocabulary. Received: vocabulary={list(vocabulary)}")
+        raise ValueError(
+            f"GLUE {task}: expected one of {sorted(positive)} in the label vocabulary. Received: vocabulary={list(vocabulary)}"
+        )
     return found[0]

@@ -44,7 +44,9 @@ def pack_sentences(sentences, sequence_length):
             current.append(piece)
     if current:
         rows.append(current)
-    packed = {name: np.zeros((len(rows), sequence_length), "int32") for name in ("token_ids", "segment_ids", "positions")}
+    packed = {
+        name: np.zeros((len(rows), sequence_length), "int32") for name in ("token_ids", "segment_ids", "positions")
+    }
     for row_index, pieces in enumerate(rows):
         offset = 0
         for segment, piece in enumerate(pieces, start=1):

@@ -39,7 +39,10 @@ def _text_files(data_dir):
     if not tf.io.gfile.isdir(data_dir):
         raise ValueError(f"Corpus folder not found. Received: task.data_dir={data_dir!r}")
     files = sorted(
-        tf.io.gfile.join(root, name) for root, _, names in tf.io.gfile.walk(data_dir) for name in names if name.endswith(".txt")
+        tf.io.gfile.join(root, name)
+        for root, _, names in tf.io.gfile.walk(data_dir)
+        for name in names
+        if name.endswith(".txt")
     )
     if not files:
         raise ValueError(f"No .txt files under task.data_dir={data_dir!r}")
@@ -89,8 +92,11 @@ def _checked_text_files(data_dir, split_name=None):
         check_utf8(path)
     first_lines = list(itertools.islice(_stream_lines(files), 2))
     if not first_lines:
-        raise ValueError(f"The corpus under task.data_dir={str(data_dir)!r} is empty." if split_name is None else
-                         f"The {split_name} split of task.data_dir is empty: no non-empty line in the .txt files under {str(data_dir)!r}.")
+        raise ValueError(
+            f"The corpus under task.data_dir={str(data_dir)!r} is empty."
+            if split_name is None
+            else f"The {split_name} split of task.data_dir is empty: no non-empty line in the .txt files under {str(data_dir)!r}."
+        )
     if len(first_lines) == 1 and split_name is None:
         raise ValueError(
             f"The training split of task.data_dir={str(data_dir)!r} is empty: the corpus has 1 non-empty line, held out for "
@@ -122,15 +128,19 @@ def corpus_splits(dataset, data_dir=None):
         lines = read_lines(SAMPLE_CORPUS)
         all_lines = lambda: iter(lines)  # noqa: E731
     elif folders:
-        train_files, eval_files = (_checked_text_files(folder, name) for folder, name in zip(folders, ("training", "held-out")))
+        train_files, eval_files = (
+            _checked_text_files(folder, name) for folder, name in zip(folders, ("training", "held-out"))
+        )
         return lambda: _stream_lines(train_files), lambda: _stream_lines(eval_files)
     elif dataset == "text_files":
         files = _checked_text_files(data_dir)
         all_lines = lambda: _stream_lines(files)  # noqa: E731
     else:
         raise ValueError(f"`dataset` must be one of sample, lm1b, text_files. Received: dataset={dataset!r}")
-    return (lambda: (line for index, line in enumerate(all_lines()) if index % EVAL_EVERY != 0),
-            lambda: (line for index, line in enumerate(all_lines()) if index % EVAL_EVERY == 0))
+    return (
+        lambda: (line for index, line in enumerate(all_lines()) if index % EVAL_EVERY != 0),
+        lambda: (line for index, line in enumerate(all_lines()) if index % EVAL_EVERY == 0),
+    )
 
 
 def corpus_lines(dataset, data_dir=None, split="train"):
@@ -199,8 +209,14 @@ def language_model_dataset(lines_fn, tokenizer, sequence_length, batch_size, tra
         skip_batches: batches already consumed (the data position of a resumed run).
     """
     row = tf.TensorSpec((sequence_length,), tf.int32)
-    signature = ({"token_ids": row, "segment_ids": row, "positions": row}, row, tf.TensorSpec((sequence_length,), tf.float32))
-    dataset = tf.data.Dataset.from_generator(lambda: packed_rows(lines_fn(), tokenizer, sequence_length), output_signature=signature)
+    signature = (
+        {"token_ids": row, "segment_ids": row, "positions": row},
+        row,
+        tf.TensorSpec((sequence_length,), tf.float32),
+    )
+    dataset = tf.data.Dataset.from_generator(
+        lambda: packed_rows(lines_fn(), tokenizer, sequence_length), output_signature=signature
+    )
     return _batched(dataset, batch_size, training, seed, skip_batches).prefetch(tf.data.AUTOTUNE)
 
 
@@ -266,17 +282,24 @@ def bert_masking(token_ids_BxT, key, vocabulary_size, mask_rate, max_predictions
     scores_BxT = tf.where(selectable_BxT, tf.random.stateless_uniform(tf.shape(token_ids_BxT), choice_key), -1.0)
     candidates_BxP = tf.math.top_k(scores_BxT, k=max_predictions).indices
     chosen_BxP = tf.range(max_predictions)[None, :] < count_B[:, None]
-    selected_BxT = tf.reduce_any(tf.logical_and(tf.one_hot(candidates_BxP, length, on_value=True, off_value=False),
-                                                chosen_BxP[..., None]), axis=1)
+    selected_BxT = tf.reduce_any(
+        tf.logical_and(tf.one_hot(candidates_BxP, length, on_value=True, off_value=False), chosen_BxP[..., None]),
+        axis=1,
+    )
     # Ascending positions: the largest (length - position) of the selected ones first.
     order_BxP = tf.math.top_k(tf.where(selected_BxT, length - tf.range(length)[None, :], 0), k=max_predictions).values
     weights_BxP = tf.cast(order_BxP > 0, tf.float32)
     positions_BxP = tf.where(order_BxP > 0, length - order_BxP, 0)
     labels_BxP = tf.where(order_BxP > 0, tf.gather(token_ids_BxT, positions_BxP, batch_dims=1), 0)
     draw_BxT = tf.random.stateless_uniform(tf.shape(token_ids_BxT), replace_key)
-    random_ids_BxT = tf.random.stateless_uniform(tf.shape(token_ids_BxT), random_key, minval=0, maxval=vocabulary_size, dtype=tf.int32)
-    masked_BxT = tf.where(tf.logical_and(selected_BxT, draw_BxT < 0.8), mask_id,
-                          tf.where(tf.logical_and(selected_BxT, draw_BxT < 0.9), random_ids_BxT, token_ids_BxT))
+    random_ids_BxT = tf.random.stateless_uniform(
+        tf.shape(token_ids_BxT), random_key, minval=0, maxval=vocabulary_size, dtype=tf.int32
+    )
+    masked_BxT = tf.where(
+        tf.logical_and(selected_BxT, draw_BxT < 0.8),
+        mask_id,
+        tf.where(tf.logical_and(selected_BxT, draw_BxT < 0.9), random_ids_BxT, token_ids_BxT),
+    )
     return masked_BxT, positions_BxP, labels_BxP, weights_BxP
 
 
@@ -310,8 +333,9 @@ def masked_examples(tokenizer, sequence_length, batch_size, max_predictions, mas
 
     def to_example(batch_index, token_ids, segment_ids):
         key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int64), batch_index)
-        masked, positions, labels, weights = bert_masking(token_ids, key, vocabulary_size, mask_rate, max_predictions,
-                                                          special["[MASK]"], unselectable)
+        masked, positions, labels, weights = bert_masking(
+            token_ids, key, vocabulary_size, mask_rate, max_predictions, special["[MASK]"], unselectable
+        )
         shape = (batch_size, sequence_length)
         inputs = {
             "input_word_ids": tf.ensure_shape(masked, shape),
@@ -320,7 +344,11 @@ def masked_examples(tokenizer, sequence_length, batch_size, max_predictions, mas
             "masked_lm_positions": tf.ensure_shape(positions, (batch_size, max_predictions)),
         }
         # Static shapes everywhere (a TPU compiles one program for one shape).
-        return inputs, tf.ensure_shape(labels, (batch_size, max_predictions)), tf.ensure_shape(weights, (batch_size, max_predictions))
+        return (
+            inputs,
+            tf.ensure_shape(labels, (batch_size, max_predictions)),
+            tf.ensure_shape(weights, (batch_size, max_predictions)),
+        )
 
     return to_example
 
@@ -346,8 +374,9 @@ def masked_lm_dataset(
     dataset = tf.data.Dataset.from_generator(lines_fn, output_signature=tf.TensorSpec((), tf.string))
     dataset = dataset.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0).batch(2, drop_remainder=True)
     dataset = _batched(dataset, batch_size, training, seed, skip_batches, indexed=True)
-    return dataset.map(lambda index, pairs: mask(index, *pack(pairs)), num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=True).prefetch(tf.data.AUTOTUNE)
+    return dataset.map(
+        lambda index, pairs: mask(index, *pack(pairs)), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    ).prefetch(tf.data.AUTOTUNE)
 
 
 def prepared_dataset(reader, batch_size, skip_batches=0, mask=None):
@@ -367,10 +396,16 @@ def prepared_dataset(reader, batch_size, skip_batches=0, mask=None):
     row = tf.TensorSpec((batch_size, length), tf.int32)
     if mask is None:
         signature = ({name: row for name in reader.fields}, row, tf.TensorSpec((batch_size, length), tf.float32))
-        dataset = tf.data.Dataset.from_generator(lambda: causal_lm_batches(reader, batch_size, skip_batches), output_signature=signature)
+        dataset = tf.data.Dataset.from_generator(
+            lambda: causal_lm_batches(reader, batch_size, skip_batches), output_signature=signature
+        )
     else:
-        rows = lambda: ((index, packed["token_ids"], packed["segment_ids"]) for index, packed in reader.batches(batch_size, skip_batches))  # noqa: E731
+        rows = lambda: (
+            (index, packed["token_ids"], packed["segment_ids"])
+            for index, packed in reader.batches(batch_size, skip_batches)
+        )  # noqa: E731
         signature = (tf.TensorSpec((), tf.int64), row, row)
         dataset = tf.data.Dataset.from_generator(rows, output_signature=signature).map(
-            mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
     return _deterministic(dataset).prefetch(tf.data.AUTOTUNE)

@@ -69,8 +69,10 @@ def read_manifest(data_dir, open_file=open):
         with open_file(path, "rb") as file:
             data = file.read()
     except Exception:  # FileNotFoundError from open, tf.errors.NotFoundError from tf.io.gfile
-        raise ValueError(f"No prepared data at task.data_dir={str(data_dir)!r}: {path} cannot be read "
-                         "(make it with concise-prepare-data).") from None
+        raise ValueError(
+            f"No prepared data at task.data_dir={str(data_dir)!r}: {path} cannot be read "
+            "(make it with concise-prepare-data)."
+        ) from None
     try:
         manifest = json.loads(data)
     except ValueError as error:
@@ -90,17 +92,23 @@ def check_manifest(manifest, data_dir, task, sequence_length, vocabulary=None, t
     path = _join(data_dir, MANIFEST)
     for field, value in (tokenizer or {}).items():
         if manifest["tokenizer"][field] != value:
-            raise ValueError(f"{path} was tokenised with {field}={manifest['tokenizer'][field]!r}; the run has "
-                             f"tokenizer.{field}={value!r}.")
+            raise ValueError(
+                f"{path} was tokenised with {field}={manifest['tokenizer'][field]!r}; the run has "
+                f"tokenizer.{field}={value!r}."
+            )
     if manifest["task"] != task:
         raise ValueError(f"{path} holds {manifest['task']} rows; this run's task is {task}.")
     if manifest["sequence_length"] != sequence_length:
-        raise ValueError(f"{path} has sequence_length={manifest['sequence_length']}; the run has "
-                         f"training.sequence_length={sequence_length}.")
+        raise ValueError(
+            f"{path} has sequence_length={manifest['sequence_length']}; the run has "
+            f"training.sequence_length={sequence_length}."
+        )
     if vocabulary is not None and vocabulary_sha256(vocabulary) != manifest["vocabulary_sha256"]:
-        raise ValueError(f"{path}: the shards were tokenised with another vocabulary (vocabulary_sha256="
-                         f"{manifest['vocabulary_sha256'][:12]}...) than the run's; use tokenizer.vocabulary="
-                         f"{_join(data_dir, VOCABULARY)}.")
+        raise ValueError(
+            f"{path}: the shards were tokenised with another vocabulary (vocabulary_sha256="
+            f"{manifest['vocabulary_sha256'][:12]}...) than the run's; use tokenizer.vocabulary="
+            f"{_join(data_dir, VOCABULARY)}."
+        )
 
 
 def epoch_shard_order(seed, epoch, num_shards):
@@ -134,8 +142,10 @@ def training_rows(seed, start, count, shard_rows):
         shard = int(order[slot])
         within = offset - (ends[slot] - shard_rows[shard])
         take = min(count - position, int(shard_rows[shard] - within))
-        shards[position:position + take] = shard
-        rows[position:position + take] = shard_row_order(seed, epoch, shard, int(shard_rows[shard]))[within:within + take]
+        shards[position : position + take] = shard
+        rows[position : position + take] = shard_row_order(seed, epoch, shard, int(shard_rows[shard]))[
+            within : within + take
+        ]
         position += take
     return shards, rows
 
@@ -169,7 +179,10 @@ class ShardReader:
 
     def _shard(self, index):
         if index not in self._cache:
-            self._cache = {**dict(list(self._cache.items())[-1:]), index: load_shard(self.data_dir, self.split, index, self.open_file)}
+            self._cache = {
+                **dict(list(self._cache.items())[-1:]),
+                index: load_shard(self.data_dir, self.split, index, self.open_file),
+            }
         return self._cache[index]
 
     def batch(self, batch_index, batch_size):

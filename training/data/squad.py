@@ -38,7 +38,12 @@ class SquadExample:
 
     def __post_init__(self):
         for text, char_start in self.answers:
-            if not isinstance(char_start, int) or not text or char_start < 0 or char_start + len(text) > len(self.context):
+            if (
+                not isinstance(char_start, int)
+                or not text
+                or char_start < 0
+                or char_start + len(text) > len(self.context)
+            ):
                 raise ValueError(
                     f"SQuAD example {self.id!r}: answer {text!r} at character {char_start!r} does not lie "
                     f"inside the context ({len(self.context)} characters)"
@@ -139,9 +144,13 @@ def tfds_squad_examples(split, data_dir=None):
         identifier = record["id"].decode("utf-8")
         texts, starts = record["answers"]["text"], record["answers"]["answer_start"]
         if len(texts) != len(starts):
-            raise ValueError(f"tfds squad/v1.1 {split} example {identifier!r}: {len(texts)} answer texts but {len(starts)} answer starts")
+            raise ValueError(
+                f"tfds squad/v1.1 {split} example {identifier!r}: {len(texts)} answer texts but {len(starts)} answer starts"
+            )
         answers = [(text.decode("utf-8"), int(start)) for text, start in zip(texts, starts)]
-        examples.append(SquadExample(identifier, record["question"].decode("utf-8"), record["context"].decode("utf-8"), answers))
+        examples.append(
+            SquadExample(identifier, record["question"].decode("utf-8"), record["context"].decode("utf-8"), answers)
+        )
     return examples
 
 
@@ -156,7 +165,9 @@ def squad_examples(split, data_dir, source):
     if source != "json":
         raise ValueError(f"SQuAD source must be 'json' or 'tfds'. Received: source={source!r}")
     if data_dir is None:
-        raise ValueError("SQuAD JSON files need a data_dir holding train-v1.1.json and dev-v1.1.json. Received: data_dir=None")
+        raise ValueError(
+            "SQuAD JSON files need a data_dir holding train-v1.1.json and dev-v1.1.json. Received: data_dir=None"
+        )
     return read_squad_json(os.path.join(str(data_dir), f"{split}-v1.1.json"))
 
 
@@ -198,13 +209,19 @@ class SquadFeatures:
 
     def model_inputs(self):
         """The encoder inputs: dict of input_word_ids, input_mask, input_type_ids."""
-        return {"input_word_ids": self.input_word_ids, "input_mask": self.input_mask, "input_type_ids": self.input_type_ids}
+        return {
+            "input_word_ids": self.input_word_ids,
+            "input_mask": self.input_mask,
+            "input_type_ids": self.input_type_ids,
+        }
 
 
 def _tokenize(tokenize_words, words):
     token_ids = [list(ids) for ids in tokenize_words(list(words))]
     if len(token_ids) != len(words):
-        raise ValueError(f"tokenize_words must return one token list per word. Received: {len(token_ids)} lists for {len(words)} words")
+        raise ValueError(
+            f"tokenize_words must return one token list per word. Received: {len(token_ids)} lists for {len(words)} words"
+        )
     return token_ids
 
 
@@ -252,7 +269,11 @@ def _check_window_arguments(special_ids, max_seq_length, doc_stride, max_query_l
     missing = [name for name in SPECIAL_TOKENS if name not in special_ids]
     if missing:
         raise ValueError(f"special_ids must give the ids of {list(SPECIAL_TOKENS)}. Missing: {missing}")
-    for name, value in (("max_seq_length", max_seq_length), ("doc_stride", doc_stride), ("max_query_length", max_query_length)):
+    for name, value in (
+        ("max_seq_length", max_seq_length),
+        ("doc_stride", doc_stride),
+        ("max_query_length", max_query_length),
+    ):
         check_integer(name, value)
     if max_seq_length < max_query_length + 4:
         raise ValueError(
@@ -276,7 +297,9 @@ def make_features(example, tokenize_words, special_ids, max_seq_length=384, doc_
         SquadFeatures (no window at all for a context without tokens).
     """
     _check_window_arguments(special_ids, max_seq_length, doc_stride, max_query_length)
-    query_ids = [token for ids in _tokenize(tokenize_words, example.question.split()) for token in ids][:max_query_length]
+    query_ids = [token for ids in _tokenize(tokenize_words, example.question.split()) for token in ids][
+        :max_query_length
+    ]
     words, word_starts, char_to_word = split_context(example.context)
     word_token_ids = _tokenize(tokenize_words, words)
     word_first_token, token_word, token_piece, doc_token_ids = [], [], [], []
@@ -297,20 +320,35 @@ def make_features(example, tokenize_words, special_ids, max_seq_length=384, doc_
     start_positions, end_positions = np.zeros(len(windows), np.int32), np.zeros(len(windows), np.int32)
     doc_offset = len(query_ids) + 2  # [CLS] question [SEP]
     for index, (start, length) in enumerate(windows):
-        row = [special_ids["cls"], *query_ids, special_ids["sep"], *doc_token_ids[start : start + length], special_ids["sep"]]
+        row = [
+            special_ids["cls"],
+            *query_ids,
+            special_ids["sep"],
+            *doc_token_ids[start : start + length],
+            special_ids["sep"],
+        ]
         arrays["input_word_ids"][index, : len(row)] = row
         arrays["input_mask"][index, : len(row)] = 1
         arrays["input_type_ids"][index, doc_offset : len(row)] = 1
         context_slice = slice(doc_offset, doc_offset + length)
         token_to_word[index, context_slice] = token_word[start : start + length]
         token_to_piece[index, context_slice] = token_piece[start : start + length]
-        token_is_max_context[index, context_slice] = [_max_context_window(windows, p) == index for p in range(start, start + length)]
+        token_is_max_context[index, context_slice] = [
+            _max_context_window(windows, p) == index for p in range(start, start + length)
+        ]
         if answer_span and start <= answer_span[0] and answer_span[1] < start + length:
             start_positions[index], end_positions[index] = (position - start + doc_offset for position in answer_span)
     return SquadFeatures(
-        **arrays, start_positions=start_positions, end_positions=end_positions, token_to_word=token_to_word,
-        token_to_piece=token_to_piece, token_is_max_context=token_is_max_context, context=example.context,
-        words=tuple(words), word_starts=tuple(word_starts), word_token_ids=tuple(tuple(ids) for ids in word_token_ids),
+        **arrays,
+        start_positions=start_positions,
+        end_positions=end_positions,
+        token_to_word=token_to_word,
+        token_to_piece=token_to_piece,
+        token_is_max_context=token_is_max_context,
+        context=example.context,
+        words=tuple(words),
+        word_starts=tuple(word_starts),
+        word_token_ids=tuple(tuple(ids) for ids in word_token_ids),
         tokenize_words=tokenize_words,
     )
 
@@ -349,9 +387,19 @@ def span_text(features, window, start, end):
     cut = _first_piece_offset(words[first_word], word_ids[first_word], first_piece, tokenize_words)
     char_start = features.word_starts[first_word] + cut
     if first_word == last_word and (cut or first_piece == 0):
-        text, ids, count, text_start = words[last_word][cut:], word_ids[last_word][first_piece:], last_piece - first_piece + 1, char_start
+        text, ids, count, text_start = (
+            words[last_word][cut:],
+            word_ids[last_word][first_piece:],
+            last_piece - first_piece + 1,
+            char_start,
+        )
     else:
-        text, ids, count, text_start = words[last_word], word_ids[last_word], last_piece + 1, features.word_starts[last_word]
+        text, ids, count, text_start = (
+            words[last_word],
+            word_ids[last_word],
+            last_piece + 1,
+            features.word_starts[last_word],
+        )
     return features.context[char_start : text_start + _prefix_length(text, ids, count, tokenize_words)]
 
 

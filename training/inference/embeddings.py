@@ -37,9 +37,15 @@ class SentenceEncoder:
 
     def __init__(self, backbone, tokenizer, sequence_length=128):
         limit = getattr(backbone, "max_sequence_length", sequence_length)
-        if isinstance(sequence_length, bool) or not isinstance(sequence_length, numbers.Integral) or not 3 <= sequence_length <= limit:
-            raise ValueError(f"`sequence_length` must be an integer in [3, the encoder's max_sequence_length={limit}]. "
-                             f"Received: sequence_length={sequence_length!r}")
+        if (
+            isinstance(sequence_length, bool)
+            or not isinstance(sequence_length, numbers.Integral)
+            or not 3 <= sequence_length <= limit
+        ):
+            raise ValueError(
+                f"`sequence_length` must be an integer in [3, the encoder's max_sequence_length={limit}]. "
+                f"Received: sequence_length={sequence_length!r}"
+            )
         self.backbone, self.tokenizer, self.sequence_length = backbone, tokenizer, int(sequence_length)
 
         def forward(word_ids, mask):  # pooled in the graph: (B, D) comes back, not (B, T, D)
@@ -61,7 +67,9 @@ class SentenceEncoder:
         source = artifacts.read(preset)
         artifacts.check_mean_pooling(source)
         loaded = artifacts.LoadedModel(source, artifacts.load_backbone(source))  # the encoder alone: no head is built
-        return cls(loaded.backbone, loaded.tokenizer, source.serving_length if sequence_length is None else sequence_length)
+        return cls(
+            loaded.backbone, loaded.tokenizer, source.serving_length if sequence_length is None else sequence_length
+        )
 
     @property
     def width(self):
@@ -75,7 +83,9 @@ class SentenceEncoder:
         if hasattr(texts, "numpy") and callable(texts.numpy):  # a TensorFlow string tensor
             texts = texts.numpy()
         if isinstance(texts, (str, bytes, np.str_, np.bytes_)) or (isinstance(texts, np.ndarray) and texts.ndim == 0):
-            return self.encode([texts.item() if isinstance(texts, np.ndarray) else texts], batch_size, normalize, progress)[0]
+            return self.encode(
+                [texts.item() if isinstance(texts, np.ndarray) else texts], batch_size, normalize, progress
+            )[0]
         texts = _as_texts(texts)
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}")
@@ -102,7 +112,7 @@ class SentenceEncoder:
         pooled = np.zeros((len(texts), self.width), np.float32)
         bar = tqdm(total=len(texts), desc=progress, unit="text", mininterval=2.0, disable=progress is None)
         for start in range(0, len(texts), window):
-            ids = token_ids(self.tokenizer, texts[start:start + window], self.sequence_length)
+            ids = token_ids(self.tokenizer, texts[start : start + window], self.sequence_length)
             lengths = np.array([len(row) for row in ids])
             order = np.argsort(lengths, kind="stable")
             ordered, first = tf.constant(lengths[order], tf.int32), 0
@@ -131,16 +141,21 @@ def _as_texts(texts):
             try:
                 texts[index] = bytes(text).decode("utf-8")
             except UnicodeDecodeError as error:
-                raise ValueError(f"`texts[{index}]` is bytes but not UTF-8 ({error.reason} at byte {error.start}).") from None
+                raise ValueError(
+                    f"`texts[{index}]` is bytes but not UTF-8 ({error.reason} at byte {error.start})."
+                ) from None
         elif isinstance(text, str):
             texts[index] = str(text)  # numpy's str_ too
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as error:  # a lone surrogate: no UTF-8 for the tokenizer to read
-                raise ValueError(f"`texts[{index}]` is not valid Unicode ({error.reason} at character {error.start}): "
-                                 f"{text!r:.80}") from None
+                raise ValueError(
+                    f"`texts[{index}]` is not valid Unicode ({error.reason} at character {error.start}): {text!r:.80}"
+                ) from None
         else:
-            raise ValueError(f"`texts` must be a list of strings. Received: texts[{index}] of type {type(text).__name__}: {text!r:.80}")
+            raise ValueError(
+                f"`texts` must be a list of strings. Received: texts[{index}] of type {type(text).__name__}: {text!r:.80}"
+            )
     return texts
 
 
@@ -150,7 +165,7 @@ def padded(rows, pad):
     word_ids = np.full((len(rows), width), pad, np.int32)
     mask = np.zeros((len(rows), width), np.int32)
     for line, row in enumerate(rows):
-        word_ids[line, :len(row)], mask[line, :len(row)] = row, 1
+        word_ids[line, : len(row)], mask[line, : len(row)] = row, 1
     return word_ids, mask
 
 
@@ -182,6 +197,6 @@ def token_ids(tokenizer, texts, sequence_length, chunk=1024):
     first, last = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     rows = []
     for start in range(0, len(texts), chunk):
-        pieces = tokenizer(tf.constant(texts[start:start + chunk]), max_length=sequence_length)
+        pieces = tokenizer(tf.constant(texts[start : start + chunk]), max_length=sequence_length)
         rows += [[first, *row[: sequence_length - 2], last] for row in pieces.to_list()]
     return rows

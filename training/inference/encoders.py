@@ -33,8 +33,10 @@ class Served:
         self.width = int(self._serve.structured_outputs["embedding"].shape[-1])
 
     def encode(self, texts):
-        rows = [self._serve(text=tf.constant(texts[start:start + SERVED_BATCH]))["embedding"].numpy()
-                for start in range(0, len(texts), SERVED_BATCH)]
+        rows = [
+            self._serve(text=tf.constant(texts[start : start + SERVED_BATCH]))["embedding"].numpy()
+            for start in range(0, len(texts), SERVED_BATCH)
+        ]
         return unit_rows(np.concatenate(rows) if rows else np.zeros((0, self.width), np.float32))
 
 
@@ -107,4 +109,6 @@ def half_layers(spec, sequence_length=None):
     layers = source.model["num_layers"]
     half = BUILDERS[source.model_type](**(source.model | {"num_layers": layers // 2}))
     shrink_into(full.backbone, half)
-    return Loaded(f"{_name(spec)}, {layers // 2} of {layers} layers", SentenceEncoder(half, full.tokenizer, full.sequence_length))
+    return Loaded(
+        f"{_name(spec)}, {layers // 2} of {layers} layers", SentenceEncoder(half, full.tokenizer, full.sequence_length)
+    )

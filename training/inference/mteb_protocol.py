@@ -49,8 +49,11 @@ def read_split(task, split, data_dir=None):
 def evaluation_texts(data_dir=None):
     """Every text of every evaluation split (what no training or fitting may read)."""
     rows = read_split("STSBenchmark", "test", data_dir)
-    return ([row["sentence1"] for row in rows] + [row["sentence2"] for row in rows]
-            + [row["text"] for row in read_split("Banking77Classification", "test", data_dir)])
+    return (
+        [row["sentence1"] for row in rows]
+        + [row["sentence2"] for row in rows]
+        + [row["text"] for row in read_split("Banking77Classification", "test", data_dir)]
+    )
 
 
 def cosines(first, second):
@@ -117,7 +120,9 @@ def evaluate(embed, tasks=TASKS, data_dir=None):
         if task == "STSBenchmark":
             scores[task] = sts(embed, read_split(task, "test", data_dir))
         else:
-            scores[task] = classification(embed, read_split(task, "train", data_dir), read_split(task, "test", data_dir))
+            scores[task] = classification(
+                embed, read_split(task, "train", data_dir), read_split(task, "test", data_dir)
+            )
     return scores
 
 
@@ -130,16 +135,24 @@ def text_hash(text):
 def excluded_hashes():
     """The `text_hash` of every text no training may read: the evaluation splits here and HELDOUT_HASHES."""
     lines = HELDOUT_HASHES.read_text(encoding="ascii").splitlines()
-    return frozenset(line for line in lines if line and not line.startswith("#")) | {text_hash(text) for text in evaluation_texts()}
+    return frozenset(line for line in lines if line and not line.startswith("#")) | {
+        text_hash(text) for text in evaluation_texts()
+    }
 
 
 def table(rows, tasks, teacher=None):
     """A Markdown table of `rows` ({name: {width, task scores, mean}}), each mean also as a share of `teacher`'s."""
-    lines = ["| encoder | width | " + " | ".join(tasks) + " | mean | share of teacher |", "|---|" + "---:|" * (len(tasks) + 3)]
+    lines = [
+        "| encoder | width | " + " | ".join(tasks) + " | mean | share of teacher |",
+        "|---|" + "---:|" * (len(tasks) + 3),
+    ]
     for name, row in rows.items():
         share = f"{row['mean'] / rows[teacher]['mean']:.1%}" if teacher in rows else ""
-        lines.append(f"| {name} | {row['width']} | " + " | ".join(f"{row[task]:.4f}" for task in tasks)
-                     + f" | {row['mean']:.4f} | {share} |")
+        lines.append(
+            f"| {name} | {row['width']} | "
+            + " | ".join(f"{row[task]:.4f}" for task in tasks)
+            + f" | {row['mean']:.4f} | {share} |"
+        )
     return "\n".join(lines)
 
 

@@ -70,8 +70,14 @@ BYTES_PER_WORD = 64
 CONTINUATION = "##"
 # BERT's CJK ideograph blocks (tokenization.py `_is_chinese_char`).
 CJK_RANGES = (
-    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
 )
 _SPACE = ord(" ")
 # In a replacement: "the character itself" (lets a whole range share one replacement).
@@ -90,7 +96,13 @@ def is_cjk(code):
 def is_punctuation(character):
     """BERT's `_is_punctuation`: all non-letter/number ASCII symbols, and Unicode P*."""
     code = ord(character)
-    return 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126 or unicodedata.category(character).startswith("P")
+    return (
+        33 <= code <= 47
+        or 58 <= code <= 64
+        or 91 <= code <= 96
+        or 123 <= code <= 126
+        or unicodedata.category(character).startswith("P")
+    )
 
 
 def is_whitespace(character):
@@ -156,7 +168,9 @@ def _replacements(lowercase, strip_accents):
     computing: only the first of each run is listed."""
     bulk = {"Cn": (_SELF,), "Cs": (_SELF,), "Co": ()}
     kinds = list(map(unicodedata.category, map(chr, range(0x110000))))
-    bulk_kind = np.fromiter((list(bulk).index(kind) + 1 if kind in bulk else 0 for kind in kinds), np.int8, count=len(kinds))
+    bulk_kind = np.fromiter(
+        (list(bulk).index(kind) + 1 if kind in bulk else 0 for kind in kinds), np.int8, count=len(kinds)
+    )
     cjk = np.zeros(0x110000, bool)
     for low, high in CJK_RANGES:
         cjk[low : high + 1] = True
@@ -184,7 +198,7 @@ def vocabulary_trie(tokens):
     children, token_ids = {}, [-1, -1]
     for token_id, token in enumerate(tokens):
         continuation = token.startswith(CONTINUATION)
-        piece = token[len(CONTINUATION):] if continuation else token
+        piece = token[len(CONTINUATION) :] if continuation else token
         if not piece:
             continue
         node = _CONTINUATION_ROOT if continuation else _INITIAL_ROOT
@@ -195,7 +209,11 @@ def vocabulary_trie(tokens):
                 token_ids.append(-1)
             node = children[key]
         token_ids[node] = token_id
-    return np.array(list(children), np.int64), np.array(list(children.values()), np.int32), np.array(token_ids, np.int32)
+    return (
+        np.array(list(children), np.int64),
+        np.array(list(children.values()), np.int32),
+        np.array(token_ids, np.int32),
+    )
 
 
 def read_vocabulary(path):
@@ -211,7 +229,9 @@ def read_vocabulary(path):
     seen = set()
     for token in tokens:
         if token in seen:
-            raise ValueError(f"The vocabulary {path} lists a token twice (its id would be ambiguous). Received: token={token!r}")
+            raise ValueError(
+                f"The vocabulary {path} lists a token twice (its id would be ambiguous). Received: token={token!r}"
+            )
         seen.add(token)
     return tokens
 
@@ -244,7 +264,11 @@ class WordPieceModule(tf.Module):
         self.special_ids = {token: tokens.index(token) for token in SPECIAL_TOKENS}
         self.vocab_table = tf.lookup.StaticHashTable(
             tf.lookup.TextFileInitializer(
-                self.vocab_file, tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER
+                self.vocab_file,
+                tf.string,
+                tf.lookup.TextFileIndex.WHOLE_LINE,
+                tf.int64,
+                tf.lookup.TextFileIndex.LINE_NUMBER,
             ),
             default_value=-1,
         )
@@ -312,8 +336,12 @@ class WordPieceModule(tf.Module):
         def step(depth, index_A, node_A, best_length_P, best_id_P):
             position_A = index_A + depth
             inside_A = position_A < tf.gather(end_P, index_A)
-            index_A, node_A, position_A = (tf.boolean_mask(tensor, inside_A) for tensor in (index_A, node_A, position_A))
-            key_A = tf.bitwise.left_shift(tf.cast(node_A, tf.int64), _CODE_BITS) + tf.cast(tf.gather(code_P, position_A), tf.int64)
+            index_A, node_A, position_A = (
+                tf.boolean_mask(tensor, inside_A) for tensor in (index_A, node_A, position_A)
+            )
+            key_A = tf.bitwise.left_shift(tf.cast(node_A, tf.int64), _CODE_BITS) + tf.cast(
+                tf.gather(code_P, position_A), tf.int64
+            )
             node_A = self.trie.lookup(key_A)
             alive_A = node_A >= 0
             index_A, node_A = tf.boolean_mask(index_A, alive_A), tf.boolean_mask(node_A, alive_A)
@@ -348,7 +376,9 @@ class WordPieceModule(tf.Module):
         end_slot_W = end_W + tf.range(words)
         first_slot_W = end_slot_W - count_W
         slots = tf.size(code_P) + words
-        jump_S = tf.tensor_scatter_nd_update(tf.range(slots), slot_P[:, None], slot_P + best_length_P)  # no piece: stays
+        jump_S = tf.tensor_scatter_nd_update(
+            tf.range(slots), slot_P[:, None], slot_P + best_length_P
+        )  # no piece: stays
         reached_S = tf.scatter_nd(first_slot_W[:, None], tf.ones([words], tf.int32), [slots])
         for _ in range(MAX_CHARS_PER_WORD.bit_length()):  # pointer doubling: chains of up to 2**7 pieces
             reached_S = tf.tensor_scatter_nd_max(reached_S, jump_S[:, None], reached_S)
@@ -357,9 +387,13 @@ class WordPieceModule(tf.Module):
         unknown_W = too_long_W | (tf.gather(reached_S, end_slot_W) == 0)
         piece_P = (tf.gather(reached_S, slot_P) > 0) & ~tf.gather(unknown_W, word_P)
         id_S = tf.fill([slots], -1)
-        id_S = tf.tensor_scatter_nd_update(id_S, tf.boolean_mask(slot_P, piece_P)[:, None], tf.boolean_mask(best_id_P, piece_P))
+        id_S = tf.tensor_scatter_nd_update(
+            id_S, tf.boolean_mask(slot_P, piece_P)[:, None], tf.boolean_mask(best_id_P, piece_P)
+        )
         unknown_slot_U = tf.boolean_mask(first_slot_W, unknown_W)[:, None]
-        id_S = tf.tensor_scatter_nd_update(id_S, unknown_slot_U, tf.fill([tf.shape(unknown_slot_U)[0]], self.special_ids["[UNK]"]))
+        id_S = tf.tensor_scatter_nd_update(
+            id_S, unknown_slot_U, tf.fill([tf.shape(unknown_slot_U)[0]], self.special_ids["[UNK]"])
+        )
         word_S = tf.repeat(tf.range(words, dtype=tf.int64), count_W + 1)
         emitted_S = id_S >= 0
         return tf.RaggedTensor.from_value_rowids(
@@ -377,7 +411,9 @@ class WordPieceModule(tf.Module):
         max_length = self.max_length if max_length is None else max_length
         if max_length not in self._tokenizers:  # one tf.function per bound, traced once, called by every graph
             self._tokenizers[max_length] = tf.function(
-                lambda text: self._tokenize(text, max_length), input_signature=[tf.TensorSpec([None], tf.string)], autograph=False
+                lambda text: self._tokenize(text, max_length),
+                input_signature=[tf.TensorSpec([None], tf.string)],
+                autograph=False,
             )
         return self._tokenizers[max_length](tf.reshape(text_B, [-1]))
 
@@ -418,13 +454,17 @@ class WordPieceModule(tf.Module):
         # Dense: position t of row b is [CLS], a kept piece of a segment, its [SEP] or [PAD] (no ragged ops:
         # quick to trace, and a served request pays for B x seq_length positions only).
         position_BxT = tf.range(seq_length)[None, :]
-        word_BxT = tf.where(position_BxT + 0 * kept[0][:, None] == 0, self.special_ids["[CLS]"], self.special_ids["[PAD]"])
+        word_BxT = tf.where(
+            position_BxT + 0 * kept[0][:, None] == 0, self.special_ids["[CLS]"], self.special_ids["[PAD]"]
+        )
         type_BxT = tf.zeros_like(word_BxT)
         start_B = tf.ones_like(kept[0])  # segment 0 starts after [CLS]
         for index, (segment, keep_B) in enumerate(zip(segments, kept)):
             offset_BxT = position_BxT - start_B[:, None]
             inside_BxT = (offset_BxT >= 0) & (offset_BxT < keep_B[:, None])
-            values = tf.concat([tf.cast(segment.flat_values, tf.int32), [0]], 0)  # + one value for the positions outside
+            values = tf.concat(
+                [tf.cast(segment.flat_values, tf.int32), [0]], 0
+            )  # + one value for the positions outside
             first_B = tf.cast(segment.row_splits[:-1], tf.int32)
             pieces_BxT = tf.gather(values, tf.where(inside_BxT, first_B[:, None] + offset_BxT, tf.size(values) - 1))
             end_BxT = position_BxT == (start_B + keep_B)[:, None]
@@ -445,9 +485,17 @@ class WordPieceModule(tf.Module):
         message = f"seq_length must be at least {least} for {len(segments)} segment(s) ([CLS] and a [SEP] each)"
         if static is not None and int(static) < least:
             raise ValueError(f"{message}. Received: seq_length={int(static)}")
-        checks = [] if static is not None else [tf.debugging.assert_greater_equal(tf.cast(seq_length, tf.int32), least, message=message)]
+        checks = (
+            []
+            if static is not None
+            else [tf.debugging.assert_greater_equal(tf.cast(seq_length, tf.int32), least, message=message)]
+        )
         if len(segments) == 2:
-            checks.append(tf.debugging.assert_equal(segments[0].nrows(), segments[1].nrows(), message="the segments must have as many rows"))
+            checks.append(
+                tf.debugging.assert_equal(
+                    segments[0].nrows(), segments[1].nrows(), message="the segments must have as many rows"
+                )
+            )
         with tf.control_dependencies(checks):
             return tf.cast(seq_length, tf.int32) if static is not None else tf.identity(tf.cast(seq_length, tf.int32))
 

@@ -36,8 +36,14 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
     Returns:
         The path of the vocabulary file.
     """
-    if isinstance(vocabulary_size, bool) or not isinstance(vocabulary_size, int) or vocabulary_size <= len(RESERVED_TOKENS):
-        raise ValueError(f"`vocabulary_size` must be an integer > {len(RESERVED_TOKENS)}. Received: vocabulary_size={vocabulary_size!r}")
+    if (
+        isinstance(vocabulary_size, bool)
+        or not isinstance(vocabulary_size, int)
+        or vocabulary_size <= len(RESERVED_TOKENS)
+    ):
+        raise ValueError(
+            f"`vocabulary_size` must be an integer > {len(RESERVED_TOKENS)}. Received: vocabulary_size={vocabulary_size!r}"
+        )
     strip_accents = lowercase if strip_accents is None else strip_accents
     trainer = f"keras-hub {keras_hub.__version__}|tensorflow-text {importlib.metadata.version('tensorflow-text')}|{' '.join(RESERVED_TOKENS)}"
     settings = f"{vocabulary_size}|{lowercase}|{strip_accents}|{trainer}|"
@@ -52,8 +58,12 @@ def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=
     if text is None:
         # A Python list would be read as file names: hand the lines over as a dataset.
         vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
-            tf.data.Dataset.from_tensor_slices(list(lines)).batch(1024), vocabulary_size, lowercase=lowercase,
-            strip_accents=strip_accents, reserved_tokens=RESERVED_TOKENS)
+            tf.data.Dataset.from_tensor_slices(list(lines)).batch(1024),
+            vocabulary_size,
+            lowercase=lowercase,
+            strip_accents=strip_accents,
+            reserved_tokens=RESERVED_TOKENS,
+        )
         text = "\n".join(vocabulary) + "\n"
         _cache_vocabulary(cached, text)
     files.write_bytes_atomically(path, text)
@@ -98,7 +108,9 @@ class WordPieceTokenizer:
         most this many words of each text (and BYTES_PER_WORD bytes a word: time and memory bounded whatever its
         size, `training.preprocessing.text`); None: all of it."""
         text = tf.convert_to_tensor(text, tf.string)
-        ids = self.module.token_ids(tf.reshape(text, [-1]), max_length)  # the module's tokenisation is a traced tf.function
+        ids = self.module.token_ids(
+            tf.reshape(text, [-1]), max_length
+        )  # the module's tokenisation is a traced tf.function
         return ids[0] if text.shape.rank == 0 else ids
 
     def pack(self, texts, sequence_length):
@@ -136,7 +148,9 @@ def wordpiece_tokenizer(path, lowercase=True, strip_accents=None):
         lowercase: lower-case the text (do_lower_case).
         strip_accents: remove accent marks; None follows `lowercase`.
     """
-    return WordPieceTokenizer(WordPieceModule(str(path), lowercase=lowercase, strip_accents=strip_accents, max_length=None))
+    return WordPieceTokenizer(
+        WordPieceModule(str(path), lowercase=lowercase, strip_accents=strip_accents, max_length=None)
+    )
 
 
 def bert_settings(settings):

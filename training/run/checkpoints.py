@@ -50,7 +50,9 @@ class Preempted(Exception):
     """Training stopped on SIGTERM after saving a checkpoint at `step`."""
 
     def __init__(self, step, directory):
-        super().__init__(f"SIGTERM: saved a checkpoint at step {step} in {directory}; run the same command again to resume.")
+        super().__init__(
+            f"SIGTERM: saved a checkpoint at step {step} in {directory}; run the same command again to resume."
+        )
         self.step = step
 
 
@@ -63,8 +65,11 @@ def dropout_seed_states(model):
     Keras matches weights: their names carry process-wide counters (seed_generator_7).
     """
     weights = {id(variable) for variable in model.weights}
-    return [variable for variable in model.variables
-            if id(variable) not in weights and variable.path.endswith("seed_generator_state")]
+    return [
+        variable
+        for variable in model.variables
+        if id(variable) not in weights and variable.path.endswith("seed_generator_state")
+    ]
 
 
 class TrainingCheckpoints:
@@ -81,10 +86,15 @@ class TrainingCheckpoints:
         self.run, self.model, self.is_chief = run, model, is_chief
         self.directory = run.checkpoint_dir
         self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_position")
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
-                                              dropout_seed_states=dropout_seed_states(model), data_position=self.position)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=keep,
-                                                  checkpoint_name=files.CHECKPOINT_PREFIX)
+        self.checkpoint = tf.train.Checkpoint(
+            model=model,
+            optimizer=model.optimizer,
+            dropout_seed_states=dropout_seed_states(model),
+            data_position=self.position,
+        )
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, self.directory, max_to_keep=keep, checkpoint_name=files.CHECKPOINT_PREFIX
+        )
         self.saved_step = None  # the step of the checkpoint this process restored or saved last
 
     @property
@@ -107,8 +117,10 @@ class TrainingCheckpoints:
             the data position (batches consumed), or None when there is no checkpoint.
         """
         if tf.io.gfile.exists(self.run.legacy_checkpoint) and not self.manager.checkpoints:
-            raise ValueError(f"{self.run.legacy_checkpoint} is a checkpoint of an older version of the trainer (one HDF5 file), "
-                             "which cannot be resumed exactly: start a new run directory.")
+            raise ValueError(
+                f"{self.run.legacy_checkpoint} is a checkpoint of an older version of the trainer (one HDF5 file), "
+                "which cannot be resumed exactly: start a new run directory."
+            )
         if self.is_chief:
             self._remove_leftovers()
         candidates = list(reversed(self.manager.checkpoints))
@@ -124,7 +136,9 @@ class TrainingCheckpoints:
             self.saved_step = self.step
             return int(self.position.numpy())
         if candidates:
-            raise ValueError(f"No readable checkpoint in {self.directory} (tried {len(candidates)}): start a new run directory.")
+            raise ValueError(
+                f"No readable checkpoint in {self.directory} (tried {len(candidates)}): start a new run directory."
+            )
         return None
 
     def _remove_leftovers(self):

@@ -76,9 +76,18 @@ def _model_dataclass(name, builder):
 # The model settings' domains beyond their types (a builder would accept some of these and train to NaN or fail
 # to allocate after the run directory is written): fractions in [0, 1), and positive settings with their upper bounds.
 MODEL_FRACTIONS = ("dropout", "attention_dropout")
-MODEL_POSITIVES = {"layer_norm_epsilon": None, "initializer_range": None, "vocab_size": 10_000_000, "hidden_size": 65_536,
-                   "intermediate_size": 1_048_576, "max_sequence_length": 1_048_576, "num_layers": 1_024,
-                   "num_heads": 4_096, "position_offset": 1_024, "relative_attention_max_distance": 1_048_576}
+MODEL_POSITIVES = {
+    "layer_norm_epsilon": None,
+    "initializer_range": None,
+    "vocab_size": 10_000_000,
+    "hidden_size": 65_536,
+    "intermediate_size": 1_048_576,
+    "max_sequence_length": 1_048_576,
+    "num_layers": 1_024,
+    "num_heads": 4_096,
+    "position_offset": 1_024,
+    "relative_attention_max_distance": 1_048_576,
+}
 MODEL_COUNTS = {"type_vocab_size": 1_024, "relative_attention_buckets": 1_024}  # 0 allowed: none
 
 
@@ -91,14 +100,19 @@ def _check_model(model):
             raise ValueError(f"`model.{name}` must be in [0, 1). Received: model.{name}={value!r}")
     for name, high in MODEL_POSITIVES.items():
         value = getattr(model, name, None)
-        if value is not None and not isinstance(value, bool) and not (isinstance(value, (int, float)) and value > 0
-                                                                      and (high is None or value <= high)):
+        if (
+            value is not None
+            and not isinstance(value, bool)
+            and not (isinstance(value, (int, float)) and value > 0 and (high is None or value <= high))
+        ):
             domain = "a number > 0" + (f" and <= {high:,}" if high is not None else "")
             raise ValueError(f"`model.{name}` must be {domain}. Received: model.{name}={value!r}")
     for name, high in MODEL_COUNTS.items():
         value = getattr(model, name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high):
-            raise ValueError(f"`model.{name}` must be an integer >= 0 and <= {high:,}. Received: model.{name}={value!r}")
+            raise ValueError(
+                f"`model.{name}` must be an integer >= 0 and <= {high:,}. Received: model.{name}={value!r}"
+            )
     _check_relative_bias(model)
     _check_attention(model)
 
@@ -106,12 +120,17 @@ def _check_model(model):
 def _check_relative_bias(model):
     """MPNet's relative position bias (`models.embedding.RelativePositionBias`): none, or an even number of buckets,
     at least 4, and a distance above a quarter of them."""
-    buckets, distance = getattr(model, "relative_attention_buckets", 0), getattr(model, "relative_attention_max_distance", None)
+    buckets, distance = (
+        getattr(model, "relative_attention_buckets", 0),
+        getattr(model, "relative_attention_max_distance", None),
+    )
     if buckets and (buckets < 4 or buckets % 2):
         raise ValueError(f"`model.relative_attention_buckets` must be 0 or an even number >= 4. Received: {buckets!r}")
     if buckets and distance is not None and distance <= buckets // 4:
-        raise ValueError(f"`model.relative_attention_max_distance` must exceed relative_attention_buckets / 4 = {buckets // 4}. "
-                         f"Received: {distance!r}")
+        raise ValueError(
+            f"`model.relative_attention_max_distance` must exceed relative_attention_buckets / 4 = {buckets // 4}. "
+            f"Received: {distance!r}"
+        )
 
 
 def _check_attention(model):
@@ -179,28 +198,62 @@ class TrainingConfig:
     keep_checkpoints: int = 3
 
     def __post_init__(self):
-        for name in ("learning_rate", "weight_decay", "label_smoothing", "adam_beta_1", "adam_beta_2", "adam_epsilon",
-                     "train_epochs", "warmup_fraction"):
+        for name in (
+            "learning_rate",
+            "weight_decay",
+            "label_smoothing",
+            "adam_beta_1",
+            "adam_beta_2",
+            "adam_epsilon",
+            "train_epochs",
+            "warmup_fraction",
+        ):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"`training.{name}` must be a finite number. Received: training.{name}={value!r}")
-        for name, allowed in (("strategy", STRATEGIES), ("decay", ("rsqrt", "linear", "constant")), ("precision", PRECISIONS)):
+        for name, allowed in (
+            ("strategy", STRATEGIES),
+            ("decay", ("rsqrt", "linear", "constant")),
+            ("precision", PRECISIONS),
+        ):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"`training.{name}` must be one of {allowed}. Received: training.{name}={getattr(self, name)!r}")
-        for name in ("sequence_length", "batch_size", "train_steps", "steps_per_epoch", "eval_batches", "steps_per_execution",
-                     "keep_checkpoints"):
+                raise ValueError(
+                    f"`training.{name}` must be one of {allowed}. Received: training.{name}={getattr(self, name)!r}"
+                )
+        for name in (
+            "sequence_length",
+            "batch_size",
+            "train_steps",
+            "steps_per_epoch",
+            "eval_batches",
+            "steps_per_execution",
+            "keep_checkpoints",
+        ):
             if getattr(self, name) < 1:
-                raise ValueError(f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}")
+                raise ValueError(
+                    f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}"
+                )
         for name in ("adam_epsilon",) + (("train_epochs",) if self.train_epochs is not None else ()):
             if not getattr(self, name) > 0:
-                raise ValueError(f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}")
+                raise ValueError(
+                    f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}"
+                )
         for name in ("learning_rate", "warmup_steps", "weight_decay", "label_smoothing", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`training.{name}` must be >= 0. Received: training.{name}={getattr(self, name)!r}")
-        for name in ("adam_beta_1", "adam_beta_2", "label_smoothing") + (("warmup_fraction",) if self.warmup_fraction is not None else ()):
+        for name in ("adam_beta_1", "adam_beta_2", "label_smoothing") + (
+            ("warmup_fraction",) if self.warmup_fraction is not None else ()
+        ):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"`training.{name}` must be in [0, 1). Received: training.{name}={getattr(self, name)!r}")
-        if self.decay == "linear" and self.train_epochs is None and self.warmup_fraction is None and self.train_steps <= self.warmup_steps:
+                raise ValueError(
+                    f"`training.{name}` must be in [0, 1). Received: training.{name}={getattr(self, name)!r}"
+                )
+        if (
+            self.decay == "linear"
+            and self.train_epochs is None
+            and self.warmup_fraction is None
+            and self.train_steps <= self.warmup_steps
+        ):
             raise ValueError(
                 f"Linear decay needs training.train_steps > training.warmup_steps. "
                 f"Received: train_steps={self.train_steps}, warmup_steps={self.warmup_steps}"
@@ -290,8 +343,12 @@ def to_collaborative(config, shared_key_dim, mixing_initializer="concatenate"):
             f"`shared_key_dim` must be an integer in [1, num_heads * head_size = {exact}] when converting {config.name!r}. "
             f"Received: shared_key_dim={shared_key_dim!r}"
         )
-    attention = {"type": "collaborative", "head_size": head_size, "shared_key_dim": shared_key_dim,
-                 "mixing_initializer": mixing_initializer}
+    attention = {
+        "type": "collaborative",
+        "head_size": head_size,
+        "shared_key_dim": shared_key_dim,
+        "mixing_initializer": mixing_initializer,
+    }
     collaborative = dataclasses.replace(model, attention=attention)
     return dataclasses.replace(config, name=f"{config.name}_collaborative_k{shared_key_dim}", model=collaborative)
 
@@ -305,16 +362,16 @@ def _read(name_or_path, seen=()):
     if not path.suffix:
         path = PRESET_DIRECTORY / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise ValueError(
-            f"No such config file or preset: {str(name_or_path)!r}. Presets: {', '.join(preset_names())}"
-        )
+        raise ValueError(f"No such config file or preset: {str(name_or_path)!r}. Presets: {', '.join(preset_names())}")
     if path.resolve() in seen:
         raise ValueError(f"Config {path.name} inherits from itself through `base`.")
     try:
         # JSON is YAML, but PyYAML reads JSON's 1e-06 as a string: parse .json as JSON.
         raw = (json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())) or {}
     except json.JSONDecodeError as error:
-        raise ValueError(f"Config {path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}).") from None
+        raise ValueError(
+            f"Config {path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})."
+        ) from None
     except yaml.YAMLError as error:
         raise ValueError(f"Config {path} is not valid YAML ({_yaml_problem(error)}).") from None
     if not isinstance(raw, dict):
@@ -323,7 +380,9 @@ def _read(name_or_path, seen=()):
     if base is None:
         return raw
     sibling = path.parent / f"{base}.yaml"  # a preset name: the file beside this one, else the shipped preset
-    merged = _read(base if pathlib.Path(str(base)).suffix else sibling if sibling.is_file() else str(base), (*seen, path.resolve()))
+    merged = _read(
+        base if pathlib.Path(str(base)).suffix else sibling if sibling.is_file() else str(base), (*seen, path.resolve())
+    )
     merged.pop("description", None)
     return _merge(merged, raw)
 
@@ -338,8 +397,12 @@ def _yaml_problem(error):
 def _merge(base, override):
     merged = dict(base)
     for key, value in override.items():
-        if key == "attention" and isinstance(value, dict) and isinstance(merged.get(key), dict) \
-                and value.get("type", merged[key].get("type")) != merged[key].get("type"):
+        if (
+            key == "attention"
+            and isinstance(value, dict)
+            and isinstance(merged.get(key), dict)
+            and value.get("type", merged[key].get("type")) != merged[key].get("type")
+        ):
             merged[key] = value  # another attention type: its base's arguments (head_size...) do not apply
         elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = _merge(merged[key], value)
@@ -461,7 +524,11 @@ def load_config(name_or_path, overrides=()):
         overridden.add(tuple(keys))
     for (section, count), derivation in COUNT_DERIVATIONS.items():
         # a count named on the command line wins over the file's way to derive it (e.g. glue_base's train_epochs: 3)
-        if (section, count) in overridden and (section, derivation) not in overridden and isinstance(raw.get(section), dict):
+        if (
+            (section, count) in overridden
+            and (section, derivation) not in overridden
+            and isinstance(raw.get(section), dict)
+        ):
             raw[section][derivation] = None
     return config_from_dict(raw, pathlib.Path(str(name_or_path)).stem)
 
@@ -485,7 +552,9 @@ def config_from_dict(raw, name):
         model=_model_config(model_type, raw.get("model")),
         task=task_settings,
         description=raw.get("description", ""),
-        training=_to_dataclass(TrainingConfig, raw["training"], "training") if raw.get("training") is not None else None,
+        training=_to_dataclass(TrainingConfig, raw["training"], "training")
+        if raw.get("training") is not None
+        else None,
         tokenizer=_to_dataclass(TokenizerConfig, raw.get("tokenizer") or {}, "tokenizer"),
     )
 
@@ -500,15 +569,23 @@ def _model_config(model_type, model):
 
 def add_config_arguments(parser):
     """Adds `--config NAME_OR_PATH` and repeatable `--set key=value` to an argparse parser."""
-    parser.add_argument("--config", required=True, help=f"preset name or YAML path; presets: {', '.join(preset_names())}")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_heads=16")
+    parser.add_argument(
+        "--config", required=True, help=f"preset name or YAML path; presets: {', '.join(preset_names())}"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_heads=16"
+    )
     return parser
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m concise_attention.configs", description="Print a resolved config and its parameter count.")
+    parser = argparse.ArgumentParser(
+        prog="python -m concise_attention.configs", description="Print a resolved config and its parameter count."
+    )
     parser.add_argument("config", help=f"preset name or YAML path; presets: {', '.join(preset_names())}")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_heads=16")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_heads=16"
+    )
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.set)

@@ -49,7 +49,9 @@ def _with_defaults(saved):
     """A run's saved config.json as today's schema reads it (a field added since with its default), so that a run
     started before a new setting existed resumes; as saved where it no longer parses."""
     try:
-        return configs.config_from_dict({key: value for key, value in saved.items() if key != "name"}, saved.get("name", "run")).to_dict()
+        return configs.config_from_dict(
+            {key: value for key, value in saved.items() if key != "name"}, saved.get("name", "run")
+        ).to_dict()
     except ValueError:
         return saved
 
@@ -95,10 +97,14 @@ class RunDirectory:
         self.check_writable()
         if tf.io.gfile.exists(self.file(CONFIG)):
             saved = _with_defaults(read_json(self.file(CONFIG)))
-            differs = [section for section in ("model_type", "model", "task") if saved.get(section) != config_dict.get(section)]
+            differs = [
+                section for section in ("model_type", "model", "task") if saved.get(section) != config_dict.get(section)
+            ]
             if differs and self.has_progress():
-                raise ValueError(f"{self.path} holds a run with a different `{differs[0]}` "
-                                 f"({_differences(differs[0], saved.get(differs[0]), config_dict.get(differs[0]))}); use a new run directory.")
+                raise ValueError(
+                    f"{self.path} holds a run with a different `{differs[0]}` "
+                    f"({_differences(differs[0], saved.get(differs[0]), config_dict.get(differs[0]))}); use a new run directory."
+                )
         if not self.has_progress() and tf.io.gfile.exists(self.file(INPUTS)):
             tf.io.gfile.remove(self.file(INPUTS))
         tf.io.gfile.makedirs(self.path)
@@ -108,8 +114,10 @@ class RunDirectory:
 
     def has_progress(self):
         """Whether the run has trained: a checkpoint committed (or one of the earlier format), or final weights."""
-        return any(tf.io.gfile.exists(path) for path in (join(self.checkpoint_dir, "checkpoint"), self.legacy_checkpoint,
-                                                          self.file(BACKBONE_WEIGHTS)))
+        return any(
+            tf.io.gfile.exists(path)
+            for path in (join(self.checkpoint_dir, "checkpoint"), self.legacy_checkpoint, self.file(BACKBONE_WEIGHTS))
+        )
 
     def entries(self):
         """The names in the directory, or None when it does not exist."""
@@ -158,8 +166,10 @@ class RunDirectory:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             handle.close()
-            raise ValueError(f"Another trainer is running on {self.path} (it holds {self.file('.lock')}): "
-                             "wait for it to finish, or use another run directory.") from None
+            raise ValueError(
+                f"Another trainer is running on {self.path} (it holds {self.file('.lock')}): "
+                "wait for it to finish, or use another run directory."
+            ) from None
         _LOCKS[os.path.abspath(self.path)] = handle
         if created:
             return None
@@ -187,8 +197,10 @@ class RunDirectory:
         recorded = read_json(self.file(INPUTS)) if tf.io.gfile.exists(self.file(INPUTS)) else {}
         for name, digest in digests.items():
             if recorded.get(name, digest) != digest:
-                raise ValueError(f"{shown[name]} differs from the {name} this run started with (sha256 recorded in "
-                                 f"{self.file(INPUTS)}): restore it, or start a new run directory.")
+                raise ValueError(
+                    f"{shown[name]} differs from the {name} this run started with (sha256 recorded in "
+                    f"{self.file(INPUTS)}): restore it, or start a new run directory."
+                )
         return recorded
 
     def write_metrics(self, metrics):
@@ -203,7 +215,9 @@ def read_run_config(path):
     run = RunDirectory(path)
     raw = run.read_config()
     try:
-        return configs.config_from_dict({key: value for key, value in raw.items() if key != "name"}, raw.get("name", "run"))
+        return configs.config_from_dict(
+            {key: value for key, value in raw.items() if key != "name"}, raw.get("name", "run")
+        )
     except ValueError as error:
         raise ValueError(f"{run.file(CONFIG)}: {error}") from error
 

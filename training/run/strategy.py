@@ -34,7 +34,9 @@ def choose_strategy(name="auto", tpu=None):
         return _tpu_strategy(tpu)
     if name == "multi_worker":
         if _tf_config_workers() < 1:
-            raise ValueError("strategy 'multi_worker' needs TF_CONFIG with a cluster of workers; TF_CONFIG is unset or empty.")
+            raise ValueError(
+                "strategy 'multi_worker' needs TF_CONFIG with a cluster of workers; TF_CONFIG is unset or empty."
+            )
         return tf.distribute.MultiWorkerMirroredStrategy()
     if name == "mirrored":
         gpus = tf.config.list_logical_devices("GPU")

@@ -77,5 +77,16 @@ def default_task_name(model_type):
     return {"causal_lm": "causal_lm", "bert": "masked_lm"}[model_type]
 
 
-__all__ = ["BUILT_IN", "TASKS", "ServingSignature", "Task", "TaskData", "TaskSettings", "default_task_name", "make_task", "register_task",
-           "task_class", "task_names"]
+__all__ = [
+    "BUILT_IN",
+    "TASKS",
+    "ServingSignature",
+    "Task",
+    "TaskData",
+    "TaskSettings",
+    "default_task_name",
+    "make_task",
+    "register_task",
+    "task_class",
+    "task_names",
+]

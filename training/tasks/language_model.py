@@ -30,7 +30,9 @@ class LanguageModelSettings(TaskSettings):
 
     def __post_init__(self):
         if self.dataset not in ("sample", "lm1b", "text_files", "prepared"):
-            raise ValueError(f"`task.dataset` must be one of sample, lm1b, text_files, prepared. Received: task.dataset={self.dataset!r}")
+            raise ValueError(
+                f"`task.dataset` must be one of sample, lm1b, text_files, prepared. Received: task.dataset={self.dataset!r}"
+            )
         if self.dataset in ("text_files", "prepared") and not self.data_dir:
             raise ValueError(f"`task.data_dir` must name the data folder when task.dataset={self.dataset!r}.")
 
@@ -57,8 +59,10 @@ class _TextCorpusTask(Task):
 
     def vocabulary_text(self):
         if self.settings.dataset == "prepared":
-            raise ValueError(f"task.dataset='prepared' needs the vocabulary the shards were made with: set "
-                             f"tokenizer.vocabulary={self.settings.data_dir}/{shards.VOCABULARY}.")
+            raise ValueError(
+                f"task.dataset='prepared' needs the vocabulary the shards were made with: set "
+                f"tokenizer.vocabulary={self.settings.data_dir}/{shards.VOCABULARY}."
+            )
         return self.train_lines()
 
     def prepared_datasets(self, tokenizer, skip_batches, mask=None):
@@ -68,12 +72,22 @@ class _TextCorpusTask(Task):
         from concise_attention.training.data.pipeline import prepared_dataset
 
         settings, training = self.settings, self.training
-        shards.check_manifest(self.manifest, settings.data_dir, self.name, training.sequence_length, tokenizer.get_vocabulary(),
-                              {"lowercase": tokenizer.module.lowercase, "strip_accents": tokenizer.module.strip_accents})
-        readers = [shards.ShardReader(settings.data_dir, split, tf.io.gfile.GFile, training.seed, self.manifest)
-                   for split in shards.SPLITS]
-        return (prepared_dataset(readers[0], training.batch_size, skip_batches, mask),
-                prepared_dataset(readers[1], training.batch_size, 0, mask))
+        shards.check_manifest(
+            self.manifest,
+            settings.data_dir,
+            self.name,
+            training.sequence_length,
+            tokenizer.get_vocabulary(),
+            {"lowercase": tokenizer.module.lowercase, "strip_accents": tokenizer.module.strip_accents},
+        )
+        readers = [
+            shards.ShardReader(settings.data_dir, split, tf.io.gfile.GFile, training.seed, self.manifest)
+            for split in shards.SPLITS
+        ]
+        return (
+            prepared_dataset(readers[0], training.batch_size, skip_batches, mask),
+            prepared_dataset(readers[1], training.batch_size, 0, mask),
+        )
 
 
 class CausalLMTask(_TextCorpusTask):
@@ -85,8 +99,10 @@ class CausalLMTask(_TextCorpusTask):
         return backbone
 
     def compile_arguments(self):
-        return {"loss": TokenCrossEntropy(self.training.label_smoothing),
-                "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]}
+        return {
+            "loss": TokenCrossEntropy(self.training.label_smoothing),
+            "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        }
 
     def row_chunks(self, lines, tokenizer):
         """Packed rows of `lines` for `concise-prepare-data` (the rows `datasets` trains on)."""
@@ -103,11 +119,20 @@ class CausalLMTask(_TextCorpusTask):
         if self.settings.dataset == "prepared":
             self.tokens_per_word = self.manifest["tokens_per_word"]
             return self.prepared_datasets(tokenizer, skip_batches)
-        self.tokens_per_word = tokens_per_word([line for _, line in zip(range(EVAL_WORD_LINES), self.eval_lines())], tokenizer)
+        self.tokens_per_word = tokens_per_word(
+            [line for _, line in zip(range(EVAL_WORD_LINES), self.eval_lines())], tokenizer
+        )
 
         def make(lines, is_training, skip=0):
-            return language_model_dataset(lines, tokenizer, training.sequence_length, training.batch_size,
-                                          training=is_training, seed=training.seed, skip_batches=skip)
+            return language_model_dataset(
+                lines,
+                tokenizer,
+                training.sequence_length,
+                training.batch_size,
+                training=is_training,
+                seed=training.seed,
+                skip_batches=skip,
+            )
 
         return make(self.train_lines, True, skip_batches), make(self.eval_lines, False)
 
@@ -117,8 +142,13 @@ class CausalLMTask(_TextCorpusTask):
     def evaluate(self, model, final):
         results = model.evaluate(final, steps=_batch_count(final), verbose=0, return_dict=True)
         loss = results["loss"]
-        return {"eval_loss": loss, "eval_accuracy": results["accuracy"], "eval_subword_perplexity": math.exp(min(loss, 50.0)),
-                "eval_word_perplexity": math.exp(min(loss * self.tokens_per_word, 50.0)), "tokens_per_word": self.tokens_per_word}
+        return {
+            "eval_loss": loss,
+            "eval_accuracy": results["accuracy"],
+            "eval_subword_perplexity": math.exp(min(loss, 50.0)),
+            "eval_word_perplexity": math.exp(min(loss * self.tokens_per_word, 50.0)),
+            "tokens_per_word": self.tokens_per_word,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +163,9 @@ class MaskedLMSettings(LanguageModelSettings):
         if not 0.0 < self.mask_rate < 1.0:
             raise ValueError(f"`task.mask_rate` must be in (0, 1). Received: task.mask_rate={self.mask_rate!r}")
         if self.max_predictions < 1:
-            raise ValueError(f"`task.max_predictions` must be positive. Received: task.max_predictions={self.max_predictions!r}")
+            raise ValueError(
+                f"`task.max_predictions` must be positive. Received: task.max_predictions={self.max_predictions!r}"
+            )
 
 
 class MaskedLMTask(_TextCorpusTask):
@@ -144,8 +176,10 @@ class MaskedLMTask(_TextCorpusTask):
     def check(self):
         super().check()
         if self.settings.max_predictions > self.training.sequence_length:
-            raise ValueError(f"task.max_predictions={self.settings.max_predictions} is above "
-                             f"training.sequence_length={self.training.sequence_length}.")
+            raise ValueError(
+                f"task.max_predictions={self.settings.max_predictions} is above "
+                f"training.sequence_length={self.training.sequence_length}."
+            )
 
     def build_model(self, backbone):
         return BertPretrainer(backbone)
@@ -164,20 +198,38 @@ class MaskedLMTask(_TextCorpusTask):
 
         training, settings = self.training, self.settings
         if settings.dataset == "prepared":
-            mask = masked_examples(tokenizer, training.sequence_length, training.batch_size, settings.max_predictions,
-                                   settings.mask_rate, training.seed)
+            mask = masked_examples(
+                tokenizer,
+                training.sequence_length,
+                training.batch_size,
+                settings.max_predictions,
+                settings.mask_rate,
+                training.seed,
+            )
             return self.prepared_datasets(tokenizer, skip_batches, mask)
 
         def make(lines, is_training, skip=0):
-            return masked_lm_dataset(lines, tokenizer, training.sequence_length, training.batch_size, settings.max_predictions,
-                                     settings.mask_rate, training=is_training, seed=training.seed, skip_batches=skip)
+            return masked_lm_dataset(
+                lines,
+                tokenizer,
+                training.sequence_length,
+                training.batch_size,
+                settings.max_predictions,
+                settings.mask_rate,
+                training=is_training,
+                seed=training.seed,
+                skip_batches=skip,
+            )
 
         return make(self.train_lines, True, skip_batches), make(self.eval_lines, False)
 
     def evaluate(self, model, final):
         results = model.evaluate(final, steps=_batch_count(final), verbose=0, return_dict=True)
-        return {"eval_loss": results["loss"], "eval_accuracy": results["accuracy"],
-                "eval_subword_perplexity": math.exp(min(results["loss"], 50.0))}
+        return {
+            "eval_loss": results["loss"],
+            "eval_accuracy": results["accuracy"],
+            "eval_subword_perplexity": math.exp(min(results["loss"], 50.0)),
+        }
 
 
 def _batch_count(batches):

@@ -21,7 +21,9 @@ def _paired(labels, predictions, first="labels", second="predictions"):
     if labels.ndim != 1 or predictions.ndim != 1:
         raise ValueError(f"{first} and {second} must be 1-D. Received: shapes {labels.shape} and {predictions.shape}")
     if len(labels) != len(predictions):
-        raise ValueError(f"{first} and {second} must have the same length. Received: {len(labels)} and {len(predictions)}")
+        raise ValueError(
+            f"{first} and {second} must have the same length. Received: {len(labels)} and {len(predictions)}"
+        )
     if len(labels) == 0:
         raise ValueError(f"{first} and {second} must not be empty.")
     return labels, predictions

@@ -37,7 +37,12 @@ class WarmupDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
         return self.learning_rate * factor
 
     def get_config(self):
-        return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps, "decay": self.decay, "total_steps": self.total_steps}
+        return {
+            "learning_rate": self.learning_rate,
+            "warmup_steps": self.warmup_steps,
+            "decay": self.decay,
+            "total_steps": self.total_steps,
+        }
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
@@ -69,7 +74,9 @@ def make_optimizer(training):
     float32).
     """
     optimizer = keras.optimizers.AdamW(
-        learning_rate=WarmupDecaySchedule(training.learning_rate, training.warmup_steps, training.decay, training.train_steps),
+        learning_rate=WarmupDecaySchedule(
+            training.learning_rate, training.warmup_steps, training.decay, training.train_steps
+        ),
         weight_decay=training.weight_decay,
         beta_1=training.adam_beta_1,
         beta_2=training.adam_beta_2,

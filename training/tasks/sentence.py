@@ -48,11 +48,15 @@ class SentenceSettings(TaskSettings):
 
     def __post_init__(self):
         if self.pooling is not None and self.pooling not in POOLINGS:
-            raise ValueError(f"`task.pooling` must be one of {', '.join(POOLINGS)}. Received: task.pooling={self.pooling!r}")
+            raise ValueError(
+                f"`task.pooling` must be one of {', '.join(POOLINGS)}. Received: task.pooling={self.pooling!r}"
+            )
         kind, _, task = self.dataset.partition("/")
         if not (kind in ("glue", "glue_tsv") and task in glue.GLUE_TASKS) and self.dataset not in ("tsv", *SHIPPED):
-            raise ValueError(f"`task.dataset` must be glue/<task>, glue_tsv/<task> (task one of {sorted(glue.GLUE_TASKS)}), "
-                             f"tsv or one of {sorted(SHIPPED)}. Received: task.dataset={self.dataset!r}")
+            raise ValueError(
+                f"`task.dataset` must be glue/<task>, glue_tsv/<task> (task one of {sorted(glue.GLUE_TASKS)}), "
+                f"tsv or one of {sorted(SHIPPED)}. Received: task.dataset={self.dataset!r}"
+            )
         if (kind == "glue_tsv" or self.dataset == "tsv") and not self.data_dir:
             raise ValueError(f"task.dataset={self.dataset!r} reads TSV files: set task.data_dir to their folder.")
         if self.labels is not None:
@@ -70,8 +74,12 @@ class SentenceSettings(TaskSettings):
 
 def _label_names(labels):
     """task.labels as strings, the way the TSV files hold them (YAML reads `[0, 1]` as integers), distinct, at least 2."""
-    if not isinstance(labels, (list, tuple)) or any(isinstance(label, bool) or not isinstance(label, (str, int)) for label in labels):
-        raise ValueError(f"`task.labels` must be a list of label names (strings or integers). Received: task.labels={labels!r}")
+    if not isinstance(labels, (list, tuple)) or any(
+        isinstance(label, bool) or not isinstance(label, (str, int)) for label in labels
+    ):
+        raise ValueError(
+            f"`task.labels` must be a list of label names (strings or integers). Received: task.labels={labels!r}"
+        )
     names = [str(label) for label in labels]
     if len(set(names)) != len(names) or len(names) < 2:
         raise ValueError(f"`task.labels` must name at least 2 distinct labels. Received: task.labels={labels!r}")
@@ -88,8 +96,10 @@ class ClassificationTask(Task):
         super().check()
         task, _, _ = self.settings.source()
         if task != glue.GENERIC_TSV and glue.glue_task(task).is_regression != self.regression:
-            raise ValueError(f"task.dataset={self.settings.dataset!r} is a {'regression' if not self.regression else 'classification'} "
-                             f"task: use task.name={'regression' if not self.regression else 'classification'}.")
+            raise ValueError(
+                f"task.dataset={self.settings.dataset!r} is a {'regression' if not self.regression else 'classification'} "
+                f"task: use task.name={'regression' if not self.regression else 'classification'}."
+            )
 
     def load_data(self):
         task, source, data_dir = self.settings.source()
@@ -104,20 +114,28 @@ class ClassificationTask(Task):
 
     def _labels(self, examples, source):
         if self.settings.labels is None:
-            self.settings = dataclasses.replace(self.settings, labels=glue.label_vocabulary(self.train_examples, source))
+            self.settings = dataclasses.replace(
+                self.settings, labels=glue.label_vocabulary(self.train_examples, source)
+            )
         return glue.encode_labels(examples, self.settings.labels, source)
 
     def num_train_examples(self):
         return len(self.train_examples)
 
     def build_model(self, backbone):
-        return BertClassifier(backbone, num_outputs=1 if self.regression else len(self.settings.labels), dropout=self.settings.dropout,
-                              pooling=self.settings.pooling or "cls")
+        return BertClassifier(
+            backbone,
+            num_outputs=1 if self.regression else len(self.settings.labels),
+            dropout=self.settings.dropout,
+            pooling=self.settings.pooling or "cls",
+        )
 
     def compile_arguments(self):
         # "mean_with_sample_weight": the held-out batches' padding rows (weight 0) do not dilute val_loss
-        return {"loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
-                "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]}
+        return {
+            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
+            "weighted_metrics": [keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        }
 
     def datasets(self, tokenizer, skip_batches):
         training = self.training
@@ -159,11 +177,18 @@ class ClassificationTask(Task):
         logits = self.predictions(model, final)
         predicted = np.argmax(logits, axis=-1)
         labels = self.dev_labels
-        results = {"eval_loss": self.dev_loss(logits), "eval_accuracy": metric_functions.accuracy(labels, predicted),
-                   "majority_class_accuracy": metric_functions.accuracy(labels, np.full_like(labels, np.bincount(self.train_labels).argmax()))}
+        results = {
+            "eval_loss": self.dev_loss(logits),
+            "eval_accuracy": metric_functions.accuracy(labels, predicted),
+            "majority_class_accuracy": metric_functions.accuracy(
+                labels, np.full_like(labels, np.bincount(self.train_labels).argmax())
+            ),
+        }
         task, _, _ = self.settings.source()
         if task != glue.GENERIC_TSV and "f1" in glue.glue_task(task).metrics:
-            results["eval_f1"] = metric_functions.f1(labels, predicted, positive_label=glue.positive_label_id(task, self.settings.labels))
+            results["eval_f1"] = metric_functions.f1(
+                labels, predicted, positive_label=glue.positive_label_id(task, self.settings.labels)
+            )
         if task == "cola":
             results["eval_matthews_corrcoef"] = metric_functions.matthews_corrcoef(labels, predicted)
         return results
@@ -182,24 +207,33 @@ class RegressionTask(ClassificationTask):
                 scores.append(float(example.label))
             except (TypeError, ValueError):
                 where = f"line {example.line}" if example.line else f"example {index}"
-                raise ValueError(f"{source} {where}: a regression label must be a number. Received: {example.label!r}") from None
+                raise ValueError(
+                    f"{source} {where}: a regression label must be a number. Received: {example.label!r}"
+                ) from None
         return np.asarray(scores, "float32")
 
     def build_model(self, backbone):
-        return BertClassifier(backbone, num_outputs=1, dropout=self.settings.dropout, pooling=self.settings.pooling or "cls")
+        return BertClassifier(
+            backbone, num_outputs=1, dropout=self.settings.dropout, pooling=self.settings.pooling or "cls"
+        )
 
     def compile_arguments(self):
         return {"loss": keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")}
 
     def serving_signature(self, model):
         """`text` (and `text_b`) -> `score` [batch]."""
-        return ServingSignature(self._serving_texts(), lambda inputs: {"score": model(inputs, training=False)["logits"][:, 0]})
+        return ServingSignature(
+            self._serving_texts(), lambda inputs: {"score": model(inputs, training=False)["logits"][:, 0]}
+        )
 
     def evaluate(self, model, final):
         logits = self.predictions(model, final)
         scores = logits[:, 0]
-        return {"eval_loss": self.dev_loss(logits), "eval_pearson": metric_functions.pearson(self.dev_labels, scores),
-                "eval_spearman": metric_functions.spearman(self.dev_labels, scores)}
+        return {
+            "eval_loss": self.dev_loss(logits),
+            "eval_pearson": metric_functions.pearson(self.dev_labels, scores),
+            "eval_spearman": metric_functions.spearman(self.dev_labels, scores),
+        }
 
 
 def _texts_dataset(examples, labels, batch_size, weights=None):

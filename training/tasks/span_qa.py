@@ -47,9 +47,13 @@ class SpanQASettings(TaskSettings):
 
     def __post_init__(self):
         if self.dataset not in DATASETS:
-            raise ValueError(f"`task.dataset` must be one of {sorted(DATASETS)}. Received: task.dataset={self.dataset!r}")
+            raise ValueError(
+                f"`task.dataset` must be one of {sorted(DATASETS)}. Received: task.dataset={self.dataset!r}"
+            )
         if DATASETS[self.dataset] == "json" and not self.data_dir:
-            raise ValueError(f"task.dataset={self.dataset!r} reads train-v1.1.json and dev-v1.1.json: set task.data_dir to their folder.")
+            raise ValueError(
+                f"task.dataset={self.dataset!r} reads train-v1.1.json and dev-v1.1.json: set task.data_dir to their folder."
+            )
         for name in ("doc_stride", "max_query_length", "max_answer_length", "n_best_size"):
             check_integer(f"task.{name}", getattr(self, name))
 
@@ -98,16 +102,22 @@ class SpanQATask(Task):
         super().check()
         length, query = self.training.sequence_length, self.settings.max_query_length
         if length < query + 4:
-            raise ValueError("training.sequence_length must leave room for [CLS], the question, two [SEP] and one context token. "
-                             f"Received: training.sequence_length={length}, task.max_query_length={query}")
+            raise ValueError(
+                "training.sequence_length must leave room for [CLS], the question, two [SEP] and one context token. "
+                f"Received: training.sequence_length={length}, task.max_query_length={query}"
+            )
 
     def load_data(self):
         source, data_dir = DATASETS[self.settings.dataset], self.settings.data_dir
         train_examples = squad.squad_examples("train", data_dir, source)
-        self.train_examples = [example for example in train_examples if example.answers and squad.answer_found_in_context(example)]
+        self.train_examples = [
+            example for example in train_examples if example.answers and squad.answer_found_in_context(example)
+        ]
         if not self.train_examples:
-            raise ValueError(f"task.dataset={self.settings.dataset!r}: none of the {len(train_examples)} training questions "
-                             "has an answer found in its context.")
+            raise ValueError(
+                f"task.dataset={self.settings.dataset!r}: none of the {len(train_examples)} training questions "
+                "has an answer found in its context."
+            )
         self.dev_examples = squad.squad_examples("dev", data_dir, source)
         if not self.dev_examples:
             raise ValueError(f"task.dataset={self.settings.dataset!r}: the dev split has no questions.")
@@ -122,8 +132,10 @@ class SpanQATask(Task):
         # run_squad.py's loss: (start cross-entropy + end cross-entropy) / 2.
         # The padding windows of the evaluation (weight 0) do not dilute val_loss.
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
-        return {"loss": {"start_logits": loss, "end_logits": loss},
-                "loss_weights": {"start_logits": 0.5, "end_logits": 0.5}}
+        return {
+            "loss": {"start_logits": loss, "end_logits": loss},
+            "loss_weights": {"start_logits": 0.5, "end_logits": 0.5},
+        }
 
     def features(self, tokenizer, examples):
         """The SquadFeatures of each example, windows of training.sequence_length tokens."""
@@ -131,8 +143,17 @@ class SpanQATask(Task):
         tokenize_words.add(_example_words(examples))
         special_ids = {name: tokenizer.token_to_id(f"[{name.upper()}]") for name in squad.SPECIAL_TOKENS}
         settings = self.settings
-        return [squad.make_features(example, tokenize_words, special_ids, self.training.sequence_length,
-                                    settings.doc_stride, settings.max_query_length) for example in examples]
+        return [
+            squad.make_features(
+                example,
+                tokenize_words,
+                special_ids,
+                self.training.sequence_length,
+                settings.doc_stride,
+                settings.max_query_length,
+            )
+            for example in examples
+        ]
 
     def datasets(self, tokenizer, skip_batches):
         training = self.training
@@ -158,8 +179,12 @@ class SpanQATask(Task):
         for example, features in zip(self.dev_examples, dev_features):
             last = first + len(features)
             answers[example.id] = squad.best_answer(
-                example, features, start_logits[first:last], end_logits[first:last],
-                self.settings.n_best_size, self.settings.max_answer_length,
+                example,
+                features,
+                start_logits[first:last],
+                end_logits[first:last],
+                self.settings.n_best_size,
+                self.settings.max_answer_length,
             )
             first = last
         return answers
@@ -170,8 +195,12 @@ class SpanQATask(Task):
         dev, dev_features = final
         start_logits, end_logits = self.dev_logits(model, dev, dev_features)
         _, labels, _ = _rows(dev_features)
-        loss = 0.5 * (_cross_entropy(start_logits, labels["start_logits"]) + _cross_entropy(end_logits, labels["end_logits"]))
-        scores = metric_functions.squad_scores(self.predict_answers(start_logits, end_logits, dev_features), self.dev_examples)
+        loss = 0.5 * (
+            _cross_entropy(start_logits, labels["start_logits"]) + _cross_entropy(end_logits, labels["end_logits"])
+        )
+        scores = metric_functions.squad_scores(
+            self.predict_answers(start_logits, end_logits, dev_features), self.dev_examples
+        )
         return {"eval_loss": loss, "eval_exact_match": scores["exact_match"], "eval_f1": scores["f1"]}
 
 

@@ -21,7 +21,15 @@ class _BatchLosses(keras.callbacks.Callback):
 
 
 def fit_language_model(
-    model, packed, steps, batch_size=16, learning_rate=5e-4, warmup_steps=50, steps_per_point=10, seed=0, jit_compile=True
+    model,
+    packed,
+    steps,
+    batch_size=16,
+    learning_rate=5e-4,
+    warmup_steps=50,
+    steps_per_point=10,
+    seed=0,
+    jit_compile=True,
 ):
     """Trains `model` (a CausalLM) on packed rows for `steps` steps; returns the loss curve.
 
@@ -43,14 +51,23 @@ def fit_language_model(
     order = rng.permutation(np.resize(np.arange(len(labels)), steps * batch_size))
     inputs = {name: value[order] for name, value in packed.items()}
     model.compile(
-        optimizer=keras.optimizers.Adam(WarmupDecaySchedule(learning_rate, warmup_steps, decay="constant"), clipnorm=1.0),
+        optimizer=keras.optimizers.Adam(
+            WarmupDecaySchedule(learning_rate, warmup_steps, decay="constant"), clipnorm=1.0
+        ),
         loss=TokenCrossEntropy(),
         jit_compile=jit_compile,
     )
     model.optimizer.build(model.trainable_variables)  # here, not in the first trace (which would then run twice)
     recorder = _BatchLosses()
     model.fit(
-        inputs, labels[order], sample_weight=weights[order], batch_size=batch_size, epochs=steps // steps_per_point,
-        steps_per_epoch=steps_per_point, shuffle=False, callbacks=[recorder], verbose=0,
+        inputs,
+        labels[order],
+        sample_weight=weights[order],
+        batch_size=batch_size,
+        epochs=steps // steps_per_point,
+        steps_per_epoch=steps_per_point,
+        shuffle=False,
+        callbacks=[recorder],
+        verbose=0,
     )
     return recorder.losses

@@ -71,7 +71,7 @@ def work_directory(root=None):
     removed here first, so at most the folders of running processes are ever left."""
     root = root or tempfile.gettempdir()
     for name in os.listdir(root):
-        owner = name[len(WORK_PREFIX):].split("-", 1)[0]
+        owner = name[len(WORK_PREFIX) :].split("-", 1)[0]
         if name.startswith(WORK_PREFIX) and owner.isdigit() and not _alive(int(owner)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     return tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=root)
@@ -109,7 +109,9 @@ def _write_shards(out_dir, split, arrays, rows_per_shard):
     pending, written = [], []
 
     def flush(rows):
-        files.write_bytes_atomically(files.join(out_dir, shards.shard_name(split, len(written))), shards.shard_bytes(rows))
+        files.write_bytes_atomically(
+            files.join(out_dir, shards.shard_name(split, len(written))), shards.shard_bytes(rows)
+        )
         written.append({"file": shards.shard_name(split, len(written)), "rows": len(rows)})
 
     for rows in arrays:
@@ -144,8 +146,10 @@ def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, shuffle_seed
     if config.task.name == "distill":
         return prepare_teacher_outputs(config, out_dir)
     if config.task.name not in shards.FIELDS or config.task.dataset == "prepared":
-        raise ValueError(f"concise-prepare-data reads the text corpus of a causal_lm, masked_lm or distill task. Received: "
-                         f"task.name={config.task.name!r}, task.dataset={config.task.dataset!r}")
+        raise ValueError(
+            f"concise-prepare-data reads the text corpus of a causal_lm, masked_lm or distill task. Received: "
+            f"task.name={config.task.name!r}, task.dataset={config.task.dataset!r}"
+        )
     if isinstance(rows_per_shard, bool) or not isinstance(rows_per_shard, int) or rows_per_shard < 1:
         raise ValueError(f"--rows-per-shard must be a positive integer. Received: {rows_per_shard!r}")
     out = _unprepared(out_dir)
@@ -163,15 +167,25 @@ def prepare(config, out_dir, rows_per_shard=DEFAULT_ROWS_PER_SHARD, shuffle_seed
         arrays = _row_arrays(task.row_chunks(_counted(lines(), counts, progress, split), tokenizer), fields, counts)
         # Training rows are stored in a seeded random order, so that a shard (and a batch) is a
         # sample of the whole corpus; held-out rows keep the corpus order.
-        written = _write_shards(out.path, split, _shuffled(arrays, shuffle_seed) if split == "train" else arrays, rows_per_shard)
+        written = _write_shards(
+            out.path, split, _shuffled(arrays, shuffle_seed) if split == "train" else arrays, rows_per_shard
+        )
         splits[split] = {"shards": written, "rows": sum(shard["rows"] for shard in written), **counts}
     ratio = tokens_per_word([line for _, line in zip(range(EVAL_WORD_LINES), task.eval_lines())], tokenizer)
     tokens = read_vocabulary(vocabulary)
     manifest = {
-        "format": shards.FORMAT, "task": config.task.name, "fields": list(fields), "sequence_length": config.training.sequence_length,
-        "rows_per_shard": rows_per_shard, "shuffle_seed": shuffle_seed, "vocabulary_sha256": shards.vocabulary_sha256(tokens), "vocabulary_size": len(tokens),
-        "tokenizer": settings, "source": {"dataset": config.task.dataset, "data_dir": config.task.data_dir},
-        "splits": splits, "tokens_per_word": ratio,
+        "format": shards.FORMAT,
+        "task": config.task.name,
+        "fields": list(fields),
+        "sequence_length": config.training.sequence_length,
+        "rows_per_shard": rows_per_shard,
+        "shuffle_seed": shuffle_seed,
+        "vocabulary_sha256": shards.vocabulary_sha256(tokens),
+        "vocabulary_size": len(tokens),
+        "tokenizer": settings,
+        "source": {"dataset": config.task.dataset, "data_dir": config.task.data_dir},
+        "splits": splits,
+        "tokens_per_word": ratio,
     }
     files.write_bytes_atomically(out.file(shards.MANIFEST), shards.manifest_bytes(manifest))
     return manifest
@@ -200,12 +214,21 @@ def prepare_teacher_outputs(config, out_dir):
     splits = {}
     for split, texts in (("train", task.train_texts), ("eval", task.eval_texts)):
         vectors = distill.teacher_outputs(task, task.tokenizer, texts)
-        splits[split] = {"texts": len(texts), "width": int(vectors.shape[1]),
-                         "file": distill.cache_fingerprint(task, task.tokenizer, texts) + ".npy"}
-    manifest = {"format": distill.TEACHER_OUTPUTS_FORMAT, "task": "distill", "teacher": config.task.teacher or distill.DEFAULT_TEACHER_PACKAGE,
-                "teacher_sha256": task.teacher_digest, "sequence_length": config.training.sequence_length,
-                "tokenizer": tokenizer_settings(config), "splits": splits,
-                "source": {"dataset": config.task.dataset, "data_dir": config.task.data_dir}}
+        splits[split] = {
+            "texts": len(texts),
+            "width": int(vectors.shape[1]),
+            "file": distill.cache_fingerprint(task, task.tokenizer, texts) + ".npy",
+        }
+    manifest = {
+        "format": distill.TEACHER_OUTPUTS_FORMAT,
+        "task": "distill",
+        "teacher": config.task.teacher or distill.DEFAULT_TEACHER_PACKAGE,
+        "teacher_sha256": task.teacher_digest,
+        "sequence_length": config.training.sequence_length,
+        "tokenizer": tokenizer_settings(config),
+        "splits": splits,
+        "source": {"dataset": config.task.dataset, "data_dir": config.task.data_dir},
+    }
     files.write_bytes_atomically(out.file(shards.MANIFEST), shards.manifest_bytes(manifest))
     return manifest
 
@@ -214,9 +237,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="concise-prepare-data",
         description="Tokenise and pack a config's language-model corpus once into .npy shards, or compute a distill "
-                    "config's teacher outputs once (local or gs://).",
+        "config's teacher outputs once (local or gs://).",
         epilog="Then train with --set task.dataset=prepared --set task.data_dir=OUT --set tokenizer.vocabulary=OUT/vocab.txt "
-               "(a distill config: --set task.cache_dir=OUT)",
+        "(a distill config: --set task.cache_dir=OUT)",
     )
     configs.add_config_arguments(parser)
     parser.add_argument("--out", required=True, help="output folder (local or gs://): manifest.json, vocab.txt, shards")
@@ -227,8 +250,10 @@ def main(argv=None):
     with configs.one_line_errors(parser, "concise-prepare-data"):
         config = configs.load_config(args.config, args.set)
         manifest = prepare(config, args.out, args.rows_per_shard, args.shuffle_seed, progress=not args.quiet)
-    counts = {split: {key: value for key, value in values.items() if key not in ("shards", "file")}
-              for split, values in manifest["splits"].items()}
+    counts = {
+        split: {key: value for key, value in values.items() if key not in ("shards", "file")}
+        for split, values in manifest["splits"].items()
+    }
     print(f"{args.out}: {counts}")
     return 0
 

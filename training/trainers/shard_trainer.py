@@ -54,10 +54,18 @@ class NumpyCheckpoint(keras.callbacks.Callback):
         self.path, self.history = path, []
 
     def on_epoch_end(self, epoch, logs=None):
-        self.history.append({"epoch": epoch + 1, "step": int(self.model.optimizer.iterations.numpy()),
-                             **{key: float(value) for key, value in (logs or {}).items()}})
+        self.history.append(
+            {
+                "epoch": epoch + 1,
+                "step": int(self.model.optimizer.iterations.numpy()),
+                **{key: float(value) for key, value in (logs or {}).items()},
+            }
+        )
         arrays = {f"model_{index}": np.asarray(variable.numpy()) for index, variable in enumerate(self.model.variables)}
-        arrays |= {f"optimizer_{index}": np.asarray(variable.numpy()) for index, variable in enumerate(self.model.optimizer.variables)}
+        arrays |= {
+            f"optimizer_{index}": np.asarray(variable.numpy())
+            for index, variable in enumerate(self.model.optimizer.variables)
+        }
         arrays["history"] = np.asarray(json.dumps(self.history))
         _write_atomically(self.path, lambda file: np.savez(file, **arrays))
 
@@ -72,8 +80,10 @@ class NumpyCheckpoint(keras.callbacks.Callback):
                 for index, variable in enumerate(variables):
                     value = saved[f"{prefix}_{index}"]
                     if value.shape != tuple(variable.shape):
-                        raise ValueError(f"{self.path}: {prefix} variable {variable.path} has shape {value.shape}, "
-                                         f"the run's {tuple(variable.shape)}.")
+                        raise ValueError(
+                            f"{self.path}: {prefix} variable {variable.path} has shape {value.shape}, "
+                            f"the run's {tuple(variable.shape)}."
+                        )
                     variable.assign(value)
             self.history = json.loads(str(saved["history"]))
         return int(model.optimizer.iterations.numpy())
@@ -81,16 +91,22 @@ class NumpyCheckpoint(keras.callbacks.Callback):
 
 def _check(config, data_dir):
     if keras.backend.backend() == "tensorflow":
-        raise ValueError("The shard trainer is the TensorFlow-free route: run it with KERAS_BACKEND=jax "
-                         "(with TensorFlow, use concise-train with task.dataset=prepared).")
+        raise ValueError(
+            "The shard trainer is the TensorFlow-free route: run it with KERAS_BACKEND=jax "
+            "(with TensorFlow, use concise-train with task.dataset=prepared)."
+        )
     if config.task.name != "causal_lm" or config.training is None:
-        raise ValueError(f"The shard trainer trains causal_lm configs with a training section. Received: {config.name!r} "
-                         f"(task.name={config.task.name!r})")
+        raise ValueError(
+            f"The shard trainer trains causal_lm configs with a training section. Received: {config.name!r} "
+            f"(task.name={config.task.name!r})"
+        )
     manifest = shards.read_manifest(data_dir)
     shards.check_manifest(manifest, data_dir, "causal_lm", config.training.sequence_length)
     if manifest["vocabulary_size"] > config.model.vocab_size:
-        raise ValueError(f"The shards' vocabulary has {manifest['vocabulary_size']} tokens but "
-                         f"model.vocab_size={config.model.vocab_size}.")
+        raise ValueError(
+            f"The shards' vocabulary has {manifest['vocabulary_size']} tokens but "
+            f"model.vocab_size={config.model.vocab_size}."
+        )
     return manifest
 
 
@@ -115,8 +131,11 @@ def _evaluation_batches(reader, batch_size, eval_batches):
     if not batches:
         raise ValueError(f"The eval split holds less than one batch of {batch_size} rows.")
     inputs, labels, weights = zip(*(batch for _, batch in batches))
-    return ({name: np.concatenate([batch[name] for batch in inputs]) for name in inputs[0]},
-            np.concatenate(labels), np.concatenate(weights))
+    return (
+        {name: np.concatenate([batch[name] for batch in inputs]) for name in inputs[0]},
+        np.concatenate(labels),
+        np.concatenate(weights),
+    )
 
 
 def train(config, data_dir, run_dir, verbose="auto"):
@@ -126,47 +145,74 @@ def train(config, data_dir, run_dir, verbose="auto"):
         dict of final metrics: the step, the epoch logs and the evaluation of `CausalLMTask`.
     """
     manifest = _check(config, data_dir)
-    config = dataclasses.replace(config, task=dataclasses.replace(config.task, dataset="prepared", data_dir=str(data_dir)))
+    config = dataclasses.replace(
+        config, task=dataclasses.replace(config.task, dataset="prepared", data_dir=str(data_dir))
+    )
     training = config.training
     task = make_task(config)
     task.tokens_per_word = manifest["tokens_per_word"]
     os.makedirs(run_dir, exist_ok=True)
-    _write_atomically(os.path.join(run_dir, "config.json"),
-                      lambda file: file.write(json.dumps(config.to_dict() | {"name": config.name}, indent=1, sort_keys=True).encode()))
+    _write_atomically(
+        os.path.join(run_dir, "config.json"),
+        lambda file: file.write(
+            json.dumps(config.to_dict() | {"name": config.name}, indent=1, sort_keys=True).encode()
+        ),
+    )
     with open(os.path.join(data_dir, shards.VOCABULARY), "rb") as vocabulary:
         tokens = vocabulary.read()
     _write_atomically(os.path.join(run_dir, shards.VOCABULARY), lambda file: file.write(tokens))
     checkpoint = NumpyCheckpoint(os.path.join(run_dir, CHECKPOINT))
     model, step = _build(config, task, checkpoint)
     train_reader = shards.ShardReader(data_dir, "train", seed=training.seed, manifest=manifest)
-    inputs, labels, weights = _evaluation_batches(shards.ShardReader(data_dir, "eval", manifest=manifest), training.batch_size,
-                                                  training.eval_batches)
+    inputs, labels, weights = _evaluation_batches(
+        shards.ShardReader(data_dir, "eval", manifest=manifest), training.batch_size, training.eval_batches
+    )
     full_epochs, last_epoch_steps = divmod(training.train_steps, training.steps_per_epoch)
-    epochs = [(epoch, training.steps_per_epoch) for epoch in range(full_epochs)] + ([(full_epochs, last_epoch_steps)] if last_epoch_steps else [])
+    epochs = [(epoch, training.steps_per_epoch) for epoch in range(full_epochs)] + (
+        [(full_epochs, last_epoch_steps)] if last_epoch_steps else []
+    )
     for epoch, steps in epochs:
         if step >= epoch * training.steps_per_epoch + steps:
             continue
         # One fit per epoch, each reading from its first batch: a resumed run reads what it would have read.
-        model.fit(shards.causal_lm_batches(train_reader, training.batch_size, epoch * training.steps_per_epoch),
-                  epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=steps, validation_data=(inputs, labels, weights),
-                  validation_batch_size=training.batch_size, callbacks=[checkpoint], shuffle=False, verbose=verbose)
+        model.fit(
+            shards.causal_lm_batches(train_reader, training.batch_size, epoch * training.steps_per_epoch),
+            epochs=epoch + 1,
+            initial_epoch=epoch,
+            steps_per_epoch=steps,
+            validation_data=(inputs, labels, weights),
+            validation_batch_size=training.batch_size,
+            callbacks=[checkpoint],
+            shuffle=False,
+            verbose=verbose,
+        )
         step = int(model.optimizer.iterations.numpy())
     evaluation = task.evaluate(model, _as_batches(inputs, labels, weights, training.batch_size))
-    metrics = {"task": "causal_lm", "step": int(model.optimizer.iterations.numpy()), "history": checkpoint.history, **evaluation}
+    metrics = {
+        "task": "causal_lm",
+        "step": int(model.optimizer.iterations.numpy()),
+        "history": checkpoint.history,
+        **evaluation,
+    }
     for name in ("backbone.weights.h5", "model.weights.h5"):  # the causal LM is its own task model
         _save_weights(model, os.path.join(run_dir, name))
-    _write_atomically(os.path.join(run_dir, "metrics.json"), lambda file: file.write(json.dumps(metrics, indent=1).encode()))
+    _write_atomically(
+        os.path.join(run_dir, "metrics.json"), lambda file: file.write(json.dumps(metrics, indent=1).encode())
+    )
     return metrics
 
 
 def _as_batches(inputs, labels, weights, batch_size):
     for start in range(0, len(labels) - batch_size + 1, batch_size):
-        yield ({name: value[start:start + batch_size] for name, value in inputs.items()}, labels[start:start + batch_size],
-               weights[start:start + batch_size])
+        yield (
+            {name: value[start : start + batch_size] for name, value in inputs.items()},
+            labels[start : start + batch_size],
+            weights[start : start + batch_size],
+        )
 
 
 def _save_weights(model, path):
-    temporary = f"{path[:-len('.weights.h5')]}.tmp-{os.getpid()}.weights.h5"
+    temporary = f"{path[: -len('.weights.h5')]}.tmp-{os.getpid()}.weights.h5"
     model.save_weights(temporary)
     os.replace(temporary, path)
 
@@ -179,7 +225,11 @@ def main(argv=None):
     )
     configs.add_config_arguments(parser)
     parser.add_argument("--data", required=True, help="the folder concise-prepare-data wrote (local)")
-    parser.add_argument("--run-dir", required=True, help="local run directory: config, checkpoint, weights, metrics (resumed if present)")
+    parser.add_argument(
+        "--run-dir",
+        required=True,
+        help="local run directory: config, checkpoint, weights, metrics (resumed if present)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:

@@ -65,8 +65,10 @@ def check_finite(metrics, where):
             value = None
         if value is not None and not math.isfinite(value):
             where = where() if callable(where) else where
-            raise ValueError(f"Training diverged: {name} is {value} at {where}. Lower training.learning_rate or check "
-                             "the model settings; the run keeps its last finite checkpoint, if any.")
+            raise ValueError(
+                f"Training diverged: {name} is {value} at {where}. Lower training.learning_rate or check "
+                "the model settings; the run keeps its last finite checkpoint, if any."
+            )
 
 
 class PerplexityLogger(keras.callbacks.Callback):
@@ -106,29 +108,43 @@ def resolve_config(config):
         model = configs.MODEL_CONFIGS[source.model_type](**source.model)
         config = dataclasses.replace(config, model_type=source.model_type, model=model)
     _check_same_architecture(config, source)
-    inherited = {"lowercase": source.tokenizer.get("lowercase", True), "strip_accents": source.tokenizer.get("strip_accents")}
+    inherited = {
+        "lowercase": source.tokenizer.get("lowercase", True),
+        "strip_accents": source.tokenizer.get("strip_accents"),
+    }
     chosen = {"lowercase": config.tokenizer.lowercase, "strip_accents": config.tokenizer.strip_accents}
     mine = bert_settings({field: inherited[field] if value is None else value for field, value in chosen.items()})
     theirs = bert_settings(inherited)
     for field, value in chosen.items():
         if value is not None and mine[field] != theirs[field]:
-            raise ValueError(f"tokenizer.{field}={value!r} disagrees with the model of task.init={config.task.init!r}, "
-                             f"which was trained with {field}={theirs[field]!r}.")
+            raise ValueError(
+                f"tokenizer.{field}={value!r} disagrees with the model of task.init={config.task.init!r}, "
+                f"which was trained with {field}={theirs[field]!r}."
+            )
     tokenizer = dataclasses.replace(config.tokenizer, **inherited)
     task = config.task
-    if getattr(task, "pooling", "") is None and source.embedding:  # a head on a sentence encoder reads its mean token vector
+    if (
+        getattr(task, "pooling", "") is None and source.embedding
+    ):  # a head on a sentence encoder reads its mean token vector
         task = dataclasses.replace(task, pooling=presets.head_pooling(source.embedding))
     return dataclasses.replace(config, tokenizer=tokenizer, task=task), source
 
 
 def _check_same_architecture(config, source):
     ours = dataclasses.asdict(config.model)
-    different = {key: (ours.get(key), value) for key, value in source.model.items()
-                 if key not in ("dropout", "attention_dropout") and ours.get(key) != value}
+    different = {
+        key: (ours.get(key), value)
+        for key, value in source.model.items()
+        if key not in ("dropout", "attention_dropout") and ours.get(key) != value
+    }
     if config.model_type != source.model_type or different:
-        details = ", ".join(f"{key}: config {mine!r} vs init {theirs!r}" for key, (mine, theirs) in sorted(different.items()))
-        raise ValueError(f"The model section does not describe the model of task.init={config.task.init!r} "
-                         f"(model_type {config.model_type!r} vs {source.model_type!r}; {details}). Leave the model section out to take the init's.")
+        details = ", ".join(
+            f"{key}: config {mine!r} vs init {theirs!r}" for key, (mine, theirs) in sorted(different.items())
+        )
+        raise ValueError(
+            f"The model section does not describe the model of task.init={config.task.init!r} "
+            f"(model_type {config.model_type!r} vs {source.model_type!r}; {details}). Leave the model section out to take the init's."
+        )
 
 
 def prepare_vocabulary(config, run, task, source):
@@ -160,8 +176,11 @@ def initialize_model(model, backbone, source, task_settings):
     """Starts from task.init: the whole task model (head included) when `source` was trained
     for the same task with the same labels (a fine-tuned run, or its `concise-collaborative`
     conversion: fine-tuning goes on with its head), else the backbone alone. Returns "model" or "backbone"."""
-    head_fits = (source.model_weights is not None and (source.task or {}).get("name") == task_settings.name
-                 and (source.task or {}).get("labels") == getattr(task_settings, "labels", None))
+    head_fits = (
+        source.model_weights is not None
+        and (source.task or {}).get("name") == task_settings.name
+        and (source.task or {}).get("labels") == getattr(task_settings, "labels", None)
+    )
     artifacts.load_weights_into(model if head_fits else backbone, source, head=head_fits)
     return "model" if head_fits else "backbone"
 
@@ -171,7 +190,9 @@ def resolve_steps(training, num_examples):
     steps = training.train_steps
     if training.train_epochs is not None:
         if not num_examples:
-            raise ValueError("training.train_epochs needs a task with a known number of training examples; set training.train_steps.")
+            raise ValueError(
+                "training.train_epochs needs a task with a known number of training examples; set training.train_steps."
+            )
         steps = max(1, math.ceil(training.train_epochs * num_examples / training.batch_size))
     warmup = training.warmup_steps if training.warmup_fraction is None else int(training.warmup_fraction * steps)
     if training.decay == "linear" and steps <= warmup:
@@ -191,15 +212,19 @@ def execution_settings(training, strategy=None):
     """
     if isinstance(strategy, tf.distribute.MirroredStrategy):
         if training.steps_per_execution > 1 or training.jit_compile:
-            warnings.warn(f"training.steps_per_execution={training.steps_per_execution} and training.jit_compile="
-                          f"{training.jit_compile}: 1 and false under MirroredStrategy (Keras 3 fails there with several "
-                          "steps per execution, keras-team/keras#19246, and with XLA across replicas, which its "
-                          "jit_compile='auto' turns off under tf.distribute).")
+            warnings.warn(
+                f"training.steps_per_execution={training.steps_per_execution} and training.jit_compile="
+                f"{training.jit_compile}: 1 and false under MirroredStrategy (Keras 3 fails there with several "
+                "steps per execution, keras-team/keras#19246, and with XLA across replicas, which its "
+                "jit_compile='auto' turns off under tf.distribute)."
+            )
         return {"steps_per_execution": 1, "jit_compile": False}
     steps = math.gcd(training.steps_per_execution, training.steps_per_epoch)
     if steps != training.steps_per_execution:
-        warnings.warn(f"training.steps_per_execution={training.steps_per_execution} does not divide "
-                      f"training.steps_per_epoch={training.steps_per_epoch}: running {steps} steps per execution.")
+        warnings.warn(
+            f"training.steps_per_execution={training.steps_per_execution} does not divide "
+            f"training.steps_per_epoch={training.steps_per_epoch}: running {steps} steps per execution."
+        )
     return {"steps_per_execution": steps, "jit_compile": training.jit_compile}
 
 
@@ -220,7 +245,9 @@ def _build(config, task, strategy, run, source, is_chief):
         # The precision is the model's dtype policy (no process-wide policy is set).
         backbone = config.build_model(dtype=keras.DTypePolicy(training.precision))
         model = task.build_model(backbone)
-        model.compile(optimizer=make_optimizer(training), **execution_settings(training, strategy), **task.compile_arguments())
+        model.compile(
+            optimizer=make_optimizer(training), **execution_settings(training, strategy), **task.compile_arguments()
+        )
         checkpoints = TrainingCheckpoints(run, model, training.keep_checkpoints, is_chief)
         position = checkpoints.restore()
         if position is None:
@@ -268,11 +295,16 @@ def _train(config, run_dir, verbose, preemption):
     run.check_writable()
     task.read()
     # The task may resolve settings from its data (e.g. the label names): the run keeps them.
-    config = dataclasses.replace(config, task=task.settings, training=resolve_steps(config.training, task.num_train_examples()))
+    config = dataclasses.replace(
+        config, task=task.settings, training=resolve_steps(config.training, task.num_train_examples())
+    )
     training = config.training
     strategy = choose_strategy(training.strategy, training.tpu)
     is_chief = _is_chief(strategy)
-    recorded = config.to_dict() | {"name": config.name, "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)}}
+    recorded = config.to_dict() | {
+        "name": config.name,
+        "tokenizer": {**config.to_dict()["tokenizer"], **tokenizer_settings(config)},
+    }
     if is_chief:
         run.check_start(recorded)
     vocabulary = prepare_vocabulary(config, run, task, source)
@@ -293,8 +325,11 @@ def _train(config, run_dir, verbose, preemption):
             backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
     eval_data, eval_steps = cached_eval(data.eval, training)
     # Last: an epoch is logged before its checkpoint commits (a kill in between logs it twice, never loses it).
-    callbacks = [DivergenceCheck(), keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch"),
-                 CheckpointCallback(checkpoints, preemption)]
+    callbacks = [
+        DivergenceCheck(),
+        keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch"),
+        CheckpointCallback(checkpoints, preemption),
+    ]
     if task.reports_perplexity:
         callbacks.insert(0, PerplexityLogger(task))
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
@@ -377,8 +412,17 @@ def _fit(model, loop, train_data, eval_data, eval_steps, callbacks, training, st
         # Repeated, read eval_steps batches at a time: every evaluation reads the same cached batches, and under
         # MirroredStrategy Keras keeps one iterator of the distributed validation data across epochs
         # (StopIteration at the second epoch's evaluation if it ends).
-        model.fit(data, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps, validation_data=eval_data.repeat(),
-                  validation_steps=eval_steps, callbacks=callbacks, shuffle=False, verbose=verbose)
+        model.fit(
+            data,
+            epochs=epochs,
+            initial_epoch=initial_epoch,
+            steps_per_epoch=steps,
+            validation_data=eval_data.repeat(),
+            validation_steps=eval_steps,
+            callbacks=callbacks,
+            shuffle=False,
+            verbose=verbose,
+        )
 
 
 class _MultiWorkerLoop:
@@ -442,7 +486,10 @@ class _MultiWorkerLoop:
                 logs = {"loss": sum(losses) / len(losses), "val_loss": self.evaluate()}
                 callbacks.on_epoch_end(epoch, logs)
                 if verbose:
-                    print(f"epoch {epoch + 1}/{last_epoch}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
+                    print(
+                        f"epoch {epoch + 1}/{last_epoch}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()),
+                        flush=True,
+                    )
         callbacks.on_train_end()
 
 
@@ -467,4 +514,3 @@ def _is_chief_of(task_type, task_id, cluster):
     if not cluster:
         return True
     return task_type in ("chief", None) or (task_type == "worker" and task_id == 0 and "chief" not in cluster)
-
