@@ -100,39 +100,7 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
             check_integer(name, value, least)
         self.max_sequence_length, self.position_offset = max_sequence_length, position_offset  # read by _embed
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
-        # === Layers ===
-        self.word_embeddings = keras.layers.ReversibleEmbedding(
-            vocab_size, hidden_size, embeddings_initializer=initializer, dtype=dtype, name="word_embeddings"
-        )
-        self.position_embeddings = PositionEmbedding(
-            max_sequence_length + (position_offset or 0),
-            embeddings_initializer=initializer,
-            dtype=dtype,
-            name="position_embeddings",
-        )
-        self.type_embeddings = (
-            keras.layers.Embedding(
-                type_vocab_size, hidden_size, embeddings_initializer=initializer, dtype=dtype, name="type_embeddings"
-            )
-            if type_vocab_size
-            else None
-        )
-        self.relative_attention_bias = (
-            RelativePositionBias(
-                num_heads,
-                max_sequence_length,
-                relative_attention_buckets,
-                relative_attention_max_distance,
-                dtype=dtype,
-                name="relative_attention_bias",
-            )
-            if relative_attention_buckets
-            else None
-        )
-        self.embeddings_norm = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, dtype=dtype, name="embeddings_norm"
-        )
-        self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
+        self._build_embeddings(arguments, initializer)
         self.blocks = build_blocks(
             num_layers,
             num_heads=num_heads,
@@ -152,6 +120,47 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         )
         super().__init__(*self._functional_graph(), dtype=dtype, **kwargs)
         self._keep_arguments(arguments)
+
+    def _build_embeddings(self, a, initializer):
+        """The word, position and token-type embeddings, the relative attention bias, their norm and dropout, from
+        the constructor's arguments `a`."""
+        dtype = a["dtype"]
+        self.word_embeddings = keras.layers.ReversibleEmbedding(
+            a["vocab_size"], a["hidden_size"], embeddings_initializer=initializer, dtype=dtype, name="word_embeddings"
+        )
+        self.position_embeddings = PositionEmbedding(
+            a["max_sequence_length"] + (a["position_offset"] or 0),
+            embeddings_initializer=initializer,
+            dtype=dtype,
+            name="position_embeddings",
+        )
+        self.type_embeddings = (
+            keras.layers.Embedding(
+                a["type_vocab_size"],
+                a["hidden_size"],
+                embeddings_initializer=initializer,
+                dtype=dtype,
+                name="type_embeddings",
+            )
+            if a["type_vocab_size"]
+            else None
+        )
+        self.relative_attention_bias = (
+            RelativePositionBias(
+                a["num_heads"],
+                a["max_sequence_length"],
+                a["relative_attention_buckets"],
+                a["relative_attention_max_distance"],
+                dtype=dtype,
+                name="relative_attention_bias",
+            )
+            if a["relative_attention_buckets"]
+            else None
+        )
+        self.embeddings_norm = keras.layers.LayerNormalization(
+            epsilon=a["layer_norm_epsilon"], dtype=dtype, name="embeddings_norm"
+        )
+        self.embeddings_dropout = keras.layers.Dropout(a["dropout"], dtype=dtype, name="embeddings_dropout")
 
     def _functional_graph(self):
         """(inputs, outputs): the symbolic tensors that make this a functional model."""

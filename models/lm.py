@@ -75,25 +75,7 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
         arguments = dict(locals())  # the constructor arguments, before any other local exists
         arguments["attention"] = attention = attention_config(attention)
         _check_sizes(dropout, attention_dropout, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
-        # tensor2tensor: Xavier kernels; embeddings N(0, 1/d) scaled by sqrt(d) on the way in,
-        # so the tied softmax sees d^-0.5-sized rows and the residual stream unit-sized inputs.
-        embedding_initializer = keras.initializers.RandomNormal(stddev=hidden_size**-0.5)
-        # === Layers ===
-        self.token_embeddings = keras.layers.ReversibleEmbedding(
-            vocab_size,
-            hidden_size,
-            tie_weights=tie_embeddings,
-            embeddings_initializer=embedding_initializer,
-            dtype=dtype,
-            name="token_embeddings",
-        )
-        self.position_embeddings = PositionEmbedding(
-            max_sequence_length,
-            kind=position_embedding,
-            embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
-            dtype=dtype,
-            name="position_embeddings",
-        )
+        self._build_embeddings(vocab_size, hidden_size, max_sequence_length, position_embedding, tie_embeddings, dtype)
         # Post-LN blocks expect a normalised residual stream from the start (as BERT).
         self.embeddings_norm = _norm_if(norm_position == "post", layer_norm_epsilon, dtype, "embeddings_norm")
         self.embeddings_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embeddings_dropout")
@@ -115,6 +97,29 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
         self.final_norm = _norm_if(norm_position == "pre", layer_norm_epsilon, dtype, "final_norm")
         super().__init__(*self._functional_graph(), dtype=dtype, **kwargs)
         self._keep_arguments(arguments)
+
+    def _build_embeddings(
+        self, vocab_size, hidden_size, max_sequence_length, position_embedding, tie_embeddings, dtype
+    ):
+        """The token embeddings (tied to the logits or not) and the position embeddings."""
+        # tensor2tensor: Xavier kernels; embeddings N(0, 1/d) scaled by sqrt(d) on the way in,
+        # so the tied softmax sees d^-0.5-sized rows and the residual stream unit-sized inputs.
+        embedding_initializer = keras.initializers.RandomNormal(stddev=hidden_size**-0.5)
+        self.token_embeddings = keras.layers.ReversibleEmbedding(
+            vocab_size,
+            hidden_size,
+            tie_weights=tie_embeddings,
+            embeddings_initializer=embedding_initializer,
+            dtype=dtype,
+            name="token_embeddings",
+        )
+        self.position_embeddings = PositionEmbedding(
+            max_sequence_length,
+            kind=position_embedding,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
+            dtype=dtype,
+            name="position_embeddings",
+        )
 
     def _functional_graph(self):
         """(inputs, outputs): the symbolic tensors that make this a functional model."""
