@@ -128,7 +128,7 @@ def show_card_table(name):
     print(f"  (its model card, from MTEB's protocols; `concise-evaluate --encoder {name}` scores it again)")
 
 
-def main(argv=None):
+def _parser():
     parser = argparse.ArgumentParser(
         prog="concise-quickstart", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -143,6 +143,11 @@ def main(argv=None):
         metavar="KEY=VALUE",
         help="config override, e.g. training.train_steps=1000",
     )
+    return parser
+
+
+def main(argv=None):
+    parser = _parser()
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out).resolve()
     start = time.time()

@@ -516,19 +516,21 @@ def export_run(
             "config": described,
         }
         _write_version(staged, encoder, model, source, export)
-    hub, serving = (
-        posixpath.join(staged.out, "hub", str(staged.version)),
-        posixpath.join(staged.out, "serving", str(staged.version)),
-    )
+    return _written(staged, settings["seq_length"])
+
+
+def _written(staged, seq_length):
+    """What `export_run` returns for the committed version `staged`."""
+    hub = posixpath.join(staged.out, "hub", str(staged.version))
     return {
         "version": staged.version,
         "encoder": posixpath.join(hub, "encoder"),
         "preprocess": posixpath.join(hub, "preprocess"),
         "tarball": posixpath.join(hub, "hub.tar.gz"),
         "keras": posixpath.join(hub, "keras"),
-        "serving": serving,
+        "serving": posixpath.join(staged.out, "serving", str(staged.version)),
         "models_config": posixpath.join(staged.out, "serving", commit.MODELS_CONFIG),
-        "seq_length": settings["seq_length"],
+        "seq_length": seq_length,
         "export_id": staged.export_id,
         "recovered": staged.recovered,
     }

@@ -139,39 +139,46 @@ def _start(task):
     return "the teacher (models/shrink.py)" if task["student_init"] == "teacher" else "seeded random weights"
 
 
+def _card_model(name, model, task, training, serving_length):
+    """The model card's title, usage and `## Model` section (a list of lines)."""
+    attention = model["attention"]
+    return [
+        f"# {name}",
+        "",
+        f"A {model['hidden_size']}-dimensional English sentence encoder distilled from "
+        f"{task.get('teacher') or 'all-MiniLM-L6-v2 (384-d)'} by concise-attention's `distill` task.",
+        "",
+        "```python",
+        "from concise_attention import SentenceEncoder",
+        "",
+        f'encoder = SentenceEncoder.from_preset("{name}")   # no network: shipped inside the package',
+        'vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell sharply."])   '
+        f"# numpy (2, {model['hidden_size']}), unit rows",
+        "```",
+        "",
+        "## Model",
+        "",
+        f"BERT encoder, {model['num_layers']} layers, width {model['hidden_size']}, {model['num_heads']} heads, attention "
+        f"`{attention.get('type', 'standard')}`"
+        + (f" with head size {attention['head_size']}" if "head_size" in attention else "")
+        + f", feed-forward {model['intermediate_size']}, stored in float16. "
+        "Embedding: the mean of the token vectors over the real tokens, scaled to unit length (the teacher's pooling). "
+        f"Uncased WordPiece vocabulary of the teacher ({model['vocab_size']} entries). "
+        f"Distilled at {training['sequence_length']} tokens; reads up to {serving_length} by default (longer texts are cut), "
+        "`from_preset(..., sequence_length=N)` sets another cut. "
+        f"`concise-export --preset {name}` exports it like any other model: its TF-Hub encoder's `default`, `pooled_output` "
+        "and `embedding` and its TF Serving model's `embedding` are this embedding.",
+        "",
+    ]
+
+
 def model_card(name, config, results, run, serving_length):
     """README.md of a shipped preset (Markdown)."""
     model, task, training = config["model"], config["task"], config["training"]
     rows = _rows(results, run, model["hidden_size"])
-    attention = model["attention"]
     return "\n".join(
         [
-            f"# {name}",
-            "",
-            f"A {model['hidden_size']}-dimensional English sentence encoder distilled from "
-            f"{task.get('teacher') or 'all-MiniLM-L6-v2 (384-d)'} by concise-attention's `distill` task.",
-            "",
-            "```python",
-            "from concise_attention import SentenceEncoder",
-            "",
-            f'encoder = SentenceEncoder.from_preset("{name}")   # no network: shipped inside the package',
-            'vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell sharply."])   '
-            f"# numpy (2, {model['hidden_size']}), unit rows",
-            "```",
-            "",
-            "## Model",
-            "",
-            f"BERT encoder, {model['num_layers']} layers, width {model['hidden_size']}, {model['num_heads']} heads, attention "
-            f"`{attention.get('type', 'standard')}`"
-            + (f" with head size {attention['head_size']}" if "head_size" in attention else "")
-            + f", feed-forward {model['intermediate_size']}, stored in float16. "
-            "Embedding: the mean of the token vectors over the real tokens, scaled to unit length (the teacher's pooling). "
-            f"Uncased WordPiece vocabulary of the teacher ({model['vocab_size']} entries). "
-            f"Distilled at {training['sequence_length']} tokens; reads up to {serving_length} by default (longer texts are cut), "
-            "`from_preset(..., sequence_length=N)` sets another cut. "
-            f"`concise-export --preset {name}` exports it like any other model: its TF-Hub encoder's `default`, `pooled_output` "
-            "and `embedding` and its TF Serving model's `embedding` are this embedding.",
-            "",
+            *_card_model(name, model, task, training, serving_length),
             "## Evaluation",
             "",
             "MTEB's protocols (`concise-evaluate --encoder`, docs/evaluation.md): STSBenchmark test, Spearman of cosine "

@@ -282,6 +282,17 @@ def _check_window_arguments(special_ids, max_seq_length, doc_stride, max_query_l
         )
 
 
+def _flatten(word_token_ids):
+    """(first token of each word, word of each token, piece of its word of each token, the tokens) of a context."""
+    word_first_token, token_word, token_piece, doc_token_ids = [], [], [], []
+    for word_index, ids in enumerate(word_token_ids):
+        word_first_token.append(len(doc_token_ids))
+        token_word.extend([word_index] * len(ids))
+        token_piece.extend(range(len(ids)))
+        doc_token_ids.extend(ids)
+    return word_first_token, token_word, token_piece, doc_token_ids
+
+
 def make_features(example, tokenize_words, special_ids, max_seq_length=384, doc_stride=128, max_query_length=64):
     """The `[CLS] question [SEP] window [SEP]` rows of `example`, as run_squad.py makes them.
 
@@ -302,12 +313,7 @@ def make_features(example, tokenize_words, special_ids, max_seq_length=384, doc_
     ]
     words, word_starts, char_to_word = split_context(example.context)
     word_token_ids = _tokenize(tokenize_words, words)
-    word_first_token, token_word, token_piece, doc_token_ids = [], [], [], []
-    for word_index, ids in enumerate(word_token_ids):
-        word_first_token.append(len(doc_token_ids))
-        token_word.extend([word_index] * len(ids))
-        token_piece.extend(range(len(ids)))
-        doc_token_ids.extend(ids)
+    word_first_token, token_word, token_piece, doc_token_ids = _flatten(word_token_ids)
     answer_span = None
     if example.answers and doc_token_ids:
         answer_span = _answer_token_span(example, char_to_word, word_first_token, doc_token_ids, tokenize_words)
@@ -320,13 +326,8 @@ def make_features(example, tokenize_words, special_ids, max_seq_length=384, doc_
     start_positions, end_positions = np.zeros(len(windows), np.int32), np.zeros(len(windows), np.int32)
     doc_offset = len(query_ids) + 2  # [CLS] question [SEP]
     for index, (start, length) in enumerate(windows):
-        row = [
-            special_ids["cls"],
-            *query_ids,
-            special_ids["sep"],
-            *doc_token_ids[start : start + length],
-            special_ids["sep"],
-        ]
+        window = doc_token_ids[start : start + length]
+        row = [special_ids["cls"], *query_ids, special_ids["sep"], *window, special_ids["sep"]]
         arrays["input_word_ids"][index, : len(row)] = row
         arrays["input_mask"][index, : len(row)] = 1
         arrays["input_type_ids"][index, doc_offset : len(row)] = 1

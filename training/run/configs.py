@@ -248,12 +248,11 @@ class TrainingConfig:
                 raise ValueError(
                     f"`training.{name}` must be in [0, 1). Received: training.{name}={getattr(self, name)!r}"
                 )
-        if (
-            self.decay == "linear"
-            and self.train_epochs is None
-            and self.warmup_fraction is None
-            and self.train_steps <= self.warmup_steps
-        ):
+        self._check_schedule()
+
+    def _check_schedule(self):
+        fixed_warmup = self.train_epochs is None and self.warmup_fraction is None
+        if self.decay == "linear" and fixed_warmup and self.train_steps <= self.warmup_steps:
             raise ValueError(
                 f"Linear decay needs training.train_steps > training.warmup_steps. "
                 f"Received: train_steps={self.train_steps}, warmup_steps={self.warmup_steps}"

@@ -138,6 +138,16 @@ def _evaluation_batches(reader, batch_size, eval_batches):
     )
 
 
+def _record(config, data_dir, run_dir):
+    """Writes the run's config.json and its copy of the shards' vocabulary."""
+    os.makedirs(run_dir, exist_ok=True)
+    recorded = json.dumps(config.to_dict() | {"name": config.name}, indent=1, sort_keys=True).encode()
+    _write_atomically(os.path.join(run_dir, "config.json"), lambda file: file.write(recorded))
+    with open(os.path.join(data_dir, shards.VOCABULARY), "rb") as vocabulary:
+        tokens = vocabulary.read()
+    _write_atomically(os.path.join(run_dir, shards.VOCABULARY), lambda file: file.write(tokens))
+
+
 def train(config, data_dir, run_dir, verbose="auto"):
     """Trains (or resumes) the causal LM of `config` on the prepared shards in `data_dir`.
 
@@ -151,16 +161,7 @@ def train(config, data_dir, run_dir, verbose="auto"):
     training = config.training
     task = make_task(config)
     task.tokens_per_word = manifest["tokens_per_word"]
-    os.makedirs(run_dir, exist_ok=True)
-    _write_atomically(
-        os.path.join(run_dir, "config.json"),
-        lambda file: file.write(
-            json.dumps(config.to_dict() | {"name": config.name}, indent=1, sort_keys=True).encode()
-        ),
-    )
-    with open(os.path.join(data_dir, shards.VOCABULARY), "rb") as vocabulary:
-        tokens = vocabulary.read()
-    _write_atomically(os.path.join(run_dir, shards.VOCABULARY), lambda file: file.write(tokens))
+    _record(config, data_dir, run_dir)
     checkpoint = NumpyCheckpoint(os.path.join(run_dir, CHECKPOINT))
     model, step = _build(config, task, checkpoint)
     train_reader = shards.ShardReader(data_dir, "train", seed=training.seed, manifest=manifest)

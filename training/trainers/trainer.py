@@ -286,6 +286,17 @@ def train(config, run_dir, verbose="auto"):
         run.unlock()
 
 
+def _callbacks(task, run, checkpoints, preemption):
+    """fit's callbacks, the checkpoint last: an epoch is logged before its checkpoint commits (a kill in between logs
+    it twice, never loses it)."""
+    callbacks = [
+        DivergenceCheck(),
+        keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch"),
+        CheckpointCallback(checkpoints, preemption),
+    ]
+    return [PerplexityLogger(task), *callbacks] if task.reports_perplexity else callbacks
+
+
 def _train(config, run_dir, verbose, preemption):
     config, source = resolve_config(config)
     task = make_task(config)
@@ -324,14 +335,7 @@ def _train(config, run_dir, verbose, preemption):
         with strategy.scope():
             backbone.initialize_admin(task.profiling_inputs(profiling_inputs))
     eval_data, eval_steps = cached_eval(data.eval, training)
-    # Last: an epoch is logged before its checkpoint commits (a kill in between logs it twice, never loses it).
-    callbacks = [
-        DivergenceCheck(),
-        keras.callbacks.TensorBoard(run.logs_dir, update_freq="epoch"),
-        CheckpointCallback(checkpoints, preemption),
-    ]
-    if task.reports_perplexity:
-        callbacks.insert(0, PerplexityLogger(task))
+    callbacks = _callbacks(task, run, checkpoints, preemption)
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     loop = _MultiWorkerLoop(model, strategy, train_data, eval_data) if multi_worker else None
     if step < training.train_steps:
