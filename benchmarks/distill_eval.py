@@ -153,9 +153,8 @@ def build_encoders(run_dirs, teacher_dir, fit_texts, presets=()):
 
     loaded, source = SentenceEncoder.from_preset(teacher_dir), artifacts.read(teacher_dir)
     teacher_backbone, tokenizer = loaded.backbone, loaded.tokenizer
-    name = (
-        os.path.basename(os.path.dirname(source.path.rstrip("/"))) if source.name == "model" else source.name
-    )  # a package's model/
+    # a package's model/
+    name = os.path.basename(os.path.dirname(source.path.rstrip("/"))) if source.name == "model" else source.name
     teacher = Encoder(f"teacher {name}", teacher_backbone, tokenizer, to_teacher=lambda pooled: pooled)
     half = BUILDERS[source.model_type](**(source.model | {"num_layers": source.model["num_layers"] // 2}))
     shrink_into(teacher_backbone, half)
@@ -481,7 +480,7 @@ def paired(rows, first, second):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def _parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", help="distill run directories")
     parser.add_argument("--data-dir", help="a folder built by scripts/make_corpus.py (its heldout/ split is used)")
@@ -519,37 +518,38 @@ def main(argv=None):
         default=[],
         help="with --markdown: also the differences A - B seed by seed (runs named A_s0, B_s0, ...)",
     )
-    args = parser.parse_args(argv)
-    if args.paired and not args.markdown:
-        parser.error("--paired reads a results file: give it with --markdown JSON")
-    if args.markdown:
-        results = [json.loads(pathlib.Path(path).read_text()) for path in args.markdown]
-        rows = merge(results)
-        print(table(rows, next(iter(rows))))
-        for path, result in zip(args.markdown, results):
-            print(
-                f"\n{pathlib.Path(path).name}: {result['machine']}, {result['date']}, commit {result.get('commit', '?')[:12]}",
-                end="",
-            )
-        print()
-        for first, second in args.paired:
-            try:
-                print("\n" + paired(rows, first, second))
-            except ValueError as error:  # a partial table: say which pair is missing, print the others
-                print(f"\n({error})")
-        if args.paired:
-            print("\nMeans over seeds (the README's table):\n\n" + summary(rows, args.paired))
-        return
-    if not ((args.runs or args.presets) and args.data_dir):
-        parser.error("--data-dir and --runs or --presets are required (unless --markdown)")
+    return parser
+
+
+def print_markdown(paths, pairs):
+    """Prints the table of results files `paths` (merged), then the seed-paired differences of `pairs`."""
+    results = [json.loads(pathlib.Path(path).read_text()) for path in paths]
+    rows = merge(results)
+    print(table(rows, next(iter(rows))))
+    for path, result in zip(paths, results):
+        print(
+            f"\n{pathlib.Path(path).name}: {result['machine']}, {result['date']}, commit {result.get('commit', '?')[:12]}",
+            end="",
+        )
+    print()
+    for first, second in pairs:
+        try:
+            print("\n" + paired(rows, first, second))
+        except ValueError as error:  # a partial table: say which pair is missing, print the others
+            print(f"\n({error})")
+    if pairs:
+        print("\nMeans over seeds (the README's table):\n\n" + summary(rows, pairs))
+
+
+def measure(args, parser, argv):
+    """Measures the runs and presets of `args` beside their teacher and writes --out."""
     from concise_attention.models import presets as shipped
     from concise_attention.training import files
     from concise_attention.training.tasks.distill import default_teacher
 
     args.runs = args.runs or []
-    run_configs = {
-        run_name(run): files.read_json(files.join(run, files.CONFIG)) for run in args.runs
-    }  # what trained each
+    # What trained each.
+    run_configs = {run_name(run): files.read_json(files.join(run, files.CONFIG)) for run in args.runs}
     lengths = {config["training"]["sequence_length"] for config in run_configs.values()}
     lengths |= {shipped.trained_sequence_length(preset) for preset in args.presets if not args.runs}
     if args.sequence_length is not None and not 3 <= args.sequence_length <= 512:
@@ -564,9 +564,8 @@ def main(argv=None):
     teacher, encoders = build_encoders(
         args.runs, args.teacher or default_teacher(), drawn[: args.fit_texts], args.presets
     )
-    rows = measure_quality(
-        teacher, encoders, texts, pairs, drawn[: args.map_texts]
-    )  # one draw: its first texts for each fit
+    # One draw: its first texts for each fit.
+    rows = measure_quality(teacher, encoders, texts, pairs, drawn[: args.map_texts])
     for run in args.runs:
         rows[f"student {run_name(run)}"]["train_minutes"] = training_minutes(run)
     rows["bag of words (TF-IDF)"] = bag_of_words(read_probes(), pairs)
@@ -590,11 +589,22 @@ def main(argv=None):
         "rows": rows,
         "runs": run_configs,
     }
-    files.write_bytes_atomically(
-        args.out, json.dumps(result, indent=1) + "\n"
-    )  # whole or absent: distill_table.sh skips a measured run
+    # Whole or absent: distill_table.sh skips a measured run.
+    files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))
     print(f"\n(`python benchmarks/distill_eval.py --markdown {args.out}` prints this table again)")
+
+
+def main(argv=None):
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.paired and not args.markdown:
+        parser.error("--paired reads a results file: give it with --markdown JSON")
+    if args.markdown:
+        return print_markdown(args.markdown, args.paired)
+    if not ((args.runs or args.presets) and args.data_dir):
+        parser.error("--data-dir and --runs or --presets are required (unless --markdown)")
+    measure(args, parser, argv)
 
 
 if __name__ == "__main__":

@@ -287,9 +287,8 @@ def benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir):
 
 
 def table(result):
-    variants_seen = list(
-        dict.fromkeys(key for row in result["rows"] for key in row["sentences_per_s"])
-    )  # a student has no sentence_transformers
+    # a student has no sentence_transformers
+    variants_seen = list(dict.fromkeys(key for row in result["rows"] for key in row["sentences_per_s"]))
     lines = [
         "| encoder | texts | batch | "
         + " | ".join(variants_seen)

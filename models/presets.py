@@ -50,11 +50,12 @@ def shipped_presets():
     """The names of the presets shipped inside the package."""
     if not os.path.isdir(SHIPPED_DIR):
         return []
+    # names starting with "." are staging folders
     return sorted(
         name
         for name in os.listdir(SHIPPED_DIR)
         if not name.startswith(".") and os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE))
-    )  # .x: staging
+    )
 
 
 def resolve(preset):

@@ -64,6 +64,7 @@ FILTERS = (
 )
 
 HWU_FOLD = "CrossValidation/autoGeneFromRealAnno/autoGene_2018_03_22-13_01_25_169/CrossValidation/KFold_1/trainset"
+# the train/dialogues_NNN.json files under 4 MiB (the mirror lacks the larger ones)
 SGD_TRAIN = (
     (1, 36),
     (38, 51),
@@ -76,7 +77,7 @@ SGD_TRAIN = (
     (95, 103),
     (105, 116),
     (119, 127),
-)  # the train/dialogues_NNN.json files under 4 MiB (the mirror lacks the larger ones)
+)
 SONOS = (
     "AddToPlaylist",
     "BookRestaurant",

@@ -113,9 +113,8 @@ def test_low_rank_conversion_changes_the_predictions_and_evaluates_at_once(
     _, logits = _logits(converted, all_rows)
     labels = [config.task.labels.index(row[1]) for row in all_rows]
     metrics = _evaluate(converted, capsys)
-    np.testing.assert_allclose(
-        evaluated[-1], logits, atol=1e-4
-    )  # what concise-evaluate scored is what the model predicts
+    # what concise-evaluate scored is what the model predicts
+    np.testing.assert_allclose(evaluated[-1], logits, atol=1e-4)
     assert metrics["eval_accuracy"] == pytest.approx(
         sklearn.metrics.accuracy_score(labels, evaluated[-1].argmax(-1)), abs=1e-9
     )

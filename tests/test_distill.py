@@ -69,12 +69,13 @@ def test_teacher_outputs_are_minilm_mean_embeddings_computed_once_and_verified(t
 
     task = _task(tmp_path)
     tokenizer = wordpiece_tokenizer(task.vocabulary_file(), lowercase=True, strip_accents=True)
+    # the last one is cut to the sequence length, as the student's packer cuts it
     texts = [
         "A man is playing a guitar.",
         "Stock markets fell sharply on Monday, the third fall in a row.",
         "short",
         "The cat sat on the mat " * 12,
-    ]  # the last one is cut to the sequence length, as the student's packer cuts it
+    ]
     embeddings = distill.teacher_outputs(task, tokenizer, texts)
     expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", texts, 32))
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
@@ -312,10 +313,8 @@ def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
     task.read()
     assert [sum(word in text for text in task.train_texts) for word in ("manual", "proverb")] == [21, 20]
     assert all(" train " in text for text in task.train_texts)
-    assert [sum(word in text for text in task.eval_texts) for word in ("manual", "proverb")] == [
-        17,
-        15,
-    ]  # 33 cut to 2 batches of 16
+    # 33 cut to 2 batches of 16
+    assert [sum(word in text for text in task.eval_texts) for word in ("manual", "proverb")] == [17, 15]
     assert all(" heldout " in text for text in task.eval_texts)
     with pytest.raises(ValueError, match="task.data_dir"):
         _task(tmp_path, "task.dataset=text_files", "task.data_dir=[a, 3]")

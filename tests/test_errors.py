@@ -209,9 +209,8 @@ def test_a_changed_vocabulary_is_refused_on_resume(tmp_path, capsys):
     capsys.readouterr()
     vocabulary = tmp_path / "run" / "vocab.txt"
     recorded, original = (tmp_path / "run" / "inputs.json").read_text(), vocabulary.read_text()
-    other = (
-        tmp_path / "other-vocab.txt"
-    )  # another vocabulary named on the command line: refused before the copy is replaced
+    # another vocabulary named on the command line: refused before the copy is replaced
+    other = tmp_path / "other-vocab.txt"
     other.write_text(original.replace("\n", "\nzzz-extra\n", 1))
     _fails(
         capsys,

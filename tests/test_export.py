@@ -348,9 +348,8 @@ def test_every_artifact_reloads_in_a_fresh_process_and_matches_the_live_model(ex
     ):
         np.testing.assert_allclose(reloaded[name], live[name], atol=1e-5, err_msg=name)
     np.testing.assert_array_equal(reloaded["default"], reloaded["pooled_output"])
-    np.testing.assert_allclose(
-        reloaded["tfsm_pooled_output"], live["pooled_output"], atol=1e-5
-    )  # keras.layers.TFSMLayer
+    # keras.layers.TFSMLayer
+    np.testing.assert_allclose(reloaded["tfsm_pooled_output"], live["pooled_output"], atol=1e-5)
     # Text in, embedding out: our core-TF tokenisation + packing + encoder vs keras-hub's tokenizer + the live encoder.
     np.testing.assert_allclose(reloaded["embedding"], live["embedding"], atol=1e-5)
     assert list(reloaded["serving_outputs"]) == ["embedding"]  # per-token outputs: serve_token_ids (ids in, as sent)
@@ -364,9 +363,8 @@ def test_an_export_and_its_hub_version_load_as_the_encoder_the_run_trained(expor
     from concise_attention.training import artifacts
 
     ids = {name: value for name, value in np.load(exported["root"] / "inputs.npz").items() if name.startswith("input_")}
-    reference = tokenizers.BertWordPieceTokenizer(
-        str(MINILM_VOCAB), lowercase=True, strip_accents=True
-    )  # HF `tokenizers`
+    # HF `tokenizers`
+    reference = tokenizers.BertWordPieceTokenizer(str(MINILM_VOCAB), lowercase=True, strip_accents=True)
     for path in (exported["root"] / "out", pathlib.Path(exported["written"]["keras"]).parent):
         loaded = artifacts.load(path)
         assert loaded.source.kind == "preset"
@@ -668,9 +666,8 @@ def test_versions_are_kept_and_a_killed_overwrite_is_finished_by_the_next_export
             for version in (1, 2)
         ]
         names = sorted(set(readers[0].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"})  # it holds
-        assert names == sorted(
-            set(readers[1].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"}
-        )  # layer names
+        # layer names
+        assert names == sorted(set(readers[1].get_variable_to_shape_map()) - {"_CHECKPOINTABLE_OBJECT_GRAPH"})
         for name in names:
             np.testing.assert_array_equal(
                 readers[0].get_tensor(name), readers[1].get_tensor(name), err_msg=f"{artifact}: {name}"
@@ -923,9 +920,8 @@ def test_a_text_that_is_not_a_list_of_strings_is_refused_by_name(exported, model
     path = exported["written"][model]  # the TF Serving model and the TF-Hub preprocessor (servable too)
     rows = _run_as_tf_serving_does(path, signature_name, ["one text", "two texts here"])
     assert all(len(output) == 2 for output in rows)
-    signature = tf.saved_model.load(path).signatures[
-        signature_name
-    ]  # TF2's call: graph optimisation must not fold the check
+    # TF2's call: graph optimisation must not fold the check
+    signature = tf.saved_model.load(path).signatures[signature_name]
     for value, rank in (("one text", 0), ([["one text", "two"]], 2)):
         for run in (
             lambda: _run_as_tf_serving_does(path, signature_name, value),

@@ -305,10 +305,8 @@ def test_a_task_without_a_serving_model_of_its_own_serves_the_encoder():
 def test_task_labels_are_at_least_two_distinct_names(labels, message):
     from concise_attention.training.run import configs
 
-    assert configs.load_config("glue_base", ["task.labels=[0, 1]"]).task.labels == [
-        "0",
-        "1",
-    ]  # as the TSV files hold them
+    # as the TSV files hold them
+    assert configs.load_config("glue_base", ["task.labels=[0, 1]"]).task.labels == ["0", "1"]
     with pytest.raises(ValueError, match=message):
         configs.load_config("glue_base", [f"task.labels={labels}"])
 

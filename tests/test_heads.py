@@ -63,9 +63,8 @@ def test_a_new_head_on_the_shipped_sentence_encoder_reads_its_mean_token_vector(
 
     embedding = SentenceEncoder.from_preset("concise-minilm-d192").encode(["this is a test"])
     kernel, bias = (np.asarray(w) for w in classifier.classifier.weights)
-    mean = np.asarray(classifier.encoder(inputs)["sequence_output"])[0, :6].mean(
-        0, keepdims=True
-    )  # numpy: the real tokens
+    # numpy: the real tokens
+    mean = np.asarray(classifier.encoder(inputs)["sequence_output"])[0, :6].mean(0, keepdims=True)
     np.testing.assert_allclose(mean / np.linalg.norm(mean), embedding, atol=1e-5)  # the direction encode gives
     np.testing.assert_allclose(np.asarray(classifier(inputs)["logits"]), mean @ kernel + bias, rtol=1e-5, atol=1e-5)
     # a new head on a saved fine-tuned classifier keeps the pooling its head was trained with

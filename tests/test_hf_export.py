@@ -300,9 +300,8 @@ def _tiny_tensors(seed=0):
     tensors |= dense("bert.pooler.dense", HIDDEN, HIDDEN)
     tensors |= dense("cls.predictions.transform.dense", HIDDEN, HIDDEN) | norm("cls.predictions.transform")
     tensors["cls.predictions.bias"] = normal(vocab_size)
-    tensors["cls.predictions.decoder.weight"] = tensors[
-        "bert.embeddings.word_embeddings.weight"
-    ]  # tied, as HF saves it
+    # tied, as HF saves it
+    tensors["cls.predictions.decoder.weight"] = tensors["bert.embeddings.word_embeddings.weight"]
     tensors["cls.predictions.decoder.bias"] = tensors["cls.predictions.bias"]
     return tensors, vocab_size
 
@@ -385,9 +384,8 @@ def test_a_masked_lm_checkpoint_exports_with_its_head_and_its_tokenizer_settings
     np.testing.assert_allclose(outputs["mlm_logits"].numpy(), tiny["logits"], atol=1e-4)
     serving = tf.saved_model.load(str(tiny["out"] / "serving" / "1"))
     served_ids = serving.signatures["tokenize"](text=tf.constant(TEXTS))["input_word_ids"].numpy()
-    assert [[i for i in row if i] for row in served_ids] == tiny[
-        "ids"
-    ]  # cased, accents kept: tokenizer_config.json's settings
+    # cased, accents kept: tokenizer_config.json's settings
+    assert [[i for i in row if i] for row in served_ids] == tiny["ids"]
     uncased = hugging_face_ids(tiny["dir"] / "vocab.txt", TEXTS, 24)
     assert uncased != tiny["ids"]  # (so the check above tells the settings apart)
     embeddings = serving.signatures["serving_default"](text=tf.constant(TEXTS))["embedding"].numpy()

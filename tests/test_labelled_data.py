@@ -198,11 +198,12 @@ Description: a ping
 
 
 def test_debian_descriptions_one_program_per_source_in_the_chosen_sections(tmp_path):
+    # data/-dev/lib packages, 2-word texts, other sections: out
     assert make_labelled_data.debian_descriptions(PACKAGES_INDEX) == [
         ("Civilization turn based strategy game", "games"),
         ("fast, cross-platform audio editor", "sound"),
         ("GNU Image Manipulation Program", "graphics"),
-    ]  # data/-dev/lib packages, 2-word texts, other sections: out
+    ]
     index = tmp_path / "Packages"
     index.write_text(PACKAGES_INDEX)
     assert make_labelled_data.read_packages_index(index).decode() == PACKAGES_INDEX

@@ -519,6 +519,7 @@ what you can do the day after tomorrow.
 
 
 def test_dictionary_and_fortune_entries_by_hand():
+    # the header, the notice, headwords, etymologies, labels, sources, attributions and WordNet's block: gone
     assert make_corpus.dictd_entries(DICTD) == [
         [
             "To act upon; to produce an effect or change upon.",
@@ -526,7 +527,7 @@ def test_dictionary_and_fortune_entries_by_hand():
             "To love; to regard with affection.",
         ],
         ["Afraid of something that is coming soon."],
-    ]  # the header, the notice, headwords, etymologies, labels, sources, attributions and WordNet's block: gone
+    ]
     assert make_corpus.fortune_entries(FORTUNES) == [
         ["A journey of a thousand miles begins with a single step."],
         ["Never put off until tomorrow what you can do the day after tomorrow."],

@@ -157,9 +157,8 @@ def numpy_mpnet(tensors, ids, mask):
     )
     length = ids.shape[1]
     relative = np.arange(length)[None, :] - np.arange(length)[:, None]  # key - query
-    bias = tensors["encoder.relative_attention_bias.weight"][_bucket(relative)].transpose(2, 0, 1)[
-        None
-    ]  # [1, heads, L, L]
+    # [1, heads, L, L]
+    bias = tensors["encoder.relative_attention_bias.weight"][_bucket(relative)].transpose(2, 0, 1)[None]
     for index in range(LAYERS):
         prefix = f"encoder.layer.{index}"
 

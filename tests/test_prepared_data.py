@@ -252,12 +252,13 @@ def test_bad_prepared_data_is_one_line(prepared, tmp_path, capsys):
         "missing",
     )
     _errors(capsys, prepare_data.main, ["--config", "tiny_lm", "--out", str(folder)], "already prepared")
+    # this process runs TensorFlow
     _errors(
         capsys,
         shard_trainer.main,
         ["--config", "tiny_lm", "--data", str(folder), "--run-dir", str(tmp_path / "jax")],
         "KERAS_BACKEND=jax",
-    )  # this process runs TensorFlow
+    )
     assert (
         not (tmp_path / "out").exists()
         and not (tmp_path / "run" / "checkpoint").exists()

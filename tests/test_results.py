@@ -29,9 +29,8 @@ SCRIPT_STUDENTS = dict(
 )
 # the overrides the script gives every run (the dropout the table was measured with)
 SCRIPT_SETS = re.search(r"SETS=\(([^)]*)\)", DISTILL_TABLE_SCRIPT).group(1).replace("--set", "").split()
-ABLATIONS = {
-    "n": "a"
-}  # benchmarks/results/distill_ablation_3000: label -> the student it is trained from, one term off
+# benchmarks/results/distill_ablation_3000: label -> the student it is trained from, one term off
+ABLATIONS = {"n": "a"}
 
 
 def _benchmark_module(name):
@@ -192,12 +191,13 @@ def test_the_gap_trend_is_a_least_squares_line_over_seed_paired_points():
         "Mean gap at 400 steps +6.1%, 1500 steps +4.1%, 6000 steps +2.1%; over the last two budgets alone -2.00 ± 0.14 % "
         "per decade, reaching 0 at about 1.1e+08 tokens." in verdict
     ), verdict
+    # the last two budgets level: no change to report
     level = [
         {**row, "eval_subword_perplexity": str(102 + 0.2 * int(row["seed"]))}
         if row["label"].startswith("fixed") and "@400" not in row["label"]
         else row
         for row in rows
-    ]  # the last two budgets level: no change to report
+    ]
     assert "not distinguishable from no change" in studies._trend_verdict(level, "fixed p=16 w=64 h=32")
 
     def parameters(study, label):
@@ -379,9 +379,8 @@ def test_the_least_squares_cosine_scores_scikit_learn_s_ridge_predictions():
     distill_eval = _benchmark_module("distill_eval")
     rng = np.random.default_rng(0)
     teacher = distill_eval.unit(rng.normal(size=(600, 8)))
-    student = teacher[:, :5] @ rng.normal(size=(5, 5)) + 0.3 * rng.normal(
-        size=(600, 5)
-    )  # part of the teacher, and noise
+    # part of the teacher, and noise
+    student = teacher[:, :5] @ rng.normal(size=(5, 5)) + 0.3 * rng.normal(size=(600, 5))
     centred = student[:400] - student[:400].mean(0)
     ridge = Ridge(alpha=RIDGE * np.trace(centred.T @ centred) / 5).fit(student[:400], teacher[:400])
     expected = np.mean(np.sum(distill_eval.unit(ridge.predict(student[400:])) * teacher[400:], axis=1))
@@ -422,9 +421,8 @@ def test_the_distillation_table_in_the_docs_is_every_committed_run():
     for name, config in configs.items():  # each run was trained by the config the table names, at its seed
         assert config["name"] == SCRIPT_STUDENTS[ABLATIONS.get(name[0], name[0])], name
         expected = load_config(config["name"], SCRIPT_SETS).to_dict()["model"]
-        later = {
-            key: expected.pop(key) for key in set(expected) - set(config["model"])
-        }  # settings added since, at their defaults
+        # settings added since, at their defaults
+        later = {key: expected.pop(key) for key in set(expected) - set(config["model"])}
         assert config["model"] == expected and later == {key: _BERT_DEFAULTS[key] for key in later}, name
         assert config["training"]["seed"] == int(name.split("_s")[1]) and config["training"]["train_steps"] == 3000
     for name in (
@@ -556,9 +554,8 @@ def test_results_measured_in_separate_sessions_merge_into_one_table():
     assert rows["student b_s0"]["speedup_batch_1"] == 1.2
     lines = distill_eval.table(rows, "teacher t").splitlines()
     assert lines[-1].endswith("| 30 (1.20x) | 80 (2.00x) |")  # not 80 / 100: its own teacher's ratio
-    assert (
-        "student b_s0" not in first["rows"] and "speedup_batch_1" not in first["rows"]["student a_s0"]
-    )  # inputs untouched
+    # inputs untouched
+    assert "student b_s0" not in first["rows"] and "speedup_batch_1" not in first["rows"]["student a_s0"]
 
 
 def test_the_paired_table_differences_students_seed_by_seed():

@@ -87,9 +87,8 @@ def test_shipped_preset_exports_and_serves_its_embeddings(name, tmp_path):
     assert presets.trained_sequence_length(keras_preset) == presets.trained_sequence_length(name)
     assert presets.serving_length(keras_preset) == presets.serving_length(name)
     export_settings = json.loads((tmp_path / "export" / "serving" / "1" / "assets.extra" / "export.json").read_text())
-    assert (
-        export_settings["seq_length"] == SentenceEncoder.from_preset(name).sequence_length
-    )  # one default cut for both
+    # one default cut for both
+    assert export_settings["seq_length"] == SentenceEncoder.from_preset(name).sequence_length
     assert presets.sentence_embedding(keras_preset) == "normalized_mean"
     assert (keras_preset / "README.md").read_text() == (
         pathlib.Path(presets.SHIPPED_DIR) / name / "README.md"

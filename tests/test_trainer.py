@@ -277,9 +277,8 @@ def test_a_classifier_trains_under_multi_worker_as_under_the_default_strategy(tm
     _, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr[-4000:]
     single, multi = (_weights(runs_[name] / "model.weights.h5") for name in ("cpu", "multi_worker"))
-    assert single.keys() == multi.keys() and any(
-        not name.startswith("bert_encoder/") for name in single
-    )  # the head too
+    # the head too
+    assert single.keys() == multi.keys() and any(not name.startswith("bert_encoder/") for name in single)
     for name in single:
         np.testing.assert_array_equal(multi[name], single[name], err_msg=name)
     metrics = json.loads((runs_["multi_worker"] / "metrics.json").read_text())

@@ -376,9 +376,8 @@ class WordPieceModule(tf.Module):
         end_slot_W = end_W + tf.range(words)
         first_slot_W = end_slot_W - count_W
         slots = tf.size(code_P) + words
-        jump_S = tf.tensor_scatter_nd_update(
-            tf.range(slots), slot_P[:, None], slot_P + best_length_P
-        )  # no piece: stays
+        # no piece: stays
+        jump_S = tf.tensor_scatter_nd_update(tf.range(slots), slot_P[:, None], slot_P + best_length_P)
         reached_S = tf.scatter_nd(first_slot_W[:, None], tf.ones([words], tf.int32), [slots])
         for _ in range(MAX_CHARS_PER_WORD.bit_length()):  # pointer doubling: chains of up to 2**7 pieces
             reached_S = tf.tensor_scatter_nd_max(reached_S, jump_S[:, None], reached_S)
@@ -462,9 +461,8 @@ class WordPieceModule(tf.Module):
         for index, (segment, keep_B) in enumerate(zip(segments, kept)):
             offset_BxT = position_BxT - start_B[:, None]
             inside_BxT = (offset_BxT >= 0) & (offset_BxT < keep_B[:, None])
-            values = tf.concat(
-                [tf.cast(segment.flat_values, tf.int32), [0]], 0
-            )  # + one value for the positions outside
+            # + one value for the positions outside
+            values = tf.concat([tf.cast(segment.flat_values, tf.int32), [0]], 0)
             first_B = tf.cast(segment.row_splits[:-1], tf.int32)
             pieces_BxT = tf.gather(values, tf.where(inside_BxT, first_B[:, None] + offset_BxT, tf.size(values) - 1))
             end_BxT = position_BxT == (start_B + keep_B)[:, None]

@@ -108,9 +108,8 @@ class WordPieceTokenizer:
         most this many words of each text (and BYTES_PER_WORD bytes a word: time and memory bounded whatever its
         size, `training.preprocessing.text`); None: all of it."""
         text = tf.convert_to_tensor(text, tf.string)
-        ids = self.module.token_ids(
-            tf.reshape(text, [-1]), max_length
-        )  # the module's tokenisation is a traced tf.function
+        # the module's tokenisation is a traced tf.function
+        ids = self.module.token_ids(tf.reshape(text, [-1]), max_length)
         return ids[0] if text.shape.rank == 0 else ids
 
     def pack(self, texts, sequence_length):

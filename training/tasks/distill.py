@@ -261,9 +261,8 @@ class DistillTask(Task):
     def check(self):
         super().check()
         source = self.source
-        artifacts.check_mean_pooling(
-            source
-        )  # the teacher's embedding is the mean of its token vectors, as computed here
+        # the teacher's embedding is the mean of its token vectors, as computed here
+        artifacts.check_mean_pooling(source)
         teacher_settings = {
             "lowercase": source.tokenizer.get("lowercase", True),
             "strip_accents": source.tokenizer.get("strip_accents"),
@@ -440,12 +439,13 @@ def ridge_map(inputs_NxD, targets_NxE, ridge=RIDGE):
     return kernel, targets.mean(0) - inputs.mean(0) @ kernel
 
 
+# (name, BertEncoder's default)
 POSITION_SETTINGS = (
     ("type_vocab_size", 2),
     ("position_offset", None),
     ("relative_attention_buckets", 0),
     ("relative_attention_max_distance", 128),
-)  # (name, BertEncoder's default)
+)
 
 
 def _check_same_positions(teacher_model, student, teacher):
