@@ -30,6 +30,39 @@ from concise_attention.training.run import configs  # noqa: E402
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
 
+def _fit(args, preset, overrides, packed, label):
+    """Trains `preset` with `overrides` for the study's steps: its loss curve, size and time."""
+    keras.utils.set_random_seed(args.seed)
+    config = configs.load_config(preset, overrides)
+    model = config.build_model()
+    if config.model.residual_scaling == "admin":
+        model.initialize_admin({name: value[: args.batch_size] for name, value in packed.items()})
+    start = time.perf_counter()
+    losses = fit_language_model(
+        model,
+        packed,
+        args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+        seed=args.seed,
+        jit_compile=False,
+    )
+    curve = {
+        "preset": preset,
+        "overrides": overrides,
+        "parameters": model.count_params(),
+        "seconds": time.perf_counter() - start,
+        "loss": losses,
+    }
+    print(
+        f"{label:36s} params={model.count_params():,} loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+        f"({curve['seconds']:.0f} s)",
+        flush=True,
+    )
+    return curve
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=400)
@@ -64,36 +97,9 @@ def main():
             [f"model.attention.head_size={head_size}", f"model.intermediate_size={args.width // 2}"],
         ),
     }
-    curves = {}
-    for label, (preset, overrides) in runs.items():
-        keras.utils.set_random_seed(args.seed)
-        config = configs.load_config(preset, common + overrides)
-        model = config.build_model()
-        if config.model.residual_scaling == "admin":
-            model.initialize_admin({name: value[: args.batch_size] for name, value in packed.items()})
-        start = time.perf_counter()
-        losses = fit_language_model(
-            model,
-            packed,
-            args.steps,
-            batch_size=args.batch_size,
-            learning_rate=args.learning_rate,
-            warmup_steps=args.warmup_steps,
-            seed=args.seed,
-            jit_compile=False,
-        )
-        curves[label] = {
-            "preset": preset,
-            "overrides": common + overrides,
-            "parameters": model.count_params(),
-            "seconds": time.perf_counter() - start,
-            "loss": losses,
-        }
-        print(
-            f"{label:36s} params={model.count_params():,} loss {losses[0]:.3f} -> {losses[-1]:.3f} "
-            f"({curves[label]['seconds']:.0f} s)",
-            flush=True,
-        )
+    curves = {
+        label: _fit(args, preset, common + overrides, packed, label) for label, (preset, overrides) in runs.items()
+    }
 
     record = {
         "args": vars(args),

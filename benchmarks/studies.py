@@ -629,6 +629,73 @@ def _plot_pairs(axes, study, points):
     axes.legend(fontsize=8)
 
 
+def _plot_heads(plt, points):
+    """The heads study's two panels: perplexity against parameters and against the head count."""
+    standard_w = sorted(
+        (p for p in points.values() if p["attention"] == "standard" and int(p["width"]) == WIDTH),
+        key=lambda p: int(p["heads"]),
+    )
+    fixed_w = [p for p in points.values() if p["attention"] == "fixed"] + [
+        p for p in standard_w if int(p["head_size"]) == HEAD_SIZE
+    ]
+    fixed_w.sort(key=lambda p: int(p["heads"]))
+    standard_p = sorted(
+        (p for p in points.values() if p["attention"] == "standard" and int(p["head_size"]) == HEAD_SIZE),
+        key=lambda p: int(p["width"]),
+    )
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for series, name, marker in (
+        (standard_p, f"standard, head size {HEAD_SIZE}, width {WIDTH}..128", "o"),
+        (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}, more heads", "s"),
+    ):
+        _errorbars(
+            axes[0],
+            series,
+            [int(p["non_embedding_parameters"]) / 1e3 for p in series],
+            name,
+            marker,
+            lambda p: f"w{p['width']} h{p['heads']}",
+        )
+    axes[0].set_xlabel("non-embedding parameters (thousands)")
+    axes[0].set_ylabel("held-out perplexity per subword")
+    axes[0].set_title("Perplexity vs parameters (their Figure 1)", fontsize=10)
+    for series, name, marker in (
+        (standard_w, f"standard, width {WIDTH} (head size {WIDTH}/h)", "o"),
+        (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}", "s"),
+    ):
+        _errorbars(axes[1], series, [int(p["heads"]) for p in series], name, marker)
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_xlabel("number of heads")
+    axes[1].set_title("Perplexity vs heads (their Figure 3a)", fontsize=10)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return figure
+
+
+def _plot_bars(plt, points):
+    """A study's perplexities as horizontal bars with their ranges."""
+    ordered = sorted(points.values(), key=lambda p: (int(p["width"]), -int(p["layers"]), p["label"]))
+    figure, axes = plt.subplots(figsize=(8, 0.5 + 0.45 * len(ordered) + 1.2))
+    labels = [p["label"] for p in ordered]
+    values = [p["perplexity"] for p in ordered]
+    errors = [[p["perplexity"] - p["low"] for p in ordered], [p["high"] - p["perplexity"] for p in ordered]]
+    axes.barh(labels, values, xerr=errors, capsize=3, color="tab:blue", alpha=0.8)
+    for index, p in enumerate(ordered):
+        axes.annotate(
+            f"{p['perplexity']:.1f}  ({int(p['parameters']) / 1e3:.0f}k params)",
+            (p["high"], index),
+            xytext=(6, -3),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    axes.set_xlabel("held-out perplexity per subword")
+    axes.invert_yaxis()
+    axes.grid(alpha=0.3, axis="x")
+    axes.set_xlim(0, max(values) * 1.35)
+    return figure
+
+
 def plot(study, rows, results=STUDIES_DIR):
     import matplotlib
 
@@ -642,67 +709,12 @@ def plot(study, rows, results=STUDIES_DIR):
         figure, axes = plt.subplots(figsize=(8, 4.5))
         _plot_trend(axes, rows)
     elif study == "heads":
-        standard_w = sorted(
-            (p for p in points.values() if p["attention"] == "standard" and int(p["width"]) == WIDTH),
-            key=lambda p: int(p["heads"]),
-        )
-        fixed_w = [p for p in points.values() if p["attention"] == "fixed"] + [
-            p for p in standard_w if int(p["head_size"]) == HEAD_SIZE
-        ]
-        fixed_w.sort(key=lambda p: int(p["heads"]))
-        standard_p = sorted(
-            (p for p in points.values() if p["attention"] == "standard" and int(p["head_size"]) == HEAD_SIZE),
-            key=lambda p: int(p["width"]),
-        )
-        figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for series, name, marker in (
-            (standard_p, f"standard, head size {HEAD_SIZE}, width {WIDTH}..128", "o"),
-            (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}, more heads", "s"),
-        ):
-            _errorbars(
-                axes[0],
-                series,
-                [int(p["non_embedding_parameters"]) / 1e3 for p in series],
-                name,
-                marker,
-                lambda p: f"w{p['width']} h{p['heads']}",
-            )
-        axes[0].set_xlabel("non-embedding parameters (thousands)")
-        axes[0].set_ylabel("held-out perplexity per subword")
-        axes[0].set_title("Perplexity vs parameters (their Figure 1)", fontsize=10)
-        for series, name, marker in (
-            (standard_w, f"standard, width {WIDTH} (head size {WIDTH}/h)", "o"),
-            (fixed_w, f"fixed head size {HEAD_SIZE}, width {WIDTH}", "s"),
-        ):
-            _errorbars(axes[1], series, [int(p["heads"]) for p in series], name, marker)
-        axes[1].set_xscale("log", base=2)
-        axes[1].set_xlabel("number of heads")
-        axes[1].set_title("Perplexity vs heads (their Figure 3a)", fontsize=10)
-        for ax in axes:
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+        figure = _plot_heads(plt, points)
     elif study in ("head_size", "width"):
         figure, axes = plt.subplots(figsize=(8, 4.5))
         _plot_pairs(axes, study, points)
     else:
-        ordered = sorted(points.values(), key=lambda p: (int(p["width"]), -int(p["layers"]), p["label"]))
-        figure, axes = plt.subplots(figsize=(8, 0.5 + 0.45 * len(ordered) + 1.2))
-        labels = [p["label"] for p in ordered]
-        values = [p["perplexity"] for p in ordered]
-        errors = [[p["perplexity"] - p["low"] for p in ordered], [p["high"] - p["perplexity"] for p in ordered]]
-        axes.barh(labels, values, xerr=errors, capsize=3, color="tab:blue", alpha=0.8)
-        for index, p in enumerate(ordered):
-            axes.annotate(
-                f"{p['perplexity']:.1f}  ({int(p['parameters']) / 1e3:.0f}k params)",
-                (p["high"], index),
-                xytext=(6, -3),
-                textcoords="offset points",
-                fontsize=8,
-            )
-        axes.set_xlabel("held-out perplexity per subword")
-        axes.invert_yaxis()
-        axes.grid(alpha=0.3, axis="x")
-        axes.set_xlim(0, max(values) * 1.35)
+        figure = _plot_bars(plt, points)
     figure.suptitle(textwrap.fill(caption(study, rows), 120), fontsize=9)
     figure.tight_layout()
     _save(figure, results / f"{study}.png")

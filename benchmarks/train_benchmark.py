@@ -144,18 +144,8 @@ def _print_table(record):
     )
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--length", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--vocabulary", type=int, default=8192)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--iterations", type=int, default=5)
-    args = parser.parse_args()
-    keras.utils.set_random_seed(0)
+def _models(args):
+    """Our standard and fixed-head-size causal LMs and keras-hub's GPT-2 of the same shape."""
     feedforward = 4 * args.width
     common = [
         f"model.vocab_size={args.vocabulary}",
@@ -169,7 +159,7 @@ def main():
         "model.activation=gelu_approximate",
         "model.position_embedding=learned",
     ]
-    models = {
+    return {
         "ours standard": configs.load_config("tiny_lm", common + ["model.attention={type: standard}"]).build_model(),
         "ours fixed (head size 2x)": configs.load_config(
             "tiny_lm", common + [f"model.attention={{type: fixed, head_size: {2 * args.width // args.heads}}}"]
@@ -178,6 +168,21 @@ def main():
             args.vocabulary, args.width, args.layers, args.heads, feedforward, args.length
         ),
     }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--vocabulary", type=int, default=8192)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--iterations", type=int, default=5)
+    args = parser.parse_args()
+    keras.utils.set_random_seed(0)
+    models = _models(args)
     rng = np.random.default_rng(0)
     tokens = rng.integers(5, args.vocabulary, size=(args.batch, args.length)).astype("int32")
     labels = np.roll(tokens, -1, axis=1)

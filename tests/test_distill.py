@@ -540,45 +540,48 @@ def test_a_student_distils_with_the_relation_term_and_saves_no_teacher(tmp_path,
     )
 
 
+def _row(width, sts, banking, speed=None):
+    """A row of benchmarks/mteb_table.py's results."""
+    speeds = {} if speed is None else {"sentences_per_s_batch_32": speed, "sentences_per_s_batch_1": speed / 4}
+    return {
+        "width": width,
+        "STSBenchmark": sts,
+        "Banking77Classification": banking,
+        "mean": (sts + banking) / 2,
+        **speeds,
+    }
+
+
+def _write_results(results, rows):
+    """A results file of benchmarks/mteb_table.py holding `rows`."""
+    results.write_text(
+        json.dumps(
+            {
+                "machine": "m",
+                "date": "d",
+                "command": "python benchmarks/mteb_table.py",
+                "teacher": "teacher x",
+                "tasks": ["STSBenchmark", "Banking77Classification"],
+                "rows": rows,
+            }
+        )
+    )
+
+
 def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     """export.ship writes a float16 preset with its model card; it loads by name and embeds as the run does."""
     from concise_attention.export import ship
     from concise_attention.models import presets
     from concise_attention.training.inference.embeddings import SentenceEncoder
 
-    def row(width, sts, banking, speed=None):
-        speeds = {} if speed is None else {"sentences_per_s_batch_32": speed, "sentences_per_s_batch_1": speed / 4}
-        return {
-            "width": width,
-            "STSBenchmark": sts,
-            "Banking77Classification": banking,
-            "mean": (sts + banking) / 2,
-            **speeds,
-        }
-
     rows = {
-        "teacher x": row(64, 0.8, 0.8, 100.0),
-        "teacher x, PCA to 32": row(32, 0.5, 0.4),
-        "teacher x, 1 of 2 layers": row(64, 0.3, 0.3, 150.0),
-        "run": row(32, 0.6, 0.4, 250.0),
+        "teacher x": _row(64, 0.8, 0.8, 100.0),
+        "teacher x, PCA to 32": _row(32, 0.5, 0.4),
+        "teacher x, 1 of 2 layers": _row(64, 0.3, 0.3, 150.0),
+        "run": _row(32, 0.6, 0.4, 250.0),
     }
     results = tmp_path / "results.json"
-
-    def write(rows):
-        results.write_text(
-            json.dumps(
-                {
-                    "machine": "m",
-                    "date": "d",
-                    "command": "python benchmarks/mteb_table.py",
-                    "teacher": "teacher x",
-                    "tasks": ["STSBenchmark", "Banking77Classification"],
-                    "rows": rows,
-                }
-            )
-        )
-
-    write(rows | {"run": row(32, 0.5, 0.3, 250.0)})  # below the teacher's PCA to its width: refused
+    _write_results(results, rows | {"run": _row(32, 0.5, 0.3, 250.0)})  # below the teacher's PCA to its width: refused
     shipped = tmp_path / "shipped"
     arguments = ["--run", str(tmp_path / "run"), "--results", str(results), "--shipped-dir", str(shipped)]
     assert ship.main([*arguments, "--name", "tiny-student"]) == 2 and not shipped.exists()
@@ -586,10 +589,11 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
         "not shipped: run's mean over the MTEB tasks, 0.4000, is below the teacher's PCA to 32, 0.4500"
         in capsys.readouterr().err
     )
-    write(rows | {"run": row(32, 0.6, 0.4, 240.0)})  # above the PCA, below 2.5x the teacher's throughput: refused
+    # Above the PCA, below 2.5x the teacher's throughput: refused.
+    _write_results(results, rows | {"run": _row(32, 0.6, 0.4, 240.0)})
     assert ship.main([*arguments, "--name", "tiny-student"]) == 2 and not shipped.exists()
     assert "not shipped: run runs at 2.40x its teacher's batch-32 throughput, below 2.5x" in capsys.readouterr().err
-    write(rows)
+    _write_results(results, rows)
     assert ship.main([*arguments, "--name", "Bad/Name"]) == 2 and not shipped.exists()
     assert "--name 'Bad/Name'" in capsys.readouterr().err
     assert ship.main([*arguments, "--name", "tiny-student", "--serving-length", "2"]) == 2 and not shipped.exists()

@@ -218,6 +218,36 @@ def _reference_ids(texts, seq_length):
     }
 
 
+def _live_outputs(pretrainer):
+    """(ids, MLM positions, texts, their reference ids, the live outputs) of the trained pretrainer: the figures its
+    export must reproduce."""
+    rng = np.random.default_rng(1)
+    word_ids = rng.integers(1000, 30000, size=(3, 20)).astype("int32")
+    mask = (np.arange(20)[None, :] < np.array([[20], [13], [5]])).astype("int32")
+    ids = {
+        "input_word_ids": word_ids * mask,
+        "input_mask": mask,
+        "input_type_ids": (np.arange(20) >= 8).astype("int32")[None].repeat(3, 0) * mask,
+    }
+    positions = np.array([[1, 4, 7], [2, 3, 9], [1, 2, 3]], "int32")
+    texts = read_lines(SAMPLE_CORPUS)[:40] + MULTILINGUAL
+    live = {
+        name: np.asarray(value)
+        for name, value in pretrainer.encoder(ids, training=False).items()
+        if name != "encoder_outputs"
+    }
+    for index, value in enumerate(pretrainer.encoder(ids, training=False)["encoder_outputs"]):
+        live[f"encoder_outputs_{index}"] = np.asarray(value)
+    live["mlm_logits"] = np.asarray(pretrainer({**ids, "masked_lm_positions": positions}, training=False)["mlm_logits"])
+    reference = _reference_ids(texts, SEQ_LENGTH)
+    sequence = np.asarray(pretrainer.encoder(reference, training=False)["sequence_output"])
+    weights = reference["input_mask"][:, :, None].astype("float32")
+    live["embedding"] = (sequence * weights).sum(1) / weights.sum(1)
+    live["ids_embedding"] = np.asarray(pretrainer.encoder(ids, training=False)["sequence_output"])
+    live["ids_embedding"] = (live["ids_embedding"] * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
+    return ids, positions, texts, reference, live
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A tiny fixed-head-size BERT trained 20 MLM steps with the real uncased BERT vocabulary,
@@ -249,31 +279,7 @@ def exported(tmp_path_factory):
 
     loaded = runs.load(run)
     pretrainer = loaded.task_model
-    rng = np.random.default_rng(1)
-    word_ids = rng.integers(1000, 30000, size=(3, 20)).astype("int32")
-    mask = (np.arange(20)[None, :] < np.array([[20], [13], [5]])).astype("int32")
-    ids = {
-        "input_word_ids": word_ids * mask,
-        "input_mask": mask,
-        "input_type_ids": (np.arange(20) >= 8).astype("int32")[None].repeat(3, 0) * mask,
-    }
-    positions = np.array([[1, 4, 7], [2, 3, 9], [1, 2, 3]], "int32")
-    texts = read_lines(SAMPLE_CORPUS)[:40] + MULTILINGUAL
-    live = {
-        name: np.asarray(value)
-        for name, value in pretrainer.encoder(ids, training=False).items()
-        if name != "encoder_outputs"
-    }
-    for index, value in enumerate(pretrainer.encoder(ids, training=False)["encoder_outputs"]):
-        live[f"encoder_outputs_{index}"] = np.asarray(value)
-    live["mlm_logits"] = np.asarray(pretrainer({**ids, "masked_lm_positions": positions}, training=False)["mlm_logits"])
-    reference = _reference_ids(texts, SEQ_LENGTH)
-    sequence = np.asarray(pretrainer.encoder(reference, training=False)["sequence_output"])
-    weights = reference["input_mask"][:, :, None].astype("float32")
-    live["embedding"] = (sequence * weights).sum(1) / weights.sum(1)
-    live["ids_embedding"] = np.asarray(pretrainer.encoder(ids, training=False)["sequence_output"])
-    live["ids_embedding"] = (live["ids_embedding"] * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
-
+    ids, positions, texts, reference, live = _live_outputs(pretrainer)
     inputs_path = root / "inputs.npz"
     np.savez(
         inputs_path,

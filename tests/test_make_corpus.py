@@ -614,6 +614,11 @@ def _fake_apt(monkeypatch, debs):
     monkeypatch.setattr(make_corpus, "_run", run)
 
 
+def _build(tmp_path, out, cache, *arguments):
+    """make_corpus into tmp_path/out with its cache in tmp_path/cache: the exit status."""
+    return make_corpus.main(["--out", str(tmp_path / out), "--cache", str(tmp_path / cache), *arguments])
+
+
 def test_a_corpus_is_rebuilt_from_its_manifest_and_says_what_differs(tmp_path, monkeypatch, capsys):
     """The manifest records each .deb's sha256 and the corpus' own; `--manifest` rebuilds the same corpus (byte for
     byte) where apt offers the recorded versions, and where it does not says which package moved, and how."""
@@ -625,21 +630,7 @@ def test_a_corpus_is_rebuilt_from_its_manifest_and_says_what_differs(tmp_path, m
     }
     _fake_apt(monkeypatch, original)
     common = ["--paragraph-min-words", "8", "--no-progress"]
-    assert (
-        make_corpus.main(
-            [
-                "--out",
-                str(tmp_path / "a"),
-                "--packages",
-                "docs-man",
-                "docs-html",
-                "--cache",
-                str(tmp_path / "c1"),
-                *common,
-            ]
-        )
-        == 0
-    )
+    assert _build(tmp_path, "a", "c1", "--packages", "docs-man", "docs-html", *common) == 0
     recorded = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert {entry["package"]: entry["deb_sha256"] for entry in recorded["sources"]} == {
         package: hashlib.sha256(deb.read_bytes()).hexdigest() for (package, _), deb in original.items()
@@ -648,20 +639,7 @@ def test_a_corpus_is_rebuilt_from_its_manifest_and_says_what_differs(tmp_path, m
     capsys.readouterr()
 
     manifest_file = str(tmp_path / "a" / "manifest.json")
-    assert (
-        make_corpus.main(
-            [
-                "--out",
-                str(tmp_path / "b"),
-                "--manifest",
-                manifest_file,
-                "--cache",
-                str(tmp_path / "c2"),
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert _build(tmp_path, "b", "c2", "--manifest", manifest_file, "--no-progress") == 0
     assert f"the same corpus as {manifest_file}" in capsys.readouterr().out
     rebuilt = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert rebuilt["rebuilt_from"] == {"corpus_sha256": recorded["corpus_sha256"]}
@@ -680,20 +658,7 @@ def test_a_corpus_is_rebuilt_from_its_manifest_and_says_what_differs(tmp_path, m
         ),
     }
     _fake_apt(monkeypatch, moved)
-    assert (
-        make_corpus.main(
-            [
-                "--out",
-                str(tmp_path / "c"),
-                "--manifest",
-                manifest_file,
-                "--cache",
-                str(tmp_path / "c3"),
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert _build(tmp_path, "c", "c3", "--manifest", manifest_file, "--no-progress") == 0
     out = capsys.readouterr().out
     assert "docs-man 1.0: not offered here (1.1): its candidate is used" in out
     assert "docs-man: version 1.0 -> 1.1, deb_sha256" in out and "docs-html:" not in out.split("corpus sha256", 2)[-1]
