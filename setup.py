@@ -75,6 +75,8 @@ setuptools.setup(
         ]
     },
     extras_require={
+        # concise-export --onnx (export/onnx.py): the converter, the format and the tokenizer.json writer
+        "onnx": ["tf2onnx>=1.16", "onnx>=1.14", "tokenizers>=0.15"],
         "test": [
             "pytest>=8",
             "pytest-timeout",
@@ -85,8 +87,11 @@ setuptools.setup(
             "tf-keras>=2.20,<2.21",
             "tf-models-official>=2.20,<2.21",
             "jax[cpu]>=0.4.30",
-            # independent references in tests: Hugging Face's Rust WordPiece, scikit-learn and SciPy metrics
+            # independent references in tests: Hugging Face's Rust WordPiece, scikit-learn and SciPy metrics, onnx's
+            # reference evaluator (numpy) of our ONNX export
             "tokenizers>=0.15",
+            "tf2onnx>=1.16",
+            "onnx>=1.14",
             "scikit-learn>=1.3",
             "scipy>=1.10",
             # tests/gcs_fake.py: a local Google Cloud Storage that TensorFlow's gs:// client reaches through a TLS proxy

@@ -4,9 +4,10 @@
     concise-export --run converted --out exported            # a concise-collaborative output
     concise-export --hf-dir path/to/bert --out exported      # a Hugging Face BERT folder, as it is
     concise-export --run runs/bert --out exported --version 1 --overwrite
+    concise-export --preset concise-minilm-d192 --out exported --onnx   # + an ONNX model folder
     concise-export --out exported --recover                  # only finish/clean up killed exports
 
-Writes OUT/hub/<version>/{encoder,preprocess,keras,hub.tar.gz,export.json} and OUT/serving/<version>/
+Writes OUT/hub/<version>/{encoder,preprocess,keras,hub.tar.gz,export.json} (+ onnx/ with --onnx) and OUT/serving/<version>/
 (+ OUT/serving/models.config) through a staging folder and a commit journal
 (export/commit.py): a failed or killed export never leaves a version half-written, the
 next export finishes or removes what a killed one left, and an existing version is only
@@ -56,6 +57,13 @@ def main(argv=None):
         "pooling (normalized_mean or mean), else mean",
     )
     parser.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also write OUT/hub/<version>/onnx/: the encoder as ONNX, a tokenizers tokenizer.json and "
+        "sentence-transformers' pooling (for ONNX Runtime, sentence-transformers' ONNX backend, fastembed; needs "
+        "pip install 'concise-attention[onnx]')",
+    )
+    parser.add_argument(
         "--recover",
         action="store_true",
         help="only finish the commits of killed exports into OUT and remove their leftovers",
@@ -77,6 +85,7 @@ def main(argv=None):
             model_name=args.model_name,
             pooling=args.pooling,
             kind="hf" if args.hf_dir else None,
+            onnx=args.onnx,
         )
     print(json.dumps(written, indent=1))
     return 0

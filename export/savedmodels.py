@@ -8,6 +8,8 @@ folder alike (all read by `training.run.runs.load`: `training.artifacts`, with a
     OUT/hub/<version>/keras/             Keras 3 preset (`models.presets`, keras-hub's layout):
                                          `BertEncoder.from_preset` fine-tunes it with any optimizer
     OUT/hub/<version>/hub.tar.gz         encoder/ + preprocess/, for upload to a model hub
+    OUT/hub/<version>/onnx/              with `onnx=True`: the encoder as ONNX with a `tokenizers` tokenizer.json and
+                                         sentence-transformers' pooling config (`export.onnx`)
     OUT/hub/<version>/export.json        the export's settings, the source's model and export id
     OUT/serving/<version>/               TF Serving SavedModel (+ assets.extra/tf_serving_warmup_requests,
                                          assets.extra/export.json: the same export id)
@@ -51,6 +53,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 from tensorflow.python.saved_model import save_context
 
 from concise_attention.export import commit
+from concise_attention.export import onnx as onnx_export
 from concise_attention.export.chunking import bucket_lengths
 from concise_attention.export.chunking import checked_texts
 from concise_attention.export.chunking import chunked
@@ -469,7 +472,15 @@ def _fix_seed_states(model):
 
 
 def export_run(
-    source, out_dir, version=None, overwrite=False, seq_length=None, model_name=None, pooling=None, kind=None
+    source,
+    out_dir,
+    version=None,
+    overwrite=False,
+    seq_length=None,
+    model_name=None,
+    pooling=None,
+    kind=None,
+    onnx=False,
 ):
     """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
@@ -494,6 +505,7 @@ def export_run(
             sentence-transformers folder's "normalized_mean" or "mean", whose TF-Hub `pooled_output` and
             `default` are then that embedding too; another sentence-transformers pooling is refused), else "mean".
         kind: "hf" or "run" to insist on one kind of source (`artifacts.read`).
+        onnx: also write hub/<version>/onnx/ (`export.onnx`; a mean or normalized_mean pooling).
 
     Returns:
         dict of the written paths, the version, the sequence length, the export id and what
@@ -505,6 +517,9 @@ def export_run(
     source, encoder, model = loaded.source, loaded.backbone, loaded.task_model
     _fix_seed_states(model or encoder)
     settings = _export_settings(source, seq_length, model_name, pooling)
+    if onnx:
+        onnx_export.check_onnx(settings["pooling"])
+    settings["onnx"] = bool(onnx)
     task = portable_task(source.task) if model is not None else None
     described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}
     with commit.export_version(out_dir, version, overwrite, store) as staged:
@@ -601,6 +616,8 @@ def _write_version(staged, encoder, model, source, export):
         for name in ("encoder", "preprocess"):
             archive.add(os.path.join(hub_dir, name), arcname=name)
     write_keras_preset(os.path.join(hub_dir, "keras"), model or encoder, vocab_copy, source)
+    if export["onnx"]:
+        onnx_export.write_onnx_folder(os.path.join(hub_dir, "onnx"), encoder, vocab_copy, export)
     signature = _serving_signature(export["config"], model) if model is not None else None
     if signature is None:  # no task model of its own to serve: the encoder's embeddings
         _save(serving_model, (encoder, tokenizer, export["seq_length"], export["pooling"], infer), serving_dir)
