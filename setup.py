@@ -99,6 +99,6 @@ setuptools.setup(
             "trustme>=1.1",
             # the linter the suite runs (tests/test_repository.py; its rules: pyproject.toml)
             "ruff>=0.6",
-        ]
+        ],
     },
 )
