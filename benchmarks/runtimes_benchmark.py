@@ -1,0 +1,235 @@
+"""Our TF Serving export against the CPU runtimes embedding users serve with, on the same weights and texts.
+
+    python benchmarks/runtimes_benchmark.py --runtime-path ENV [--rounds 3] [--out results/runtimes_benchmark.json]
+
+ENV is where the peers live, never in the package's environment: a folder for PYTHONPATH or a Python executable
+whose environment has them, e.g. `pip install --target ENV fastembed==0.9.1` (it brings onnxruntime and tokenizers).
+For all-MiniLM-L6-v2 (the teacher) and every concise preset shipped with the package, `concise-export --onnx` writes
+the TF Serving model and the ONNX folder of the same weights; then, round after round, each runtime runs in a fresh
+process of its own, one after the other, on 32 texts of each length of `serving_benchmark.LENGTHS`, at batch 1 and 32:
+
+  tf_serving        our export's `serving_default` (text in, embedding out), loaded with tf.saved_model.load;
+  onnxruntime       ONNX Runtime on onnx/model.onnx, ids from tokenizer.json by `tokenizers`, mean pooling in numpy;
+  onnxruntime_int8  the same after ONNX Runtime's dynamic int8 quantisation (QInt8 weights per channel);
+  fastembed         fastembed's TextEmbedding on the folder (its custom-model route: mean pooling, unit length).
+
+Each runtime gets 2 threads. A figure is the best round's median of 3 timed passes (sentences/s); every runtime's
+embeddings are compared with tf_serving's (cosine). Results: --out (JSON, with machine and date) and a Markdown table
+of sentences/s and of each runtime's ratio to the fastest fp32 runtime running the teacher, per length and batch.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+RUNTIMES = ("tf_serving", "onnxruntime", "onnxruntime_int8", "fastembed")
+FP32 = ("tf_serving", "onnxruntime", "fastembed")
+BATCHES = (1, 32)
+THREADS = 2
+REPEATS = 3
+
+
+def _runner(runtime, folder):
+    """A function of a list of texts -> unit embeddings (numpy), for `runtime` on the export in `folder`."""
+    if runtime == "tf_serving":
+        import tensorflow as tf
+
+        serving = tf.saved_model.load(str(folder / "serving" / "1")).signatures["serving_default"]
+        return lambda texts: serving(text=tf.constant(texts))["embedding"].numpy()
+    model_folder = folder / "hub" / "1" / "onnx"
+    if runtime == "fastembed":
+        return _fastembed(model_folder)
+    return _onnxruntime(model_folder, quantized=runtime == "onnxruntime_int8")
+
+
+def _onnxruntime(folder, quantized):
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+    path = folder / "onnx" / "model.onnx"
+    if quantized:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantized_path = pathlib.Path(tempfile.mkdtemp()) / "model_int8.onnx"
+        quantize_dynamic(str(path), str(quantized_path), weight_type=QuantType.QInt8, per_channel=True)
+        path = quantized_path
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.enable_padding(pad_id=tokenizer.token_to_id("[PAD]"), pad_token="[PAD]")
+    names = {item.name for item in session.get_inputs()}
+
+    def embed(texts):
+        encodings = tokenizer.encode_batch(texts)
+        ids = np.array([encoding.ids for encoding in encodings], np.int64)
+        mask = np.array([encoding.attention_mask for encoding in encodings], np.int64)
+        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        (hidden,) = session.run(["last_hidden_state"], {name: value for name, value in feed.items() if name in names})
+        mean = (hidden * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
+        return mean / np.linalg.norm(mean, axis=1, keepdims=True)
+
+    return embed
+
+
+def _fastembed(folder):
+    from fastembed import TextEmbedding
+    from fastembed.common.model_description import ModelSource, PoolingType
+
+    width = json.loads((folder / "1_Pooling" / "config.json").read_text())["word_embedding_dimension"]
+    name = f"concise-benchmark-{folder.parents[2].name}"
+    TextEmbedding.add_custom_model(
+        name,
+        pooling=PoolingType.MEAN,
+        normalization=True,
+        sources=ModelSource(hf="unused"),
+        dim=width,
+        model_file="onnx/model.onnx",
+    )
+    model = TextEmbedding(name, specific_model_path=str(folder), threads=THREADS)
+    return lambda texts: np.array(list(model.embed(texts, batch_size=len(texts))))
+
+
+def worker(runtime, folder, texts_path, embeddings_path):
+    """Times `runtime` on every length and batch of the texts file; prints {length: {batch: [rates]}}, saves the
+    embeddings of every text (batch 32) for the comparison."""
+    embed = _runner(runtime, pathlib.Path(folder))
+    texts, rates, vectors = json.loads(pathlib.Path(texts_path).read_text()), {}, {}
+    for length, group in texts.items():
+        vectors[length] = embed(group)  # also the warm-up of batch 32
+        rates[length] = {}
+        for batch in BATCHES:
+            embed(group[:batch])
+            passes = []
+            for _ in range(REPEATS):
+                start = time.perf_counter()
+                for first in range(0, len(group), batch):
+                    embed(group[first : first + batch])
+                passes.append(len(group) / (time.perf_counter() - start))
+            rates[length][str(batch)] = statistics.median(passes)
+    np.savez(embeddings_path, **vectors)
+    print(json.dumps(rates))
+
+
+def _exports(workdir):
+    """{model name: export folder}: the teacher from its Hugging Face folder, each shipped preset by name."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from concise_attention.cli.export import main as export
+    from concise_attention.models import presets
+    from concise_attention.training.tasks.distill import default_teacher
+
+    sources = {"all-MiniLM-L6-v2": ["--hf-dir", default_teacher()]}
+    sources |= {name: ["--preset", name] for name in presets.shipped_presets()}
+    folders = {}
+    for name, source in sources.items():
+        folders[name] = workdir / name
+        if not (folders[name] / "hub" / "1" / "onnx").is_dir():
+            assert export([*source, "--out", str(folders[name]), "--onnx", "--seq-length", "128"]) == 0
+    return folders
+
+
+def _texts(workdir):
+    """The 32 texts of each length of `serving_benchmark`, in a JSON file for the workers."""
+    import serving_benchmark
+    from concise_attention.training import artifacts
+    from concise_attention.training.preprocessing.text import WordPieceModule
+
+    source = artifacts.read(str(serving_benchmark.minilm_folder()))
+    tokenizer = WordPieceModule(source.vocabulary, **source.tokenizer)
+    chosen = serving_benchmark.texts_by_length(tokenizer, 32)
+    path = workdir / "texts.json"
+    path.write_text(json.dumps(chosen))
+    return path
+
+
+def _run_worker(runtime, folder, texts_path, runtime_path):
+    peers = runtime != "tf_serving"
+    python = runtime_path if peers and os.path.isfile(runtime_path or "") else sys.executable
+    environment = dict(os.environ, OMP_NUM_THREADS=str(THREADS), HF_HUB_OFFLINE="1", TF_CPP_MIN_LOG_LEVEL="3")
+    if peers and python == sys.executable:
+        environment["PYTHONPATH"] = runtime_path
+    embeddings_path = folder / f"{runtime}.npz"
+    command = [python, __file__, "--worker", runtime, str(folder), str(texts_path), str(embeddings_path)]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=folder)
+    if result.returncode:
+        raise RuntimeError(f"{runtime} on {folder.name} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1]), dict(np.load(embeddings_path))
+
+
+def measure(folders, texts_path, runtime_path, rounds):
+    """{model: {runtime: {"rates": {length: {batch: best round's median}}, "cosine_min": ...}}}."""
+    rows = {model: {runtime: {"rounds": []} for runtime in RUNTIMES} for model in folders}
+    for round_index in range(rounds):
+        for model, folder in folders.items():
+            for runtime in RUNTIMES:
+                rates, vectors = _run_worker(runtime, folder, texts_path, runtime_path)
+                rows[model][runtime]["rounds"].append(rates)
+                rows[model][runtime]["vectors"] = vectors
+                print(f"round {round_index + 1}, {model}, {runtime}: {json.dumps(rates)}", flush=True)
+    for model, runtimes in rows.items():
+        reference = runtimes["tf_serving"]["vectors"]
+        for runtime, row in runtimes.items():
+            vectors = row.pop("vectors")
+            row["cosine_min"] = min(float((vectors[key] * reference[key]).sum(1).min()) for key in reference)
+            row["rates"] = {
+                length: {batch: max(r[length][batch] for r in row["rounds"]) for batch in row["rounds"][0][length]}
+                for length in row["rounds"][0]
+            }
+    return rows
+
+
+def table(result):
+    """Markdown: sentences/s of every model and runtime, and its ratio to the fastest fp32 runtime of the teacher."""
+    rows, teacher = result["rows"], "all-MiniLM-L6-v2"
+    keys = [(length, batch) for length in rows[teacher]["tf_serving"]["rates"] for batch in map(str, BATCHES)]
+    fastest = {key: max(rows[teacher][runtime]["rates"][key[0]][key[1]] for runtime in FP32) for key in keys}
+    header = " | ".join(f"{length} b{batch}" for length, batch in keys)
+    lines = [f"| model, runtime | cosine | {header} |", "|---|---:|" + "---:|" * len(keys)]
+    for model, runtimes in rows.items():
+        for runtime, row in runtimes.items():
+            cells = [
+                f"{row['rates'][length][batch]:.0f} ({row['rates'][length][batch] / fastest[(length, batch)]:.2f}x)"
+                for length, batch in keys
+            ]
+            lines.append(f"| {model}, {runtime} | {row['cosine_min']:.6f} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runtime-path", required=True, help="PYTHONPATH folder or Python holding the peers")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workdir", default=str(RESULTS / "cache" / "runtimes"))
+    parser.add_argument("--out", default=str(RESULTS / "runtimes_benchmark.json"))
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import provenance
+
+    workdir = pathlib.Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    folders, texts_path = _exports(workdir), _texts(workdir)
+    rows = measure(folders, texts_path, args.runtime_path, args.rounds)
+    result = {
+        **provenance.record(),
+        "command": provenance.command_line("benchmarks/runtimes_benchmark.py", argv or sys.argv[1:]),
+        "threads": THREADS,
+        "rows": rows,
+    }
+    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\n{result['machine']}, {result['date']}\n\n{table(result)}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        worker(*sys.argv[2:6])
+    else:
+        main()
