@@ -21,30 +21,15 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import provenance  # noqa: E402  (benchmarks/, beside this script)
 from distill_eval import throughput  # noqa: E402
 
+from concise_attention.export.ship import mteb_table_lines  # noqa: E402
+
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def markdown(result):
     """The table: per task, mean, share of the teacher's mean, batch-32 and batch-1 throughput as ratios to the teacher."""
     rows, tasks, teacher = result["rows"], result["tasks"], result["teacher"]
-    lines = [
-        "| encoder | width | "
-        + " | ".join(tasks)
-        + " | mean | share of teacher | batch 32 vs teacher | batch 1 vs teacher |",
-        "|---|" + "---:|" * (len(tasks) + 5),
-    ]
-    for name, row in rows.items():
-        speeds = [
-            f"{row[key] / rows[teacher][key]:.2f}x" if key in row else "(teacher's)" if "PCA" in name else ""
-            for key in ("sentences_per_s_batch_32", "sentences_per_s_batch_1")
-        ]
-        lines.append(
-            f"| {name} | {row['width']} | "
-            + " | ".join(f"{row[task]:.4f}" for task in tasks)
-            + f" | {row['mean']:.4f} | {row['mean'] / rows[teacher]['mean']:.1%} | "
-            + " | ".join(speeds)
-            + " |"
-        )
+    lines = mteb_table_lines(tasks, list(rows.items()), rows[teacher])
     return "\n".join(
         lines
         + [

@@ -69,18 +69,20 @@ def _rows(results, run, width):
 
 def _evaluation_table(results, rows):
     """The card's MTEB-protocol table: the encoder, the teacher, its PCA at the same width, the half-layer teacher."""
-    tasks, teacher = results["tasks"], rows[1]
+    labels = ("this encoder", "teacher", f"teacher, {rows[2]['label']}", "teacher, half its layers")
+    return mteb_table_lines(results["tasks"], [(label, row) for label, row in zip(labels, rows) if row], rows[1])
+
+
+def mteb_table_lines(tasks, labelled_rows, teacher):
+    """Markdown lines of an MTEB-protocol table: per task, mean, share of the teacher's mean, batch-32 and batch-1
+    throughput as ratios to the teacher's (a PCA row runs at the teacher's speed) for each (label, row)."""
     lines = [
         "| encoder | width | "
         + " | ".join(tasks)
         + " | mean | share of teacher | batch 32 vs teacher | batch 1 vs teacher |",
         "|---|" + "---:|" * (len(tasks) + 5),
     ]
-    for label, row in zip(
-        ("this encoder", "teacher", f"teacher, {rows[2]['label']}", "teacher, half its layers"), rows
-    ):
-        if not row:
-            continue
+    for label, row in labelled_rows:
         speeds = [
             f"{row[key] / teacher[key]:.2f}x"
             if key in row and key in teacher

@@ -13,22 +13,13 @@ import string
 import numpy as np
 import pytest
 import scipy.special
+from test_finetuning import TINY_BERT
 
 from concise_attention.cli import train as cli
 from concise_attention.training.data import squad
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 
-TINY_BERT = [
-    "model_type=bert",
-    "model.vocab_size=30522",
-    "model.hidden_size=32",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.intermediate_size=64",
-    "model.max_sequence_length=64",
-    "model.attention={type: fixed, head_size: 16}",
-]
 SHORT = [
     "training.sequence_length=32",
     "training.batch_size=4",
