@@ -93,7 +93,7 @@ def write_onnx_folder(folder, encoder, vocabulary, export):
 
 def onnx_model(encoder, path):
     """Converts `encoder` to ONNX at `path` (module docstring's inputs and output), any batch size and length."""
-    import tf2onnx
+    import tf2onnx  # optional: the onnx extra
 
     logging.getLogger("tf2onnx").setLevel(logging.ERROR)
     spec = [tf.TensorSpec([None, None], tf.int64, name=name) for name in INPUTS]
@@ -164,7 +164,7 @@ def canonical(model):
 
 def _erfc(ctx, node, name, args):
     """tf2onnx has no Erfc (TensorFlow's exact GELU): 1 - Erf(x)."""
-    from tf2onnx import utils
+    from tf2onnx import utils  # optional: the onnx extra
 
     x = node.input[0]
     one = ctx.make_const(utils.make_name("one"), np.array(1, utils.map_onnx_to_numpy_type(ctx.get_dtype(x))))
@@ -177,7 +177,7 @@ def _erfc(ctx, node, name, args):
 def hugging_face_tokenizer(vocabulary, lowercase, strip_accents, max_length):
     """BERT's tokenizer in `tokenizers` (the components of its BertWordPieceTokenizer: BERT's normaliser and
     pre-tokeniser, WordPiece, `[CLS] text [SEP]`), with our settings, truncating at `max_length` tokens."""
-    from tokenizers import BertWordPieceTokenizer
+    from tokenizers import BertWordPieceTokenizer  # optional: the onnx extra
 
     tokenizer = BertWordPieceTokenizer(
         vocabulary, lowercase=lowercase, strip_accents=strip_accents, clean_text=True, handle_chinese_chars=True
