@@ -332,6 +332,7 @@ def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
         ("task.length_bucket=true", "task.length_bucket"),
         ("task.relation_weight=-1", "task.relation_weight"),
         ("task.relation_heads=0", "task.relation_heads"),
+        ("task.projection=fixed", "task.projection"),
     ],
 )
 def test_bad_settings_name_the_field(override, message):
@@ -429,6 +430,30 @@ def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projec
         model.projection.bias.numpy(), targets.mean(0) - pooled.mean(0) @ kernel, atol=1e-3, rtol=1e-3
     )
     assert not np.allclose(model.projection.kernel.numpy(), loaded, atol=1e-2)
+
+
+def test_the_principal_projection_is_the_teachers_pca_basis_and_stays_fixed_through_training(tmp_path, capsys):
+    """task.projection principal: after a run through the CLI, P is still the span of the leading right singular
+    vectors of the cached teacher embeddings of the training texts (scikit-learn's TruncatedSVD, signs aside),
+    orthonormal and without bias: no step moved it."""
+    from sklearn.decomposition import TruncatedSVD
+
+    from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+
+    overrides = [*TINY, f"task.cache_dir={tmp_path / 'cache'}", "task.projection=principal"]
+    argv = ["--config", "distill_minilm_d192_fixed", "--run-dir", str(tmp_path / "run"), "--quiet"]
+    assert cli.main(argv + [item for override in overrides for item in ("--set", override)]) == 0
+    capsys.readouterr()
+    projection = runs.load(tmp_path / "run").task_model.projection
+    kernel = projection.kernel.numpy().astype("float64")
+    task = _task(tmp_path, "task.projection=principal")
+    task.read()
+    tokenizer = wordpiece_tokenizer(task.vocabulary_file(), lowercase=True, strip_accents=True)
+    targets = distill.teacher_outputs(task, tokenizer, task.train_texts).astype("float64")
+    components = TruncatedSVD(32, algorithm="arpack").fit(targets).components_
+    np.testing.assert_allclose(kernel @ kernel.T, np.eye(32), atol=1e-5)
+    np.testing.assert_allclose(kernel.T @ kernel, components.T @ components, atol=1e-4)
+    assert not np.any(projection.bias.numpy())
 
 
 @pytest.mark.slow

