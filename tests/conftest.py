@@ -93,6 +93,22 @@ def minilm_dir():
 
 
 @pytest.fixture(scope="session")
+def cased_vocabulary(tmp_path_factory):
+    """A cased WordPiece vocabulary trained with the project's (keras-hub's, deterministic) trainer on part of the
+    sample corpus and test_text's hostile lines (the whole corpus would take 40 s)."""
+    from test_text import COMPATIBILITY, EMOJI, MULTILINGUAL  # the hostile lines live with the tests that use them
+
+    from concise_attention.training.data.packing import SAMPLE_CORPUS
+    from concise_attention.training.data.packing import read_lines
+    from concise_attention.training.preprocessing.tokenizer import train_wordpiece
+
+    lines = read_lines(SAMPLE_CORPUS)[:400] + MULTILINGUAL + [COMPATIBILITY, EMOJI]
+    return train_wordpiece(
+        lines, 3000, tmp_path_factory.mktemp("cased") / "vocab.txt", lowercase=False, strip_accents=False
+    )
+
+
+@pytest.fixture(scope="session")
 def cls_pooling_dir(minilm_dir, tmp_path_factory):
     """all-MiniLM-L6-v2 with its sentence-transformers Pooling module set to the [CLS] token instead of the mean."""
     import json

@@ -73,7 +73,7 @@ def test_the_onnx_model_is_valid_and_the_same_bytes_from_one_conversion_to_the_n
     assert (tmp_path / "again.onnx").read_bytes() == written.read_bytes()
 
 
-def test_the_tokenizer_json_gives_our_ids_on_the_hostile_corpus(exported, cased_vocabulary_file):
+def test_the_tokenizer_json_gives_our_ids_on_the_hostile_corpus(exported, cased_vocabulary):
     """tokenizer.json, read by `tokenizers`, gives our tokenizer's [CLS] text [SEP] ids cut at the export's length,
     for the uncased preset and for a cased vocabulary without accent stripping."""
     from test_text import build_corpus
@@ -88,26 +88,10 @@ def test_the_tokenizer_json_gives_our_ids_on_the_hostile_corpus(exported, cased_
     ours = embeddings.token_ids(wordpiece_tokenizer(source.vocabulary, **source.tokenizer), corpus, 64)
     theirs = [encoding.ids for encoding in written.encode_batch(corpus)]
     assert [line for line, mine, other in zip(corpus, ours, theirs) if mine != other][:5] == []
-    cased = hugging_face_tokenizer(str(cased_vocabulary_file), lowercase=False, strip_accents=False, max_length=40)
-    ours = embeddings.token_ids(
-        wordpiece_tokenizer(cased_vocabulary_file, lowercase=False, strip_accents=False), corpus, 40
-    )
+    cased = hugging_face_tokenizer(str(cased_vocabulary), lowercase=False, strip_accents=False, max_length=40)
+    ours = embeddings.token_ids(wordpiece_tokenizer(cased_vocabulary, lowercase=False, strip_accents=False), corpus, 40)
     theirs = [encoding.ids for encoding in cased.encode_batch(corpus)]
     assert [line for line, mine, other in zip(corpus, ours, theirs) if mine != other][:5] == []
-
-
-@pytest.fixture(scope="module")
-def cased_vocabulary_file(tmp_path_factory):
-    from test_text import MULTILINGUAL
-
-    from concise_attention.training.data.packing import SAMPLE_CORPUS
-    from concise_attention.training.data.packing import read_lines
-    from concise_attention.training.preprocessing.tokenizer import train_wordpiece
-
-    lines = read_lines(SAMPLE_CORPUS)[:300] + MULTILINGUAL
-    return train_wordpiece(
-        lines, 2000, tmp_path_factory.mktemp("cased") / "vocab.txt", lowercase=False, strip_accents=False
-    )
 
 
 def test_an_onnx_export_of_a_cls_pooling_is_refused_before_anything_is_written(tmp_path, capsys):

@@ -21,7 +21,6 @@ from concise_attention.training.data.packing import read_lines
 from concise_attention.training.preprocessing.text import MAX_CHARS_PER_WORD
 from concise_attention.training.preprocessing.text import SPECIAL_TOKENS
 from concise_attention.training.preprocessing.text import WordPieceModule
-from concise_attention.training.preprocessing.tokenizer import train_wordpiece
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
 # The characters keras-hub's normalisation (NFKC case folding) changed and BERT's does not.
@@ -159,16 +158,6 @@ def corpus():
     lines = build_corpus()
     assert len(lines) >= 3000
     return lines
-
-
-@pytest.fixture(scope="module")
-def cased_vocabulary(corpus, tmp_path_factory):
-    """A cased WordPiece vocabulary trained with the project's (keras-hub's, deterministic)
-    trainer on part of the corpus (the whole would take 40 s)."""
-    lines = read_lines(SAMPLE_CORPUS)[:400] + MULTILINGUAL + [COMPATIBILITY, EMOJI]
-    return train_wordpiece(
-        lines, 3000, tmp_path_factory.mktemp("cased") / "vocab.txt", lowercase=False, strip_accents=False
-    )
 
 
 @pytest.fixture(scope="module")
