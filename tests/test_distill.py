@@ -354,6 +354,7 @@ def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
         ("task.relation_heads=0", "task.relation_heads"),
         ("task.projection=fixed", "task.projection"),
         ("task.neighbour_bits=-1", "task.neighbour_bits"),
+        ("task.neighbour_bits=21", "task.neighbour_bits"),
     ],
 )
 def test_bad_settings_name_the_field(override, message):

