@@ -263,26 +263,6 @@ def test_length_buckets_batch_texts_of_like_length_and_cut_only_padding():
     ]
 
 
-def test_neighbour_batches_walk_the_cells_of_scikit_learns_pca_signs_in_a_reproducible_order():
-    """task.neighbour_bits: the cells are the sign patterns of scikit-learn's PCA of the rows (the same partition,
-    whatever the directions' signs); each epoch is a permutation of the rows that visits each cell in one run, the
-    next epoch another, and a second dataset of the same seed gives the same indices."""
-    from sklearn.decomposition import PCA
-
-    rows = np.random.default_rng(0).normal(size=(600, 12)).astype("float32")
-    ours = distill.neighbour_cells(rows, 3)
-    theirs = ((PCA(3, svd_solver="full").fit(rows).transform(rows) > 0) * [1, 2, 4]).sum(1)
-    assert len(set(zip(ours, theirs))) == len(set(ours)) == len(set(theirs)) == 8
-    indices = np.array(list(distill.neighbour_order(rows, 3, seed=5).take(1800).as_numpy_iterator()))
-    epochs = indices.reshape(3, 600)
-    for epoch in epochs:
-        assert sorted(epoch) == list(range(600))
-        assert np.count_nonzero(np.diff(ours[epoch])) == 7  # one run per cell
-    assert not np.array_equal(epochs[0], epochs[1])
-    again = np.array(list(distill.neighbour_order(rows, 3, seed=5).take(1800).as_numpy_iterator()))
-    np.testing.assert_array_equal(indices, again)
-
-
 def test_texts_are_drawn_reproducibly_whole_or_as_one_sentence():
     lines = [f"Paragraph {i} starts here. It has sentence {i}. And a third one." for i in range(50)] + ["", "  "]
     texts = distill.draw_texts(lines, 20, 0.5)
@@ -353,8 +333,6 @@ def test_a_list_of_folders_gives_each_an_equal_share(tmp_path):
         ("task.relation_weight=-1", "task.relation_weight"),
         ("task.relation_heads=0", "task.relation_heads"),
         ("task.projection=fixed", "task.projection"),
-        ("task.neighbour_bits=-1", "task.neighbour_bits"),
-        ("task.neighbour_bits=21", "task.neighbour_bits"),
     ],
 )
 def test_bad_settings_name_the_field(override, message):

