@@ -908,11 +908,27 @@ def same_build(row, corpus):
     return int(row["train_split_tokens"]) == corpus.train["tokens"]
 
 
+def same_build_reference(row, previous, corpus):
+    """(perplexity, where) that a re-run of the table's first `row` on `corpus` is judged against: the row itself when
+    it was trained on this build; else an earlier check's re-run of it on this build (`previous`, its check.json entry,
+    committed with the build's manifest); else None (another build: the difference is cross-build variance)."""
+    if same_build(row, corpus):
+        return float(row["eval_subword_perplexity"]), "table"
+    if (
+        previous.get("corpus_sha256")
+        and previous["corpus_sha256"] == corpus.sha256
+        and (previous.get("label"), previous.get("seed")) == (row["label"], int(row["seed"]))
+    ):
+        return float(previous["rerun"]), f"check.json re-run of {previous['date']} at {previous['commit'][:7]}"
+    return None
+
+
 def check_tables(corpus, studies, jobs):
     """Re-runs the first committed row of each table with today's code, `corpus` prepared from scratch
     (main() gives it a scratch cache), and compares its held-out perplexity with the committed one; records
-    each in RESULTS/check.json as it is known, then the CANARIES' losses. Returns whether every table
-    reproduced within CHECK_TOLERANCE (relative)."""
+    each in RESULTS/check.json as it is known, then the CANARIES' losses. A row trained on another build is judged
+    against an earlier re-run on this build where check.json holds one (`same_build_reference`). Returns whether
+    every table reproduced within CHECK_TOLERANCE (relative)."""
     from concise_attention.training.files import write_bytes_atomically
 
     committed = {study: read_rows(study, corpus.results)[0] for study in studies}
@@ -924,7 +940,8 @@ def check_tables(corpus, studies, jobs):
         rerun = make_row(corpus, study, row["label"], int(row["seed"]), metrics)
         before, now = float(row["eval_subword_perplexity"]), rerun["eval_subword_perplexity"]
         relative = now / before - 1
-        same_corpus = same_build(row, corpus)
+        same_corpus, reference = same_build(row, corpus), same_build_reference(row, record.get(study, {}), corpus)
+        to_reference = None if reference is None else now / reference[0] - 1
         record[study] = {
             "label": row["label"],
             "seed": int(row["seed"]),
@@ -934,7 +951,9 @@ def check_tables(corpus, studies, jobs):
             "relative": round(relative, 5),
             # like with like: on another build of the corpus the difference is cross-build variance, not staleness
             "same_corpus": same_corpus,
-            "reproduced": abs(relative) <= CHECK_TOLERANCE if same_corpus else None,
+            "reference": None if reference is None else {"perplexity": reference[0], "from": reference[1]},
+            "relative_to_reference": None if reference is None else round(to_reference, 5),
+            "reproduced": None if reference is None else abs(to_reference) <= CHECK_TOLERANCE,
             "cross_build_relative": None if same_corpus else round(relative, 5),
             "committed_corpus_sha256": row.get("corpus_sha256", ""),
             "corpus_sha256": corpus.sha256,
@@ -944,8 +963,8 @@ def check_tables(corpus, studies, jobs):
         }
         write_bytes_atomically(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
         verdict = (
-            ("reproduced" if record[study]["reproduced"] else "STALE")
-            if same_corpus
+            f"{'reproduced' if record[study]['reproduced'] else 'STALE'} ({reference[1]}: {reference[0]:.3f})"
+            if reference
             else "another corpus build: cross-build difference"
         )
         print(

@@ -243,6 +243,27 @@ def test_the_paired_verdicts_follow_from_the_rows():
     assert studies._paired_verdict(rows[:2], label, baseline).endswith("no seed measured for both.")
 
 
+def test_a_row_of_another_build_is_judged_against_an_earlier_rerun_on_this_build(tmp_path):
+    """Like with like: a table row trained on another build of the corpus is judged against check.json's earlier
+    re-run of the same row on this build (the build its committed manifest rebuilds), never against the row."""
+    studies = _benchmark_module("studies")
+    build = studies.Corpus("large", (), tmp_path, tmp_path, {"rows": 1, "tokens": 100}, sha256="b" * 64)
+    row = {"label": "x", "seed": "0", "eval_subword_perplexity": "130.0", "corpus_sha256": "a" * 64}
+    earlier = {
+        "label": "x",
+        "seed": 0,
+        "rerun": 131.5,
+        "corpus_sha256": "b" * 64,
+        "date": "2026-12-05",
+        "commit": "abcdef0",
+    }
+    assert studies.same_build_reference(row, earlier, build) == (131.5, "check.json re-run of 2026-12-05 at abcdef0")
+    assert studies.same_build_reference(row, {**earlier, "corpus_sha256": "c" * 64}, build) is None
+    assert studies.same_build_reference(row, {**earlier, "seed": 1}, build) is None
+    assert studies.same_build_reference(row, {}, build) is None
+    assert studies.same_build_reference({**row, "corpus_sha256": "b" * 64}, earlier, build) == (130.0, "table")
+
+
 def test_check_reproduces_a_table_from_scratch_and_flags_a_stale_one(tmp_path, monkeypatch):
     """`studies.py --check` on a one-row table of a tiny model on the shipped sample whose committed perplexity
     was raised by 1%: re-run from scratch (its data prepared again), the row gives its original perplexity to
