@@ -72,6 +72,7 @@ setuptools.setup(
             "concise-collaborative = concise_attention.cli.collaborative:main",
             "concise-prepare-data = concise_attention.training.trainers.prepare_data:main",
             "concise-evaluate = concise_attention.cli.evaluate:main",
+            "concise-reduce = concise_attention.cli.reduce:main",
         ]
     },
     extras_require={

@@ -61,7 +61,7 @@ def write_onnx_folder(folder, encoder, vocabulary, export):
     tokenizer = hugging_face_tokenizer(vocabulary, export["lowercase"], export["strip_accents"], export["seq_length"])
     tokenizer.save(os.path.join(folder, "tokenizer.json"))
     tf.io.gfile.copy(vocabulary, os.path.join(folder, "vocab.txt"), overwrite=True)
-    width = encoder.get_config()["hidden_size"]
+    width = encoder.embedding_size
     files = {
         "config.json": _hf_config(encoder, export),
         "tokenizer_config.json": {

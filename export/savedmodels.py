@@ -144,7 +144,9 @@ def hub_encoder(encoder, vocabulary, lowercase, pretrainer=None, infer=None, poo
 
     def call_mlm(inputs, training=False):
         outputs = _encoder_outputs(encoder, inputs, training, infer, pooling, sentence)
-        outputs["mlm_logits"] = pretrainer.masked_lm_logits(outputs["sequence_output"], inputs["masked_lm_positions"])
+        outputs["mlm_logits"] = pretrainer.masked_lm_logits(
+            outputs["encoder_outputs"][-1], inputs["masked_lm_positions"]
+        )
         return outputs
 
     unused = encoder.pooler.trainable_variables if sentence else ()

@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 
+from concise_attention.models.bert import embedding_width
 from concise_attention.models import presets
 from concise_attention.training import files
 from concise_attention.training import artifacts
@@ -143,11 +144,11 @@ def _start(task):
 
 def _card_model(name, model, task, training, serving_length):
     """The model card's title, usage and `## Model` section (a list of lines)."""
-    attention = model["attention"]
+    attention, width = model["attention"], embedding_width(model)
     return [
         f"# {name}",
         "",
-        f"A {model['hidden_size']}-dimensional English sentence encoder distilled from "
+        f"A {width}-dimensional English sentence encoder distilled from "
         f"{task.get('teacher') or 'all-MiniLM-L6-v2 (384-d)'} by concise-attention's `distill` task.",
         "",
         "```python",
@@ -155,7 +156,7 @@ def _card_model(name, model, task, training, serving_length):
         "",
         f'encoder = SentenceEncoder.from_preset("{name}")   # no network: shipped inside the package',
         'vectors = encoder.encode(["A man is playing a guitar.", "Stocks fell sharply."])   '
-        f"# numpy (2, {model['hidden_size']}), unit rows",
+        f"# numpy (2, {width}), unit rows",
         "```",
         "",
         "## Model",
@@ -163,7 +164,9 @@ def _card_model(name, model, task, training, serving_length):
         f"BERT encoder, {model['num_layers']} layers, width {model['hidden_size']}, {model['num_heads']} heads, attention "
         f"`{attention.get('type', 'standard')}`"
         + (f" with head size {attention['head_size']}" if "head_size" in attention else "")
-        + f", feed-forward {model['intermediate_size']}, stored in float16. "
+        + f", feed-forward {model['intermediate_size']}"
+        + (f", its last layer's tokens mapped linearly to {width}" if model.get("output_size") else "")
+        + ", stored in float16. "
         "Embedding: the mean of the token vectors over the real tokens, scaled to unit length (the teacher's pooling). "
         f"Uncased WordPiece vocabulary of the teacher ({model['vocab_size']} entries). "
         f"Distilled at {training['sequence_length']} tokens; reads up to {serving_length} by default (longer texts are cut), "
@@ -177,7 +180,7 @@ def _card_model(name, model, task, training, serving_length):
 def model_card(name, config, results, run, serving_length):
     """README.md of a shipped preset (Markdown)."""
     model, task, training = config["model"], config["task"], config["training"]
-    rows = _rows(results, run, model["hidden_size"])
+    rows = _rows(results, run, embedding_width(model))
     return "\n".join(
         [
             *_card_model(name, model, task, training, serving_length),

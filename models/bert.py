@@ -26,13 +26,19 @@ def _check_sizes(dropout, attention_dropout, **sizes):
     _check_rate("attention_dropout", attention_dropout)
 
 
+def embedding_width(model):
+    """The width of the sentence embedding of a BERT encoder's config (a dict): its output_size, else its width."""
+    return int(model.get("output_size") or model["hidden_size"])
+
+
 @keras.saving.register_keras_serializable(package="concise_attention")
 class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
     """A BERT encoder with any attention variant, in the TF-Hub BERT contract.
 
     Inputs (dict of int32 (B, T)): `input_word_ids`, `input_mask` (1 = real token),
-    `input_type_ids`. Outputs (dict): `sequence_output` (B, T, D), `pooled_output`
-    (B, D) (tanh dense on the first token), `encoder_outputs` (one (B, T, D) per layer).
+    `input_type_ids`. Outputs (dict): `sequence_output` (B, T, E), `pooled_output`
+    (B, E) (tanh dense on the first token), `encoder_outputs` (one (B, T, D) per layer); E is D unless
+    `output_size` is set.
     Post-LN blocks as BERT; with attention={"type": "fixed", ...} this is the fixed-head-size
     BERT of Bhojanapalli et al. (2020), e.g. width 512 with head size 128. MPNet
     (`models.hf_import`, all-mpnet-base-v2) is this encoder without segment types
@@ -58,6 +64,10 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         layer_norm_epsilon: LayerNormalization epsilon.
         residual_scaling: "none" or "admin" (then call `initialize_admin` on a batch).
         initializer_range: stddev of the truncated normal initializer.
+        output_size: None, or the width E of a linear map (`output_projection`) from the last layer's token
+            vectors to `sequence_output`: a residual stream wider than the embedding. A mean of the
+            projected tokens is the projected mean, so it is the Dense module that sentence-transformers
+            places after pooling, here inside the encoder that every export serves.
 
     Example:
     >>> encoder = BertEncoder(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,
@@ -86,6 +96,7 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         layer_norm_epsilon=1e-12,
         residual_scaling="none",
         initializer_range=0.02,
+        output_size=None,
         dtype=None,
         **kwargs,
     ):
@@ -96,6 +107,7 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
             ("type_vocab_size", type_vocab_size, 0),
             ("position_offset", position_offset or 1, 1),
             ("relative_attention_buckets", relative_attention_buckets, 0),
+            ("output_size", output_size or 1, 1),
         ):
             check_integer(name, value, least)
         self.max_sequence_length, self.position_offset = max_sequence_length, position_offset  # read by _embed
@@ -115,8 +127,13 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
             kernel_initializer=initializer,
             dtype=dtype,
         )
+        self.output_projection = (
+            keras.layers.Dense(output_size, kernel_initializer=initializer, dtype=dtype, name="output_projection")
+            if output_size
+            else None
+        )
         self.pooler = keras.layers.Dense(
-            hidden_size, activation="tanh", kernel_initializer=initializer, dtype=dtype, name="pooler"
+            output_size or hidden_size, activation="tanh", kernel_initializer=initializer, dtype=dtype, name="pooler"
         )
         super().__init__(*self._functional_graph(), dtype=dtype, **kwargs)
         self._keep_arguments(arguments)
@@ -174,11 +191,18 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         for block in self.blocks:
             x = block(x, attention_mask=inputs["input_mask"], attention_bias=bias)
             encoder_outputs.append(x)
+        if self.output_projection is not None:
+            x = self.output_projection(x)
         return inputs, {
             "sequence_output": x,
             "pooled_output": self.pooler(x[:, 0, :]),
             "encoder_outputs": encoder_outputs,
         }
+
+    @property
+    def embedding_size(self):
+        """The width of `sequence_output` and of a sentence embedding pooled from it."""
+        return self.output_size or self.hidden_size
 
     def _embed(self, inputs, training=None):
         words = self.word_embeddings(inputs["input_word_ids"])
@@ -264,7 +288,7 @@ class BertPretrainer(EncoderHead):
 
         inputs = dict(encoder.input)
         inputs["masked_lm_positions"] = keras.Input(shape=(None,), dtype="int32", name="masked_lm_positions")
-        sequence_BxTxD = encoder({name: inputs[name] for name in encoder.input})["sequence_output"]
+        sequence_BxTxD = encoder({name: inputs[name] for name in encoder.input})["encoder_outputs"][-1]
         logits = self.masked_lm_logits(sequence_BxTxD, inputs["masked_lm_positions"])
         super().__init__(inputs=inputs, outputs={"mlm_logits": logits}, **kwargs)
         self.activation = activation

@@ -10,7 +10,9 @@ projected biases.
 Heads re-split: a student with 6 heads of 64 takes the teacher's 12 heads of 32 two by two (the same
 query/key/value widths, reshaped); where it has fewer heads it keeps the first ones, and where it has fewer
 feed-forward units, those with the largest input and output weight norms. Fewer layers: layers evenly spaced through the
-teacher's depth, the first included. This is an approximation that training repairs, not an equivalence.
+teacher's depth, the first included. A student's output projection (`output_size`), which the teacher lacks,
+starts as the leading `output_size` of those directions. This is an approximation that training repairs, not an
+equivalence.
 """
 
 import numpy as np
@@ -100,8 +102,15 @@ def shrink_into(teacher, student, projection=None, gain_scale=1.0):
     teacher_values = {variable.path: variable.numpy() for variable in teacher.weights}
     for variable in student.weights:
         path = variable.path
-        source = teacher_values[_teacher_path(path, layers)]
         shape = tuple(variable.shape)
+        if path.startswith("output_projection/") and path not in teacher_values:
+            variable.assign(np.eye(*shape) if len(shape) == 2 else np.zeros(shape))  # the leading directions
+            continue
+        source = teacher_values[_teacher_path(path, layers)]
+        if path.startswith("pooler/") and student.embedding_size != student.hidden_size:
+            value = shrunk_value(source, shape, projection[:, : student.embedding_size])
+            variable.assign(value.astype(variable.dtype))
+            continue
         if (
             path.endswith(("intermediate/kernel", "intermediate/bias", "feedforward_output/kernel"))
             and source.shape != shape
@@ -126,3 +135,21 @@ def _feedforward_units(teacher_values, path, student_shape):
     keep = np.sort(np.argsort(-score, kind="stable")[:units])
     value = teacher_values[path]
     return np.take(value, keep, axis=0 if path.endswith("feedforward_output/kernel") else -1)
+
+
+def with_output_projection(encoder, directions):
+    """A copy of `encoder` (a `BertEncoder`) whose embedding is its own read through `directions` (E, W): an
+    `output_size` W projection onto them (composed with the encoder's own projection where it has one), no bias
+    added, so that the mean-pooled embedding at unit length is the source's projected on `directions`; the pooler
+    reads the same coordinates. Every other weight is the source's."""
+    directions = np.asarray(directions, np.float64)
+    narrow = type(encoder).from_config({**encoder.get_config(), "output_size": int(directions.shape[1])})
+    values = {variable.path: variable.numpy().astype(np.float64) for variable in encoder.weights}
+    kernel, bias = values.get("output_projection/kernel"), values.get("output_projection/bias")
+    values["output_projection/kernel"] = directions if kernel is None else kernel @ directions
+    values["output_projection/bias"] = np.zeros(directions.shape[1]) if bias is None else bias @ directions
+    values["pooler/kernel"] = directions.T @ values["pooler/kernel"] @ directions
+    values["pooler/bias"] = values["pooler/bias"] @ directions
+    for variable in narrow.weights:
+        variable.assign(values[variable.path].astype(variable.dtype))
+    return narrow

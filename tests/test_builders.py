@@ -42,6 +42,27 @@ def test_bert_encoder_tf_hub_outputs(preset):
     np.testing.assert_array_equal(np.asarray(outputs["encoder_outputs"][-1]), np.asarray(outputs["sequence_output"]))
 
 
+def test_an_output_projection_maps_the_last_layer_and_commutes_with_mean_pooling():
+    """output_size: sequence_output is the last layer's tokens times W plus b (numpy), so the mean of the real
+    projected tokens is the projected mean (the Dense module sentence-transformers applies after pooling); the
+    pooler and a saved config follow the output width, and the MLM head still reads the residual stream."""
+    config = configs.load_config("tiny_bert_fixed", ["model.output_size=24"])
+    encoder = config.build_model()
+    inputs = _bert_inputs()
+    outputs = encoder(inputs)
+    last = np.asarray(outputs["encoder_outputs"][-1], np.float64)
+    kernel, bias = (np.asarray(w, np.float64) for w in encoder.output_projection.weights)
+    np.testing.assert_allclose(np.asarray(outputs["sequence_output"]), last @ kernel + bias, atol=1e-5)
+    mask = inputs["input_mask"][:, :, None].astype(np.float64)
+    mean_of_projected = (np.asarray(outputs["sequence_output"]) * mask).sum(1) / mask.sum(1)
+    np.testing.assert_allclose(mean_of_projected, ((last * mask).sum(1) / mask.sum(1)) @ kernel + bias, atol=1e-5)
+    assert outputs["pooled_output"].shape == (2, 24) and encoder.embedding_size == 24 and encoder.hidden_size == 32
+    assert type(encoder).from_config(encoder.get_config()).embedding_size == 24
+    pretrainer = BertPretrainer(encoder)
+    logits = pretrainer(dict(inputs, masked_lm_positions=np.array([[1, 3], [0, 2]], "int32")))["mlm_logits"]
+    assert logits.shape == (2, 2, 1000)
+
+
 def test_padding_does_not_change_real_tokens():
     encoder = configs.load_config("tiny_bert_fixed").build_model()
     inputs = _bert_inputs()

@@ -313,7 +313,7 @@ def test_a_wheel_of_the_checkout_holds_one_import_name(tmp_path):
         zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("entry_points.txt"))).decode()
     )
     targets = re.findall(r"= (\S+):main", entry_points)
-    assert len(targets) == 7 and all(
+    assert len(targets) == 8 and all(
         target.startswith("concise_attention.cli.") or target == "concise_attention.training.trainers.prepare_data"
         for target in targets
     ), targets

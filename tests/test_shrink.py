@@ -95,6 +95,26 @@ def test_a_half_width_fixed_head_student_takes_projected_and_resplit_weights(tea
     np.testing.assert_allclose(student.blocks[1].feedforward_output.kernel.numpy(), outer[keep] @ projection, atol=1e-5)
 
 
+def test_a_wider_stream_with_an_output_projection_starts_at_the_leading_directions(teacher):
+    """A 256-wide student with a 192-wide output: its output projection starts as the first 192 of the stream's
+    256 directions (P's leading columns), so that its embedding is the teacher's stream read through P[:, :192]."""
+    student = _student(
+        hidden_size=256, num_heads=6, intermediate_size=256, num_layers=2, output_size=192,
+        attention={"type": "fixed", "head_size": 64},
+    )  # fmt: skip
+    projection = shrink_into(teacher, student)
+    np.testing.assert_array_equal(student.output_projection.kernel.numpy(), np.eye(256, 192))
+    np.testing.assert_array_equal(student.output_projection.bias.numpy(), np.zeros(192))
+    outputs = student(_inputs())
+    np.testing.assert_allclose(
+        np.asarray(outputs["sequence_output"]), np.asarray(outputs["encoder_outputs"][-1])[..., :192], atol=1e-6
+    )
+    pooler = teacher.pooler.kernel.numpy()
+    np.testing.assert_allclose(
+        student.pooler.kernel.numpy(), projection[:, :192].T @ pooler @ projection[:, :192], atol=1e-5
+    )
+
+
 def test_a_standard_student_with_fewer_heads_keeps_the_first_heads(teacher):
     student = _student(hidden_size=192, num_heads=6, intermediate_size=768)
     projection = shrink_into(teacher, student)

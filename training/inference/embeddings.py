@@ -73,7 +73,7 @@ class SentenceEncoder:
 
     @property
     def width(self):
-        return self.backbone.hidden_size
+        return self.backbone.embedding_size
 
     def encode(self, texts, batch_size=32, normalize=True, progress=None):
         """float32 (len(texts), width): one embedding per text, in the order given. texts: a list (or any

@@ -58,6 +58,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models.bert import embedding_width
 from concise_attention.models.checks import check_integer
 from concise_attention.models.heads import SentenceEmbedder
 from concise_attention.models.heads import check_relation_heads
@@ -306,7 +307,7 @@ class DistillTask(Task):
         if self.settings.student_init == "teacher" and not self.settings.init:
             _check_same_positions(source.model, self.config.model, self.teacher)
         files.check_creatable(cache_directory(self.settings), "task.cache_dir")  # before the teacher runs
-        self.settings = dataclasses.replace(self.settings, teacher_width=int(source.model["hidden_size"]))
+        self.settings = dataclasses.replace(self.settings, teacher_width=embedding_width(source.model))
 
     def vocabulary_file(self):
         return self.source.vocabulary
@@ -328,7 +329,7 @@ class DistillTask(Task):
         projection, gain = stream_directions(self.teacher_backbone, inputs, backbone.hidden_size)
         projection = shrink_into(self.teacher_backbone, backbone, projection, gain_scale=gain)
         if self.settings.projection == "learned":
-            model.projection.kernel.assign(projection.T.astype("float32"))
+            model.projection.kernel.assign(projection[:, : backbone.embedding_size].T.astype("float32"))
             model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
 
     def principal_projection(self, model):
@@ -396,7 +397,7 @@ class DistillTask(Task):
     def build_model(self, backbone):
         """The student's SentenceEmbedder; with the relation term, a frozen copy of the teacher inside it (built
         here, in the strategy's scope; not saved with the model, whose variables are those of one without)."""
-        width = self.settings.teacher_width or int(self.source.model["hidden_size"])
+        width = self.settings.teacher_width or embedding_width(self.source.model)
         teacher = artifacts.load_backbone(self.source) if self.settings.relation_weight else None
         model = SentenceEmbedder(
             backbone, teacher_width=width, teacher=teacher, relation_heads=self.settings.relation_heads
