@@ -19,9 +19,7 @@ from its head (Cordonnier et al.'s fine-tune -> convert -> fine-tune again).
 import argparse
 import dataclasses
 import pathlib
-import shutil
 import sys
-import tempfile
 
 from concise_attention.models.collaborative import convert_model
 from concise_attention.models.transformer import head_size_of
@@ -117,14 +115,8 @@ def main(argv=None):
         shared_key_dim = args.shared_key_dim if args.shared_key_dim is not None else round(args.ratio * full)
         converted, reports = convert_model(model, shared_key_dim, seed=args.seed, n_iter_max=args.iterations)
         task = None if task_source is None else _converted_task_model(task_source, model, converted)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with files.staged_folder(out) as staging:
         _write_run(staging, source, converted, reports, task)
-        files.move_folder_in(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     for report in reports:
         print(
             f"{report['layer']}: D~k={report['shared_key_dim']} relative error {report['relative_error']:.4f}, "

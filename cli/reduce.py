@@ -16,9 +16,7 @@ existing OUT is kept unless --overwrite.
 
 import argparse
 import pathlib
-import shutil
 import sys
-import tempfile
 
 from concise_attention.cli.evaluate import FIT_COUNT
 from concise_attention.cli.evaluate import draw_fit_texts
@@ -67,14 +65,8 @@ def main(argv=None):
         check_integer("--width", args.width)
         check_integer("--fit-count", args.fit_count)
         source, name, narrow, kept = reduced(args.source, args.width, args.fit_texts, args.fit_count)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
+        with files.staged_folder(out) as staging:
             write_keras_preset(staging, narrow, source.vocabulary, source)
-            files.move_folder_in(staging, out)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
     print(f"wrote {out}: {name} at width {args.width} (the directions keep {100 * kept:.1f}% of the variance)")
     return 0
 

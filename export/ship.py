@@ -16,9 +16,7 @@ Loading needs no network: `SentenceEncoder.from_preset(NAME)`, `BertEncoder.from
 import argparse
 import os
 import re
-import shutil
 import sys
-import tempfile
 
 from concise_attention.models.bert import embedding_width
 from concise_attention.models import presets
@@ -239,10 +237,8 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None):
     card = model_card(name, config, results, run, serving_length or trained)  # refuses a student below the PCA bar
     loaded = artifacts.load(run, kind="run")
     source, backbone = loaded.source, loaded.backbone
-    shipped_dir = shipped_dir or presets.SHIPPED_DIR
-    os.makedirs(shipped_dir, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{name}.", dir=shipped_dir)
-    try:
+    target = os.path.join(shipped_dir or presets.SHIPPED_DIR, name)
+    with files.staged_folder(target) as staging:
         presets.save_to_preset(backbone, staging, weights_dtype="float16")
         with open(source.vocabulary, encoding="utf-8") as file:
             presets.save_tokenizer(
@@ -262,10 +258,6 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None):
             raise ValueError(
                 f"the preset is {size / 1e6:.1f} MB, over the {MAX_MEGABYTES} MB a shipped preset may take"
             )
-        target = os.path.join(shipped_dir, name)
-        files.move_folder_in(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

@@ -5,6 +5,7 @@ weights go through a local temporary file and are copied. The names of a run dir
 `training.run.runs` writes that directory and `training.artifacts` reads a finished one back.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -150,6 +151,21 @@ def move_folder_in(staging, target):
         os.rename(target, aside)
     os.rename(staging, target)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_folder(target):
+    """Yields a new temporary folder beside the local folder `target` (its parent made if missing); when the block
+    ends, moves it into `target`'s place (`move_folder_in`), and when the block raises, removes it: a refused, failed
+    or killed command leaves `target` as it was (a kill leaves only a hidden `.NAME.*` folder)."""
+    parent = os.path.dirname(os.path.abspath(str(target)))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.normpath(str(target)))}.", dir=parent)
+    try:
+        yield staging
+        move_folder_in(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def check_creatable(path, name):
