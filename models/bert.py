@@ -202,7 +202,7 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
     @property
     def embedding_size(self):
         """The width of `sequence_output` and of a sentence embedding pooled from it."""
-        return self.output_size or self.hidden_size
+        return embedding_width({"output_size": self.output_size, "hidden_size": self.hidden_size})
 
     def _embed(self, inputs, training=None):
         words = self.word_embeddings(inputs["input_word_ids"])
