@@ -1,6 +1,7 @@
 """Our TF Serving export against the CPU runtimes embedding users serve with, on the same weights and texts.
 
     python benchmarks/runtimes_benchmark.py --runtime-path ENV [--rounds 3] [--out results/runtimes_benchmark.json]
+    python benchmarks/runtimes_benchmark.py --runtime-path ENV --quality [--out results/runtimes_quality.json]
 
 ENV is where the peers live, never in the package's environment: a folder for PYTHONPATH or a Python executable
 whose environment has them, e.g. `pip install --target ENV fastembed==0.9.1` (it brings onnxruntime and tokenizers).
@@ -16,6 +17,10 @@ process of its own, one after the other, on 32 texts of each length of `serving_
 Each runtime gets 2 threads. A figure is the best round's median of 3 timed passes (sentences/s); every runtime's
 embeddings are compared with tf_serving's (cosine). Results: --out (JSON, with machine and date) and a Markdown table
 of sentences/s and of each runtime's ratio to the fastest fp32 runtime running the teacher, per length and batch.
+
+--quality scores each model on each runtime with MTEB's protocols instead (STSBenchmark, Banking77Classification:
+`training.inference.mteb_protocol`, texts embedded 32 at a time in order of length), so that what int8
+quantisation costs in quality stands beside what it gains in speed; no timing.
 """
 
 import argparse
@@ -120,6 +125,23 @@ def worker(runtime, folder, texts_path, embeddings_path):
     print(json.dumps(rates))
 
 
+def quality_worker(runtime, folder):
+    """Prints {task: MTEB-protocol score} of `runtime` on the export in `folder`."""
+    from concise_attention.training.inference import mteb_protocol
+
+    embed = _runner(runtime, pathlib.Path(folder))
+
+    def batched(texts):
+        order = sorted(range(len(texts)), key=lambda index: len(texts[index]))
+        vectors = np.concatenate(
+            [embed([texts[i] for i in order[start : start + 32]]) for start in range(0, len(texts), 32)]
+        )
+        return vectors[np.argsort(order)]
+
+    scores = mteb_protocol.evaluate(batched)
+    print(json.dumps({**scores, "mean": float(np.mean(list(scores.values())))}))
+
+
 def _exports(workdir):
     """{model name: export folder}: the teacher from its Hugging Face folder, each shipped preset by name."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -151,18 +173,44 @@ def _texts(workdir):
     return path
 
 
-def _run_worker(runtime, folder, texts_path, runtime_path):
+def _run(runtime, folder, runtime_path, *arguments):
+    """The last line of a worker process's output (JSON), `runtime` run in the peers' environment unless ours."""
     peers = runtime != "tf_serving"
     python = runtime_path if peers and os.path.isfile(runtime_path or "") else sys.executable
     environment = dict(os.environ, OMP_NUM_THREADS=str(THREADS), HF_HUB_OFFLINE="1", TF_CPP_MIN_LOG_LEVEL="3")
     if peers and python == sys.executable:
         environment["PYTHONPATH"] = runtime_path
-    embeddings_path = folder / f"{runtime}.npz"
-    command = [python, __file__, "--worker", runtime, str(folder), str(texts_path), str(embeddings_path)]
+    command = [python, __file__, *arguments]
     result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=folder)
     if result.returncode:
         raise RuntimeError(f"{runtime} on {folder.name} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1]), dict(np.load(embeddings_path))
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _run_worker(runtime, folder, texts_path, runtime_path):
+    embeddings_path = folder / f"{runtime}.npz"
+    rates = _run(runtime, folder, runtime_path, "--worker", runtime, str(folder), str(texts_path), str(embeddings_path))
+    return rates, dict(np.load(embeddings_path))
+
+
+def measure_quality(folders, runtime_path):
+    """{model: {runtime: {task: MTEB-protocol score, "mean": ...}}}."""
+    rows = {model: {} for model in folders}
+    for model, folder in folders.items():
+        for runtime in RUNTIMES:
+            rows[model][runtime] = _run(runtime, folder, runtime_path, "--quality-worker", runtime, str(folder))
+            print(f"{model}, {runtime}: {json.dumps(rows[model][runtime])}", flush=True)
+    return rows
+
+
+def quality_table(rows):
+    """Markdown: each model's MTEB-protocol scores on each runtime."""
+    tasks = [task for task in next(iter(next(iter(rows.values())).values()))]
+    lines = [f"| model, runtime | {' | '.join(tasks)} |", "|---|" + "---:|" * len(tasks)]
+    for model, runtimes in rows.items():
+        for runtime, scores in runtimes.items():
+            lines.append(f"| {model}, {runtime} | {' | '.join(f'{scores[task]:.4f}' for task in tasks)} |")
+    return "\n".join(lines)
 
 
 def measure(folders, texts_path, runtime_path, rounds):
@@ -208,6 +256,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runtime-path", required=True, help="PYTHONPATH folder or Python holding the peers")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quality", action="store_true", help="MTEB-protocol scores per runtime instead of speed")
     parser.add_argument("--workdir", default=str(RESULTS / "cache" / "runtimes"))
     parser.add_argument("--out", default=str(RESULTS / "runtimes_benchmark.json"))
     args = parser.parse_args(argv)
@@ -216,8 +265,11 @@ def main(argv=None):
 
     workdir = pathlib.Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    folders, texts_path = _exports(workdir), _texts(workdir)
-    rows = measure(folders, texts_path, args.runtime_path, args.rounds)
+    folders = _exports(workdir)
+    if args.quality:
+        rows = measure_quality(folders, args.runtime_path)
+    else:
+        rows = measure(folders, _texts(workdir), args.runtime_path, args.rounds)
     result = {
         **provenance.record(),
         "command": provenance.command_line("benchmarks/runtimes_benchmark.py", argv or sys.argv[1:]),
@@ -225,11 +277,13 @@ def main(argv=None):
         "rows": rows,
     }
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\n{result['machine']}, {result['date']}\n\n{table(result)}")
+    print(f"\n{result['machine']}, {result['date']}\n\n{quality_table(rows) if args.quality else table(result)}")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         worker(*sys.argv[2:6])
+    elif sys.argv[1:2] == ["--quality-worker"]:
+        quality_worker(*sys.argv[2:4])
     else:
         main()
