@@ -7,13 +7,17 @@ Apache Beam lives in an environment of its own (its protobuf and pillow pins are
 Banking77 test queries shipped with the package (embedded only), written as text lines and as JSON lines; the
 pipeline embeds each file into Parquet, and every row is compared with the export's TF Serving model called
 directly (`training.inference.encoders.Served`): the ids must be the texts' SHA-256, one row per distinct text
-(or the JSON ids, one row per line), and every embedding the served one (cosine). Times both (sentences/s, one run each on this machine: the
-pipeline's overhead, not a benchmark of Dataflow).
+(or the JSON ids, one row per line), and every embedding the served one (cosine). Times both (sentences/s, one
+run each on this machine: the pipeline's overhead, not a benchmark of Dataflow). Then each refusal (a malformed JSON
+line, a taken output prefix, --batch-size 0, an input matching nothing, an unknown option, a remote runner with
+local paths) must exit 2 with one line and leave nothing written.
 """
 
 import argparse
+import contextlib
 import glob
 import hashlib
+import io
 import json
 import pathlib
 import sys
@@ -43,6 +47,46 @@ def run(export, texts, workdir, jsonl):
     expected = len(texts) if jsonl else len(set(texts))  # plain lines: one row per distinct text
     assert len(ids) == len(set(ids)) == expected, (len(ids), len(set(ids)), expected)
     return dict(zip(ids, np.asarray(vectors, np.float32))), seconds
+
+
+def refusals(export, workdir):
+    """{case: the one stderr line} of each input refused with exit 2; nothing may be left under `workdir`/refused."""
+    good = workdir / "good.txt"
+    good.write_text("A man is playing a guitar.\n", encoding="utf-8")
+    bad = workdir / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "fine"}\nnot json\n', encoding="utf-8")
+    taken = workdir / "taken"
+    taken.mkdir()
+    (taken / "part-00000-of-00001.parquet").write_bytes(b"")
+    refused = workdir / "refused" / "part"
+    cases = {
+        "malformed JSON line": ["--input", str(bad), "--jsonl", "--output", str(refused)],
+        "output prefix taken": ["--input", str(good), "--output", str(taken / "part")],
+        "batch size 0": ["--input", str(good), "--output", str(refused), "--batch-size", "0"],
+        "input matches nothing": ["--input", str(workdir / "none-*.txt"), "--output", str(refused)],
+        "unknown option": ["--input", str(good), "--output", str(refused), "--jsonlines"],
+        "remote runner, local paths": ["--input", str(good), "--output", str(refused), "--runner", "DataflowRunner"],
+    }
+    lines = {}
+    for case, arguments in cases.items():
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), refused_with() as code:
+            beam.main(["--model", str(export), *arguments])
+        error = [line for line in stderr.getvalue().splitlines() if line.startswith("concise_attention.export.beam")]
+        assert code == [2] and len(error) == 1, (case, code, stderr.getvalue()[-2000:])
+        assert not (workdir / "refused").exists(), case
+        lines[case] = error[0]
+    return lines
+
+
+@contextlib.contextmanager
+def refused_with():
+    """Catches the SystemExit a refused command raises; yields a list that then holds its code."""
+    code = []
+    try:
+        yield code
+    except SystemExit as exit_info:
+        code.append(exit_info.code)
 
 
 def main(argv=None):
@@ -77,6 +121,7 @@ def main(argv=None):
                 "cosine_min": cosine,
                 "sentences_per_second": len(texts) / seconds,
             }
+        result["refused"] = refusals(args.export, pathlib.Path(workdir))
     print(json.dumps(result, indent=1))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

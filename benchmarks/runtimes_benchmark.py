@@ -258,8 +258,12 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quality", action="store_true", help="MTEB-protocol scores per runtime instead of speed")
     parser.add_argument("--workdir", default=str(RESULTS / "cache" / "runtimes"))
-    parser.add_argument("--out", default=str(RESULTS / "runtimes_benchmark.json"))
+    parser.add_argument(
+        "--out",
+        help="the JSON to write (default results/runtimes_benchmark.json, or with --quality results/runtimes_quality.json)",
+    )
     args = parser.parse_args(argv)
+    args.out = args.out or str(RESULTS / ("runtimes_quality.json" if args.quality else "runtimes_benchmark.json"))
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     import provenance
 

@@ -3,22 +3,30 @@
     python -m concise_attention.export.beam --model EXPORT --input 'texts/*.txt' --output embeddings/part
     python -m concise_attention.export.beam --model gs://b/export --input 'gs://b/docs/*.jsonl' --jsonl \\
         --output gs://b/embeddings/part --runner DataflowRunner --project P --region R \\
-        --temp_location gs://b/tmp --extra_package dist/concise_attention-0.1.0-py3-none-any.whl
+        --temp_location gs://b/tmp --extra_package dist/concise_attention-0.1.0-py3-none-any.whl   # apache-beam[gcp]
 
 Reads every file matching --input (one text per line; with --jsonl one JSON object per line with "id" and "text"),
-embeds the texts with the `serving_default` signature of EXPORT's newest `serving/<version>/` (what TF Serving
-serves: the same tokenizer, chunking and pooling) through Beam's RunInference, in batches of at most --batch-size
-texts, and writes Parquet files OUTPUT-<shard>-of-<count>.parquet with two columns: `id` (the JSON id, or the
-SHA-256 of a plain line's text: a text that recurs is embedded once) and `embedding` (float32, unit length).
-Blank lines are skipped. Other arguments are Beam's pipeline options (the DirectRunner by default; Dataflow, Flink or Spark with theirs). Beam's file sink
-writes to temporary files and renames them when the pipeline succeeds; a failed run leaves nothing (its temporary
-files are removed), and a malformed JSON line fails it with one line naming it.
+embeds the texts with the `serving_default` signature of EXPORT's newest `serving/<version>/` (resolved once, so a
+version exported during the run does not mix in; what TF Serving serves: the same tokenizer, chunking and pooling)
+through Beam's RunInference, in batches of at most --batch-size texts, and writes snappy-compressed Parquet files
+OUTPUT-<shard>-of-<count>.parquet with two columns: `id` (the JSON id, or the SHA-256 of a plain line's text: a text
+that recurs is embedded once) and `embedding` (float32, unit length). Blank lines and blank JSON texts are skipped;
+JSON ids are the user's (a repeated id gives a row per line). Other arguments are Beam's pipeline options (the
+DirectRunner by default; Dataflow, Flink or Spark with theirs, which need --model, --input and --output on storage
+the workers read, such as gs://); an argument neither ours nor Beam's is refused. Paths: local or gs://.
+
+Before the pipeline starts, a missing export, an input pattern that matches nothing, an output prefix with files
+already under it or an unknown argument is one line and exit 2, nothing written. Beam's file sink writes to
+temporary files and renames them when the pipeline succeeds; when it fails, the temporary files are removed, a
+malformed JSON line is one line naming it (exit 2), and any other error is raised with its traceback.
 
 Apache Beam is not a dependency of the package (its pins of protobuf and pillow differ from ours): install it in
-an environment of its own beside the package, `pip install concise-attention apache-beam`.
+an environment of its own beside the package, `pip install concise-attention apache-beam` (`apache-beam[gcp]` for
+gs:// and Dataflow).
 """
 
 import argparse
+import difflib
 import hashlib
 import importlib.util
 import json
@@ -34,8 +42,8 @@ from concise_attention.training.run import configs
 
 
 def keyed_text(line, jsonl):
-    """(id, text) of one input line, or None for a blank line; a JSON line without a string "id" and "text" is a
-    ValueError naming what is missing."""
+    """(id, text) of one input line, or None for a blank line or JSON text; a JSON line without a string "id" and
+    "text" is a ValueError naming the line."""
     if not line.strip():
         return None
     if not jsonl:
@@ -46,18 +54,18 @@ def keyed_text(line, jsonl):
         record = None
     if not isinstance(record, dict) or not all(isinstance(record.get(key), str) for key in ("id", "text")):
         raise ValueError(f'--jsonl: each line needs a string "id" and "text". Received: {line[:200]!r}')
-    return record["id"], record["text"]
+    return (record["id"], record["text"]) if record["text"].strip() else None
 
 
-def model_handler(model, batch_size):
-    """A Beam ModelHandler (keyed: (id, text) in, (id, PredictionResult) out) of the export `model`."""
+def model_handler(saved_model, batch_size):
+    """A Beam ModelHandler (keyed: (id, text) in, (id, PredictionResult) out) of the SavedModel `saved_model`."""
     from apache_beam.ml.inference.base import KeyedModelHandler  # optional: Beam's own environment
     from apache_beam.ml.inference.base import ModelHandler
     from apache_beam.ml.inference.base import PredictionResult
 
     class ServedEmbeddings(ModelHandler):
         def load_model(self):
-            return encoders.Served(model)
+            return encoders.Served(saved_model)
 
         def run_inference(self, batch, served, inference_args=None):
             return [PredictionResult(text, vector) for text, vector in zip(batch, served.encode(list(batch)))]
@@ -71,7 +79,7 @@ def model_handler(model, batch_size):
     return KeyedModelHandler(ServedEmbeddings())
 
 
-def build(pipeline, model, input_pattern, output, jsonl=False, batch_size=64):
+def build(pipeline, saved_model, input_pattern, output, jsonl=False, batch_size=64):
     """Adds the read -> RunInference -> Parquet steps to `pipeline`."""
     import apache_beam as beam  # optional: Beam's own environment
     import pyarrow
@@ -88,24 +96,65 @@ def build(pipeline, model, input_pattern, output, jsonl=False, batch_size=64):
         texts = texts | "Distinct" >> beam.Distinct()  # a text's id is its hash: one row per distinct text
     return (
         texts
-        | "Embed" >> RunInference(model_handler(model, batch_size))
+        | "Embed" >> RunInference(model_handler(saved_model, batch_size))
         | "Row" >> beam.MapTuple(lambda key, result: {"id": key, "embedding": np.asarray(result.inference).tolist()})
-        | "Write" >> beam.io.WriteToParquet(output, schema, file_name_suffix=".parquet")
+        | "Write" >> beam.io.WriteToParquet(output, schema, codec="snappy", file_name_suffix=".parquet")
     )
 
 
-def check(model, input_pattern, output, batch_size):
+def check(args, beam_arguments):
     """Refuses what would fail after the pipeline started, or overwrite a result: one ValueError naming it."""
     from apache_beam.io.filesystems import FileSystems  # optional: Beam's own environment
 
-    if encoders.serving_version(model) is None:
-        raise ValueError(f"--model {model}: no serving/<version>/ SavedModel (a concise-export folder is needed)")
-    if not FileSystems.match([input_pattern])[0].metadata_list:
-        raise ValueError(f"--input {input_pattern}: no file matches")
-    if FileSystems.match([f"{output}-*"])[0].metadata_list:
-        raise ValueError(f"--output {output}: files {output}-* exist; choose another prefix or remove them")
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be a positive integer. Received: --batch-size={batch_size}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be a positive integer. Received: --batch-size={args.batch_size}")
+    unknown = unknown_options(beam_arguments)
+    if unknown:
+        ours = difflib.get_close_matches(unknown[0].split("=")[0], OUR_OPTIONS, n=1)
+        hint = f" (did you mean {ours[0]}?)" if ours else ""
+        raise ValueError(f"{unknown[0]}: neither an option of this command nor of Beam's pipelines{hint}")
+    if remote_runner(beam_arguments):
+        for name in ("model", "input", "output"):
+            if "://" not in getattr(args, name):
+                raise ValueError(f"--{name} {getattr(args, name)}: a remote runner's workers need a path such as gs://")
+    if encoders.serving_version(args.model) is None:
+        raise ValueError(f"--model {args.model}: no serving/<version>/ SavedModel (a concise-export folder is needed)")
+    if not FileSystems.match([args.input])[0].metadata_list:
+        raise ValueError(f"--input {args.input}: no file matches")
+    if FileSystems.match([f"{args.output}-*"])[0].metadata_list:
+        raise ValueError(f"--output {args.output}: files {args.output}-* exist; choose another prefix or remove them")
+
+
+OUR_OPTIONS = ["--model", "--input", "--output", "--jsonl", "--batch-size"]
+
+
+def unknown_options(beam_arguments):
+    """The arguments Beam's pipeline options do not know (Beam itself only logs and drops them)."""
+    from apache_beam.options.pipeline_options import PipelineOptions  # optional: Beam's own environment
+
+    dropped = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Discarding unparseable args"):
+                dropped.extend(record.args[0] if isinstance(record.args, tuple) else [])
+
+    logger, handler = logging.getLogger("apache_beam.options.pipeline_options"), Catch()
+    logger.addHandler(handler)
+    try:
+        PipelineOptions(beam_arguments).get_all_options()
+    finally:
+        logger.removeHandler(handler)
+    return [argument for argument in dropped if argument.startswith("-")] or dropped
+
+
+def remote_runner(beam_arguments):
+    """Whether the pipeline options name a runner whose workers are other machines."""
+    from apache_beam.options.pipeline_options import PipelineOptions  # optional: Beam's own environment
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = PipelineOptions(beam_arguments).view_as(StandardOptions).runner or "DirectRunner"
+    return runner not in ("DirectRunner", "PrismRunner", "direct", "prism")
 
 
 def main(argv=None):
@@ -119,32 +168,46 @@ def main(argv=None):
     with configs.one_line_errors(parser, "concise_attention.export.beam"):
         if importlib.util.find_spec("apache_beam") is None:
             raise ValueError("apache_beam is not installed: pip install apache-beam (in an environment of its own)")
-        import apache_beam as beam  # optional: Beam's own environment
-        from apache_beam.options.pipeline_options import PipelineOptions
-
-        check(args.model, args.input, args.output, args.batch_size)
-        logging.getLogger("apache_beam.runners.common").setLevel(logging.CRITICAL)  # the error is raised below
-        folder_existed = tf.io.gfile.exists(os.path.dirname(args.output) or ".")
-        try:
-            with beam.Pipeline(options=PipelineOptions(beam_arguments)) as pipeline:
-                build(pipeline, args.model, args.input, args.output, args.jsonl, args.batch_size)
-        except Exception as error:  # a runner wraps a worker's error in its own type: the input's is one line
-            _remove_temporary(args.output, folder_existed)
-            start = str(error).find("--jsonl:")
-            if start < 0:
-                raise
-            raise ValueError(str(error)[start:].split(" [while running")[0]) from None
+        check(args, beam_arguments)
+        run(args, beam_arguments)
     return 0
 
 
+def run(args, beam_arguments):
+    """Runs the pipeline; on failure removes what it left, and raises a malformed input line as one ValueError."""
+    import apache_beam as beam  # optional: Beam's own environment
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    folder_existed = tf.io.gfile.exists(os.path.dirname(args.output) or ".")
+    saved_model = encoders.serving_version(args.model)
+    step_log = logging.getLogger("apache_beam.runners.common")  # logs a failing step's traceback, raised below too
+    level = step_log.level
+    step_log.setLevel(logging.CRITICAL)
+    try:
+        with beam.Pipeline(options=PipelineOptions(beam_arguments)) as pipeline:
+            build(pipeline, saved_model, args.input, args.output, args.jsonl, args.batch_size)
+    except Exception as error:
+        _remove_temporary(args.output, folder_existed)
+        message = str(error)
+        if "--jsonl:" not in message:
+            raise RuntimeError(f"the pipeline failed: {type(error).__name__}") from error
+        line = message[message.find("--jsonl:") :].splitlines()[0]
+        raise ValueError(line.split(" [while running")[0]) from None
+    finally:
+        step_log.setLevel(level)
+
+
 def _remove_temporary(output, folder_existed):
-    """Deletes what Beam's file sink left of a failed run: its beam-temp-* folders beside `output`, and the output's
-    folder if the run made it and it is empty."""
+    """Deletes what Beam's file sink left of a failed run (its beam-temp-* folders beside `output`, the output's folder
+    if the run made it and it is empty); a failure to clean up is logged, never raised over the run's own error."""
     folder, name = os.path.split(output)
-    for path in tf.io.gfile.glob(os.path.join(folder or ".", f"beam-temp-{name}-*")):
-        tf.io.gfile.rmtree(path)
-    if folder and not folder_existed and tf.io.gfile.isdir(folder) and not tf.io.gfile.listdir(folder):
-        tf.io.gfile.rmtree(folder)
+    try:
+        for path in tf.io.gfile.glob(os.path.join(folder or ".", f"beam-temp-{name}-*")):
+            tf.io.gfile.rmtree(path)
+        if folder and not folder_existed and tf.io.gfile.isdir(folder) and not tf.io.gfile.listdir(folder):
+            tf.io.gfile.rmtree(folder)
+    except (OSError, tf.errors.OpError) as error:
+        logging.warning("could not remove the failed run's temporary files beside %s: %s", output, error)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ def test_a_json_line_keeps_its_own_id_and_one_without_an_id_or_text_is_named():
         "doc-7",
         "A man is playing a guitar.",
     )
+    assert beam.keyed_text('{"id": "doc-8", "text": "  "}', jsonl=True) is None  # a blank text, as a blank line
     for line in ('{"text": "no id"}', '{"id": 7, "text": "id not a string"}', '["id", "text"]', "not json"):
         with pytest.raises(ValueError, match='"id" and "text"'):
             beam.keyed_text(line, jsonl=True)
