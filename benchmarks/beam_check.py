@@ -1,16 +1,17 @@
 """The Beam pipeline of `concise_attention.export.beam`, end to end on the DirectRunner, against the export it runs.
 
     python -m venv beam-env && beam-env/bin/pip install -e . apache-beam==2.77.0
-    beam-env/bin/python benchmarks/beam_check.py --export EXPORT [--out results/beam_check.json]
+    beam-env/bin/python benchmarks/beam_check.py --export EXPORT --preset PRESET [--out results/beam_check.json]
 
-Apache Beam lives in an environment of its own (its protobuf and pillow pins are not ours). The texts are the 3,080
-Banking77 test queries shipped with the package (embedded only), written as text lines and as JSON lines; the
-pipeline embeds each file into Parquet, and every row is compared with the export's TF Serving model called
-directly (`training.inference.encoders.Served`): the ids must be the texts' SHA-256, one row per distinct text
-(or the JSON ids, one row per line), and every embedding the served one (cosine). Times both (sentences/s, one
-run each on this machine: the pipeline's overhead, not a benchmark of Dataflow). Then each refusal (a malformed JSON
-line, a taken output prefix, --batch-size 0, an input matching nothing, an unknown option, a remote runner with
-local paths) must exit 2 with one line and leave nothing written.
+Apache Beam lives in an environment of its own (its protobuf and pillow pins are not ours). EXPORT is a
+`concise-export` of PRESET. The texts are the 3,080 Banking77 test queries shipped with the package (embedded only),
+written as text lines, JSON lines and Parquet; the pipeline embeds each into 2 Parquet shards, and every row is
+compared with the export's TF Serving model called directly (`training.inference.encoders.Served`) and with
+`SentenceEncoder.from_preset(PRESET).encode`: the shard names must be the fixed ones, the ids the texts' SHA-256, one
+row per distinct text (or the records' ids, one row each), every embedding theirs (cosine). Each is timed once on
+this machine (sentences/s: the pipeline's overhead, not a benchmark of Dataflow). Then each refusal (a malformed
+JSON line, a Parquet row without an id, a taken output prefix, --batch-size 0, an input matching nothing, an
+unknown option, a remote runner with local paths) must exit 2 with one line and leave nothing written.
 """
 
 import argparse
@@ -27,24 +28,36 @@ import time
 import numpy as np
 import pyarrow.parquet
 
+from concise_attention import SentenceEncoder
 from concise_attention.export import beam
 from concise_attention.training.inference import encoders
 from concise_attention.training.inference import mteb_protocol
 
 
-def run(export, texts, workdir, jsonl):
-    """{id: embedding} the pipeline wrote for `texts`, and its seconds."""
-    path = workdir / ("texts.jsonl" if jsonl else "texts.txt")
-    lines = [json.dumps({"id": f"q{index}", "text": text}) if jsonl else text for index, text in enumerate(texts)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    output = workdir / ("out_jsonl" if jsonl else "out_text") / "part"
+def write_input(texts, path, form):
+    """`texts` as an input file of `form` (text lines, JSON lines or Parquet with ids q0, q1, ...)."""
+    ids = [f"q{index}" for index in range(len(texts))]
+    if form == "parquet":
+        pyarrow.parquet.write_table(pyarrow.table({"id": ids, "text": texts}), path)
+    else:
+        lines = [json.dumps({"id": i, "text": t}) for i, t in zip(ids, texts)] if form == "jsonl" else texts
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def run(export, texts, workdir, form):
+    """{id: embedding} the pipeline wrote for `texts` given in `form`, and its seconds."""
+    path = workdir / f"texts.{form}"
+    write_input(texts, path, form)
+    output = workdir / f"out_{form}" / "part"
     start = time.perf_counter()
-    arguments = ["--model", str(export), "--input", str(path), "--output", str(output)] + ["--jsonl"] * jsonl
-    assert beam.main(arguments) == 0
+    arguments = ["--model", str(export), "--input", str(path), "--output", str(output), "--format", form]
+    assert beam.main([*arguments, "--num-shards", "2"]) == 0
     seconds = time.perf_counter() - start
-    table = pyarrow.concat_tables([pyarrow.parquet.read_table(name) for name in glob.glob(f"{output}-*.parquet")])
+    names = sorted(glob.glob(f"{output}-*.parquet"))
+    assert [pathlib.Path(name).name for name in names] == ["part-00000-of-00002.parquet", "part-00001-of-00002.parquet"]
+    table = pyarrow.concat_tables([pyarrow.parquet.read_table(name) for name in names])
     ids, vectors = table.column("id").to_pylist(), table.column("embedding").to_pylist()
-    expected = len(texts) if jsonl else len(set(texts))  # plain lines: one row per distinct text
+    expected = len(set(texts)) if form == "text" else len(texts)  # plain lines: one row per distinct text
     assert len(ids) == len(set(ids)) == expected, (len(ids), len(set(ids)), expected)
     return dict(zip(ids, np.asarray(vectors, np.float32))), seconds
 
@@ -55,13 +68,16 @@ def refusals(export, workdir):
     good.write_text("A man is playing a guitar.\n", encoding="utf-8")
     bad = workdir / "bad.jsonl"
     bad.write_text('{"id": "a", "text": "fine"}\nnot json\n', encoding="utf-8")
+    null_id = workdir / "null_id.parquet"
+    pyarrow.parquet.write_table(pyarrow.table({"id": ["a", None], "text": ["fine", "no id"]}), null_id)
     taken = workdir / "taken"
     taken.mkdir()
-    (taken / "part-00000-of-00001.parquet").write_bytes(b"")
+    (taken / "part-00000-of-00002.parquet").write_bytes(b"")
     refused = workdir / "refused" / "part"
     cases = {
-        "malformed JSON line": ["--input", str(bad), "--jsonl", "--output", str(refused)],
-        "output prefix taken": ["--input", str(good), "--output", str(taken / "part")],
+        "malformed JSON line": ["--input", str(bad), "--format", "jsonl", "--output", str(refused)],
+        "Parquet row without an id": ["--input", str(null_id), "--format", "parquet", "--output", str(refused)],
+        "output prefix taken (1 of 2 shards)": ["--input", str(good), "--output", str(taken / "part")],
         "batch size 0": ["--input", str(good), "--output", str(refused), "--batch-size", "0"],
         "input matches nothing": ["--input", str(workdir / "none-*.txt"), "--output", str(refused)],
         "unknown option": ["--input", str(good), "--output", str(refused), "--jsonlines"],
@@ -92,6 +108,7 @@ def refused_with():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--export", required=True, help="a concise-export folder")
+    parser.add_argument("--preset", required=True, help="what it was exported from, for encode()")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -99,26 +116,29 @@ def main(argv=None):
 
     # one text per line: a query's own line breaks become spaces
     texts = [" ".join(row["text"].split()) for row in mteb_protocol.read_split("Banking77Classification", "test")]
-    served = encoders.Served(args.export)
-    start = time.perf_counter()
-    direct = served.encode(texts)
-    direct_seconds = time.perf_counter() - start
     result = {
         **provenance.record(),
         "command": provenance.command_line("benchmarks/beam_check.py", argv or sys.argv[1:]),
+        "texts": len(texts),
     }
-    result |= {"texts": len(texts), "direct_sentences_per_second": len(texts) / direct_seconds}
+    served, start = encoders.Served(args.export), time.perf_counter()
+    direct = served.encode(texts)
+    result["served_directly_sentences_per_second"] = len(texts) / (time.perf_counter() - start)
+    keras, start = SentenceEncoder.from_preset(args.preset), time.perf_counter()
+    encoded = keras.encode(texts)
+    result["encode_sentences_per_second"] = len(texts) / (time.perf_counter() - start)
+    result["encode_cosine_min_to_served"] = float(np.min(np.sum(encoded * direct, axis=1)))
     with tempfile.TemporaryDirectory() as workdir:
-        for jsonl in (False, True):
-            rows, seconds = run(args.export, texts, pathlib.Path(workdir), jsonl)
-            keys = (
+        for form in beam.FORMATS:
+            rows, seconds = run(args.export, texts, pathlib.Path(workdir), form)
+            ids = (
                 [f"q{index}" for index in range(len(texts))]
-                if jsonl
+                if form != "text"
                 else [hashlib.sha256(text.encode("utf-8")).hexdigest() for text in texts]
             )
-            cosine = min(float(np.dot(rows[key], vector)) for key, vector in zip(keys, direct))
-            result["jsonl" if jsonl else "text_lines"] = {
-                "cosine_min": cosine,
+            result[form] = {
+                "cosine_min_to_served": min(float(np.dot(rows[key], vector)) for key, vector in zip(ids, direct)),
+                "cosine_min_to_encode": min(float(np.dot(rows[key], vector)) for key, vector in zip(ids, encoded)),
                 "sentences_per_second": len(texts) / seconds,
             }
         result["refused"] = refusals(args.export, pathlib.Path(workdir))

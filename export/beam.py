@@ -1,24 +1,26 @@
 """`python -m concise_attention.export.beam`: embed a corpus with an export's TF Serving model on Apache Beam.
 
     python -m concise_attention.export.beam --model EXPORT --input 'texts/*.txt' --output embeddings/part
-    python -m concise_attention.export.beam --model gs://b/export --input 'gs://b/docs/*.jsonl' --jsonl \\
+    python -m concise_attention.export.beam --model gs://b/export --input 'gs://b/docs/*.jsonl' --format jsonl \\
         --output gs://b/embeddings/part --runner DataflowRunner --project P --region R \\
         --temp_location gs://b/tmp --extra_package dist/concise_attention-0.1.0-py3-none-any.whl   # apache-beam[gcp]
 
-Reads every file matching --input (one text per line; with --jsonl one JSON object per line with "id" and "text"),
-embeds the texts with the `serving_default` signature of EXPORT's newest `serving/<version>/` (resolved once, so a
-version exported during the run does not mix in; what TF Serving serves: the same tokenizer, chunking and pooling)
-through Beam's RunInference, in batches of at most --batch-size texts, and writes snappy-compressed Parquet files
-OUTPUT-<shard>-of-<count>.parquet with two columns: `id` (the JSON id, or the SHA-256 of a plain line's text: a text
-that recurs is embedded once) and `embedding` (float32, unit length). Blank lines and blank JSON texts are skipped;
-JSON ids are the user's (a repeated id gives a row per line). Other arguments are Beam's pipeline options (the
+Reads every file matching --input (`--format text`: one text per line; `jsonl`: one JSON object per line with a
+string "id" and "text"; `parquet`: the string columns `id` and `text`), embeds the texts with the `serving_default`
+signature of EXPORT's newest `serving/<version>/` (resolved once, so a version exported during the run does not mix
+in; what TF Serving serves: the same tokenizer, chunking and pooling) through Beam's RunInference, in batches of at
+most --batch-size texts, and writes snappy-compressed Parquet files OUTPUT-<shard>-of-<count>.parquet (--num-shards
+of them, or as many as the runner chooses with 0) with two columns: `id` (the record's id, or the SHA-256 of a
+plain line's text: a text that recurs is embedded once) and `embedding` (float32, unit length). Blank texts are
+skipped; ids of JSON and Parquet records are the user's (a repeated id gives a row per record). Other arguments are Beam's pipeline options (the
 DirectRunner by default; Dataflow, Flink or Spark with theirs, which need --model, --input and --output on storage
 the workers read, such as gs://); an argument neither ours nor Beam's is refused. Paths: local or gs://.
 
 Before the pipeline starts, a missing export, an input pattern that matches nothing, an output prefix with files
-already under it or an unknown argument is one line and exit 2, nothing written. Beam's file sink writes to
+already under it (an incomplete set is named as such) or an unknown argument is one line and exit 2, nothing
+written. Beam's file sink writes to
 temporary files and renames them when the pipeline succeeds; when it fails, the temporary files are removed, a
-malformed JSON line is one line naming it (exit 2), and any other error is raised with its traceback.
+malformed record is one line naming it (exit 2), and any other error is raised with its traceback.
 
 Apache Beam is not a dependency of the package (its pins of protobuf and pillow differ from ours): install it in
 an environment of its own beside the package, `pip install concise-attention apache-beam` (`apache-beam[gcp]` for
@@ -32,6 +34,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 
 import numpy as np
@@ -41,20 +44,26 @@ from concise_attention.training.inference import encoders
 from concise_attention.training.run import configs
 
 
-def keyed_text(line, jsonl):
-    """(id, text) of one input line, or None for a blank line or JSON text; a JSON line without a string "id" and
-    "text" is a ValueError naming the line."""
-    if not line.strip():
-        return None
-    if not jsonl:
-        return hashlib.sha256(line.encode("utf-8")).hexdigest(), line
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        record = None
+def keyed_text(record, form):
+    """(id, text) of one input record (a line of a text or JSON-lines file, or a Parquet row as a dict), or None for
+    a blank text; a record without a string id and text is a ValueError naming it."""
+    if form == "text":
+        return (hashlib.sha256(record.encode("utf-8")).hexdigest(), record) if record.strip() else None
+    shown = str(record)[:200]
+    if form == "jsonl":
+        if not record.strip():
+            return None
+        try:
+            record = json.loads(record)
+        except json.JSONDecodeError:
+            raise ValueError(f"{MALFORMED} not a JSON line: {shown!r}") from None
     if not isinstance(record, dict) or not all(isinstance(record.get(key), str) for key in ("id", "text")):
-        raise ValueError(f'--jsonl: each line needs a string "id" and "text". Received: {line[:200]!r}')
+        raise ValueError(f'{MALFORMED} a record needs a string "id" and "text". Received: {shown!r}')
     return (record["id"], record["text"]) if record["text"].strip() else None
+
+
+MALFORMED = "--input:"  # how a malformed record's error starts (found again in the runner's wrapped error)
+FORMATS = ("text", "jsonl", "parquet")
 
 
 def model_handler(saved_model, batch_size):
@@ -79,26 +88,26 @@ def model_handler(saved_model, batch_size):
     return KeyedModelHandler(ServedEmbeddings())
 
 
-def build(pipeline, saved_model, input_pattern, output, jsonl=False, batch_size=64):
+def build(pipeline, saved_model, input_pattern, output, form="text", batch_size=64, num_shards=0):
     """Adds the read -> RunInference -> Parquet steps to `pipeline`."""
     import apache_beam as beam  # optional: Beam's own environment
     import pyarrow
     from apache_beam.ml.inference.base import RunInference
 
     schema = pyarrow.schema([("id", pyarrow.string()), ("embedding", pyarrow.list_(pyarrow.float32()))])
-    texts = (
-        pipeline
-        | "Read" >> beam.io.ReadFromText(input_pattern)
-        | "Key" >> beam.Map(keyed_text, jsonl)
-        | "NotBlank" >> beam.Filter(lambda keyed: keyed is not None)
-    )
-    if not jsonl:
+    if form == "parquet":
+        records = pipeline | "Read" >> beam.io.ReadFromParquet(input_pattern, columns=["id", "text"])
+    else:
+        records = pipeline | "Read" >> beam.io.ReadFromText(input_pattern)
+    texts = records | "Key" >> beam.Map(keyed_text, form) | "NotBlank" >> beam.Filter(lambda keyed: keyed is not None)
+    if form == "text":
         texts = texts | "Distinct" >> beam.Distinct()  # a text's id is its hash: one row per distinct text
     return (
         texts
         | "Embed" >> RunInference(model_handler(saved_model, batch_size))
         | "Row" >> beam.MapTuple(lambda key, result: {"id": key, "embedding": np.asarray(result.inference).tolist()})
-        | "Write" >> beam.io.WriteToParquet(output, schema, codec="snappy", file_name_suffix=".parquet")
+        | "Write"
+        >> beam.io.WriteToParquet(output, schema, codec="snappy", file_name_suffix=".parquet", num_shards=num_shards)
     )
 
 
@@ -121,11 +130,19 @@ def check(args, beam_arguments):
         raise ValueError(f"--model {args.model}: no serving/<version>/ SavedModel (a concise-export folder is needed)")
     if not FileSystems.match([args.input])[0].metadata_list:
         raise ValueError(f"--input {args.input}: no file matches")
-    if FileSystems.match([f"{args.output}-*"])[0].metadata_list:
-        raise ValueError(f"--output {args.output}: files {args.output}-* exist; choose another prefix or remove them")
+    taken = [match.path for match in FileSystems.match([f"{args.output}-*"])[0].metadata_list]
+    if taken:
+        count = re.search(r"-of-(\d+)\.parquet$", taken[0])
+        partial = count and len(taken) < int(count.group(1))
+        what = f"{len(taken)} of {int(count.group(1))} shards of an unfinished run" if partial else "files"
+        raise ValueError(
+            f"--output {args.output}: {what} exist ({args.output}-*); remove them or choose another prefix"
+        )
+    if args.num_shards < 0:
+        raise ValueError(f"--num-shards must be 0 or more. Received: --num-shards={args.num_shards}")
 
 
-OUR_OPTIONS = ["--model", "--input", "--output", "--jsonl", "--batch-size"]
+OUR_OPTIONS = ["--model", "--input", "--output", "--format", "--batch-size", "--num-shards"]
 
 
 def unknown_options(beam_arguments):
@@ -160,10 +177,11 @@ def remote_runner(beam_arguments):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a concise-export folder (local or gs://)")
-    parser.add_argument("--input", required=True, help="a file pattern: text lines, or JSON lines with --jsonl")
+    parser.add_argument("--input", required=True, help="a file pattern (local or gs://)")
     parser.add_argument("--output", required=True, help="the prefix of the Parquet files to write")
-    parser.add_argument("--jsonl", action="store_true", help='input lines are JSON objects with "id" and "text"')
+    parser.add_argument("--format", choices=FORMATS, default="text", help="of the input files (default: text lines)")
     parser.add_argument("--batch-size", type=int, default=64, help="texts per inference call, at most")
+    parser.add_argument("--num-shards", type=int, default=0, help="output files (default 0: the runner chooses)")
     args, beam_arguments = parser.parse_known_args(argv)
     with configs.one_line_errors(parser, "concise_attention.export.beam"):
         if importlib.util.find_spec("apache_beam") is None:
@@ -185,13 +203,13 @@ def run(args, beam_arguments):
     step_log.setLevel(logging.CRITICAL)
     try:
         with beam.Pipeline(options=PipelineOptions(beam_arguments)) as pipeline:
-            build(pipeline, saved_model, args.input, args.output, args.jsonl, args.batch_size)
+            build(pipeline, saved_model, args.input, args.output, args.format, args.batch_size, args.num_shards)
     except Exception as error:
         _remove_temporary(args.output, folder_existed)
         message = str(error)
-        if "--jsonl:" not in message:
+        if MALFORMED not in message:
             raise RuntimeError(f"the pipeline failed: {type(error).__name__}") from error
-        line = message[message.find("--jsonl:") :].splitlines()[0]
+        line = message[message.find(MALFORMED) :].splitlines()[0]
         raise ValueError(line.split(" [while running")[0]) from None
     finally:
         step_log.setLevel(level)

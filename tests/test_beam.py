@@ -11,19 +11,31 @@ from concise_attention.export import beam
 
 def test_a_plain_line_is_keyed_by_the_sha256_of_its_text_and_a_blank_one_is_skipped():
     text = "Stocks fell sharply on Monday."
-    assert beam.keyed_text(text, jsonl=False) == (hashlib.sha256(text.encode("utf-8")).hexdigest(), text)
-    assert beam.keyed_text("  \t", jsonl=False) is None
+    assert beam.keyed_text(text, "text") == (hashlib.sha256(text.encode("utf-8")).hexdigest(), text)
+    assert beam.keyed_text("  \t", "text") is None
 
 
-def test_a_json_line_keeps_its_own_id_and_one_without_an_id_or_text_is_named():
-    assert beam.keyed_text('{"id": "doc-7", "text": "A man is playing a guitar."}', jsonl=True) == (
+def test_json_and_parquet_records_keep_their_own_ids_and_a_malformed_one_is_named():
+    assert beam.keyed_text('{"id": "doc-7", "text": "A man is playing a guitar."}', "jsonl") == (
         "doc-7",
         "A man is playing a guitar.",
     )
-    assert beam.keyed_text('{"id": "doc-8", "text": "  "}', jsonl=True) is None  # a blank text, as a blank line
-    for line in ('{"text": "no id"}', '{"id": 7, "text": "id not a string"}', '["id", "text"]', "not json"):
-        with pytest.raises(ValueError, match='"id" and "text"'):
-            beam.keyed_text(line, jsonl=True)
+    assert beam.keyed_text({"id": "row-3", "text": "Stock markets fell."}, "parquet") == (
+        "row-3",
+        "Stock markets fell.",
+    )
+    assert beam.keyed_text('{"id": "doc-8", "text": "  "}', "jsonl") is None  # a blank text, as a blank line
+    assert beam.keyed_text({"id": "row-4", "text": ""}, "parquet") is None
+    for record, form in [
+        ('{"text": "no id"}', "jsonl"),
+        ('{"id": 7, "text": "id not a string"}', "jsonl"),
+        ('["id", "text"]', "jsonl"),
+        ("not json", "jsonl"),
+        ({"id": None, "text": "a null id"}, "parquet"),
+    ]:
+        with pytest.raises(ValueError, match=r"^--input: ") as error:
+            beam.keyed_text(record, form)
+        assert repr(str(record)) in str(error.value)
 
 
 def test_without_apache_beam_the_command_says_so_in_one_line_and_exits_2(monkeypatch, capsys, tmp_path):
