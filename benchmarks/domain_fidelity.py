@@ -1,6 +1,6 @@
 """How closely a narrower encoder keeps its teacher's geometry on each kind of text, beside the teacher's PCA.
 
-    python benchmarks/domain_fidelity.py --encoder runs/d192 --fit-texts general-corpus [--out results/domain_fidelity.json]
+    python benchmarks/domain_fidelity.py --encoder runs/d192 --fit-texts general-corpus [--out FILE.json]
 
 For each text set (the held-out split of --fit-texts, and the texts of each MTEB-protocol task: STSBenchmark's
 test sentences, Banking77's test queries), two measures of the encoder against the teacher (all-MiniLM-L6-v2 unless

@@ -7,20 +7,18 @@
 
 Reads every file matching --input (`--format text`: one text per line; `jsonl`: one JSON object per line with a
 string "id" and "text"; `parquet`: the string columns `id` and `text`), embeds the texts with the `serving_default`
-signature of EXPORT's newest `serving/<version>/` (resolved once, so a version exported during the run does not mix
-in; what TF Serving serves: the same tokenizer, chunking and pooling) through Beam's RunInference, in batches of at
-most --batch-size texts, and writes snappy-compressed Parquet files OUTPUT-<shard>-of-<count>.parquet (--num-shards
-of them, or as many as the runner chooses with 0) with two columns: `id` (the record's id, or the SHA-256 of a
-plain line's text: a text that recurs is embedded once) and `embedding` (float32, unit length). Blank texts are
-skipped; ids of JSON and Parquet records are the user's (a repeated id gives a row per record). Other arguments are Beam's pipeline options (the
-DirectRunner by default; Dataflow, Flink or Spark with theirs, which need --model, --input and --output on storage
-the workers read, such as gs://); an argument neither ours nor Beam's is refused. Paths: local or gs://.
+signature of EXPORT's newest `serving/<version>/` (resolved once: a version exported during the run does not mix
+in) through Beam's RunInference, in batches of at most --batch-size texts, and writes snappy Parquet files
+OUTPUT-<shard>-of-<count>.parquet (--num-shards of them; 0: as many as the runner chooses) with the columns `id`
+(the record's, or the SHA-256 of a plain line's text, each distinct text embedded once) and `embedding` (float32,
+unit length). Blank texts are skipped. Other arguments are Beam's pipeline options (the DirectRunner by default;
+Dataflow, Flink or Spark with theirs, whose workers need --model, --input and --output on shared storage such as
+gs://). Paths: local or gs://.
 
-Before the pipeline starts, a missing export, an input pattern that matches nothing, an output prefix with files
-already under it (an incomplete set is named as such) or an unknown argument is one line and exit 2, nothing
-written. Beam's file sink writes to
-temporary files and renames them when the pipeline succeeds; when it fails, the temporary files are removed, a
-malformed record is one line naming it (exit 2), and any other error is raised with its traceback.
+Refused before the pipeline starts, in one line with exit 2 and nothing written: an export without a TF Serving
+model, an input pattern matching nothing, an output prefix with files under it, an argument neither ours nor
+Beam's. Beam's file sink writes temporary files and renames them when the pipeline succeeds; when it fails they
+are removed, a malformed record is one line naming it (exit 2), any other error is raised with its traceback.
 
 Apache Beam is not a dependency of the package (its pins of protobuf and pillow differ from ours): install it in
 an environment of its own beside the package, `pip install concise-attention apache-beam` (`apache-beam[gcp]` for
