@@ -205,7 +205,7 @@ def measure_quality(folders, runtime_path):
 
 def quality_table(rows):
     """Markdown: each model's MTEB-protocol scores on each runtime."""
-    tasks = [task for task in next(iter(next(iter(rows.values())).values()))]
+    tasks = list(next(iter(next(iter(rows.values())).values())))
     lines = [f"| model, runtime | {' | '.join(tasks)} |", "|---|" + "---:|" * len(tasks)]
     for model, runtimes in rows.items():
         for runtime, scores in runtimes.items():

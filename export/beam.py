@@ -38,6 +38,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from concise_attention.models.checks import check_integer
 from concise_attention.training.inference import encoders
 from concise_attention.training.run import configs
 
@@ -113,8 +114,8 @@ def check(args, beam_arguments):
     """Refuses what would fail after the pipeline started, or overwrite a result: one ValueError naming it."""
     from apache_beam.io.filesystems import FileSystems  # optional: Beam's own environment
 
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be a positive integer. Received: --batch-size={args.batch_size}")
+    check_integer("--batch-size", args.batch_size)
+    check_integer("--num-shards", args.num_shards, least=0)
     unknown = unknown_options(beam_arguments)
     if unknown:
         ours = difflib.get_close_matches(unknown[0].split("=")[0], OUR_OPTIONS, n=1)
@@ -136,8 +137,6 @@ def check(args, beam_arguments):
         raise ValueError(
             f"--output {args.output}: {what} exist ({args.output}-*); remove them or choose another prefix"
         )
-    if args.num_shards < 0:
-        raise ValueError(f"--num-shards must be 0 or more. Received: --num-shards={args.num_shards}")
 
 
 OUR_OPTIONS = ["--model", "--input", "--output", "--format", "--batch-size", "--num-shards"]
