@@ -350,16 +350,40 @@ def test_a_teacher_that_pools_otherwise_than_by_the_mean_is_refused(tmp_path, cl
         _task(tmp_path, f"task.teacher={cls_pooling_dir}")
 
 
-def test_another_vocabulary_or_a_length_beyond_the_teachers_positions_is_refused(tmp_path, minilm_dir):
-    other = tmp_path / "vocab.txt"
-    other.write_text(
-        (minilm_dir / "vocab.txt").read_text(encoding="utf-8").replace("[unused0]", "[mine]"), encoding="utf-8"
-    )
-    with pytest.raises(ValueError, match=f"The vocabulary {other} differs from the teacher's"):
-        _task(tmp_path, f"tokenizer.vocabulary={other}")
-    _task(tmp_path, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}")  # the teacher's own: accepted
+def test_a_length_beyond_the_teachers_positions_is_refused(tmp_path, minilm_dir):
+    _task(tmp_path, f"tokenizer.vocabulary={minilm_dir / 'vocab.txt'}")  # the teacher's own vocabulary: accepted
     with pytest.raises(ValueError, match="training.sequence_length=600 exceeds the teacher's max_sequence_length=512"):
         _task(tmp_path, "training.sequence_length=600")
+
+
+def test_a_student_with_a_vocabulary_of_its_own_reads_texts_with_it_and_learns_the_teachers_outputs(
+    tmp_path, minilm_dir
+):
+    """Another vocabulary ("the" and [unused0] trade ids): refused where the teacher must read the student's ids
+    (the relation term, a start from the teacher's weights); else the student's batches hold its own ids (HF
+    `tokenizers`) and their targets are the teacher's embeddings of the texts read with the teacher's vocabulary
+    (numpy BERT)."""
+    from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
+
+    tokens = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    the = tokens.index("the")
+    tokens[1], tokens[the] = tokens[the], tokens[1]
+    other = tmp_path / "vocab.txt"
+    other.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"The vocabulary {other} differs .* started from the teacher"):
+        _task(tmp_path, f"tokenizer.vocabulary={other}")
+    with pytest.raises(ValueError, match="task.relation_weight=1.0 needs the teacher's vocabulary"):
+        _task(tmp_path, f"tokenizer.vocabulary={other}", "task.student_init=random", "task.relation_weight=1")
+    task = _task(tmp_path, f"tokenizer.vocabulary={other}", "task.student_init=random")
+    task.read()
+    inputs, targets, _ = next(iter(task.data(wordpiece_tokenizer(other, lowercase=True, strip_accents=True)).eval))
+    texts = task.eval_texts[:16]
+    ids = hugging_face_ids(other, texts, 32)
+    assert any(1 in row for row in ids)  # a text holds "the", at the student's id
+    np.testing.assert_array_equal(inputs["input_word_ids"].numpy(), [row + [0] * (32 - len(row)) for row in ids])
+    expected = reference_embeddings(minilm_dir, hugging_face_ids(minilm_dir / "vocab.txt", texts, 32))
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(targets["teacher_space"].numpy(), expected, atol=1e-4)
 
 
 def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_dir):
@@ -376,7 +400,7 @@ def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_
     task.read()
     backbone = task.config.build_model()
     model = task.build_model(backbone)
-    task.initialize(model, backbone)
+    task.initialize(model, backbone, task.tokenizer)
     texts = task.eval_texts[:6]
     ids = hugging_face_ids(minilm_dir / "vocab.txt", texts, 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
@@ -404,10 +428,10 @@ def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projec
     backbone = task.config.build_model()
     model = task.build_model(backbone)
     loaded = model.projection.kernel.numpy().copy()
-    task.initialize(model, backbone, "model")
+    task.initialize(model, backbone, task.tokenizer, "model")
     np.testing.assert_array_equal(model.projection.kernel.numpy(), loaded)
 
-    task.initialize(model, backbone, "backbone")
+    task.initialize(model, backbone, task.tokenizer, "backbone")
     texts = task.train_texts
     ids = hugging_face_ids(task.vocabulary_file(), texts, 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
@@ -711,8 +735,8 @@ def test_the_tables_students_from_the_teacher_start_from_it(tmp_path, name, monk
     task.read()
     backbone = config.build_model()
     model = task.build_model(backbone)
-    task.initialize(model, backbone)
+    task.initialize(model, backbone, task.tokenizer)
     texts = task.eval_texts[:16]
     teacher = distill.compute_teacher_embeddings(task.teacher_backbone, task.tokenizer, texts, 32)
-    student = np.asarray(model.predict(task._encoder_inputs(texts), verbose=0)["teacher_space"])
+    student = np.asarray(model.predict(task._encoder_inputs(texts, task.tokenizer), verbose=0)["teacher_space"])
     assert np.mean(np.sum(teacher * student, axis=1)) > 0.08

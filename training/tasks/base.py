@@ -79,8 +79,8 @@ class Task:
         the config's, task.init's, or one trained on `vocabulary_text`."""
         return None
 
-    def initialize(self, model, backbone, started=None):
-        """Sets the starting weights of a new run. started: what task.init gave, "model" (head
+    def initialize(self, model, backbone, tokenizer, started=None):
+        """Sets the starting weights of a new run (`tokenizer`: the run's). started: what task.init gave, "model" (head
         included), "backbone" or None. This default keeps the seeded random initialisation or task.init's
         weights; the distill task starts a student from its teacher, or fits its projection to a trained one."""
 

@@ -36,6 +36,10 @@ drawn with a fixed seed, and each is kept whole or cut to one of its sentences (
 them), so the student sees both lengths. The held-out split gives `task.eval_texts` texts the same way. No text
 whose hash is an evaluation text's (`mteb_protocol.excluded_hashes`) is ever drawn, whatever the corpus holds.
 
+Vocabularies: the student reads the teacher's, or its own (tokenizer.vocabulary, else task.init's: a trained
+encoder such as all-MiniLM-L6-v2 distilled from all-mpnet-base-v2); the teacher always reads the texts with its
+own tokenizer. Only the relation term and a start from the teacher's weights need the teacher's vocabulary.
+
 Teacher outputs are computed once per text and kept in `task.cache_dir` (default
 `~/.cache/concise_attention/teacher_outputs`, gs:// too) under a fingerprint of the teacher's weights and
 vocabulary, the tokenizer settings, the sequence length and the texts, with a sha256 of the array: a
@@ -276,21 +280,15 @@ class DistillTask(Task):
         source = self.source
         # the teacher's embedding is the mean of its token vectors, as computed here
         artifacts.check_mean_pooling(source)
-        teacher_settings = {
-            "lowercase": source.tokenizer.get("lowercase", True),
-            "strip_accents": source.tokenizer.get("strip_accents"),
-        }
-        teacher_settings["strip_accents"] = (
-            teacher_settings["lowercase"]
-            if teacher_settings["strip_accents"] is None
-            else teacher_settings["strip_accents"]
-        )
-        if tokenizer_settings(self.config) != teacher_settings:
-            raise ValueError(
-                f"The tokenizer settings {tokenizer_settings(self.config)} differ from the teacher's {teacher_settings} "
-                f"(task.teacher={self.teacher!r}): the student reads the teacher's vocabulary as the teacher does."
-            )
-        _check_same_vocabulary(source.vocabulary, self.config.tokenizer.vocabulary, self.settings.init, self.teacher)
+        if self.student_vocabulary() is None:  # the student reads the teacher's vocabulary as the teacher does
+            if tokenizer_settings(self.config) != self.teacher_settings:
+                raise ValueError(
+                    f"The tokenizer settings {tokenizer_settings(self.config)} differ from the teacher's "
+                    f"{self.teacher_settings} (task.teacher={self.teacher!r}): the student reads the teacher's "
+                    "vocabulary as the teacher does."
+                )
+        else:
+            self._check_own_vocabulary()
         limit = int(source.model.get("max_sequence_length", self.training.sequence_length))
         if self.training.sequence_length > limit:
             raise ValueError(
@@ -309,23 +307,55 @@ class DistillTask(Task):
         files.check_creatable(cache_directory(self.settings), "task.cache_dir")  # before the teacher runs
         self.settings = dataclasses.replace(self.settings, teacher_width=embedding_width(source.model))
 
+    @functools.cached_property
+    def teacher_settings(self):
+        """The teacher's tokenizer settings: dict(lowercase, strip_accents), strip_accents None read as BERT reads it."""
+        lowercase = self.source.tokenizer.get("lowercase", True)
+        strip_accents = self.source.tokenizer.get("strip_accents")
+        return {"lowercase": lowercase, "strip_accents": lowercase if strip_accents is None else strip_accents}
+
+    def student_vocabulary(self):
+        """The student's own vocabulary file (tokenizer.vocabulary, else task.init's) when its tokens differ from the
+        teacher's, else None: the student reads the teacher's."""
+        init = self.settings.init
+        path = self.config.tokenizer.vocabulary or (artifacts.read(init).vocabulary if init else None)
+        if path is None or read_vocabulary(path) == read_vocabulary(self.source.vocabulary):
+            return None
+        return path
+
+    def _check_own_vocabulary(self):
+        """A student with a vocabulary of its own learns from the teacher's cached outputs of the texts alone; the
+        relation term (the teacher runs on the student's token ids) and a start from the teacher's weights cannot."""
+        path = self.student_vocabulary()
+        if self.settings.relation_weight:
+            raise ValueError(
+                f"The vocabulary {path} differs from the teacher's ({self.source.vocabulary}, task.teacher="
+                f"{self.teacher!r}): task.relation_weight={self.settings.relation_weight} needs the teacher's vocabulary."
+            )
+        if self.settings.student_init == "teacher" and not self.settings.init:
+            raise ValueError(
+                f"The vocabulary {path} differs from the teacher's ({self.source.vocabulary}, task.teacher="
+                f"{self.teacher!r}): a student started from the teacher (task.student_init: teacher) reads its "
+                "vocabulary (leave tokenizer.vocabulary unset, or set task.student_init: random)."
+            )
+
     def vocabulary_file(self):
         return self.source.vocabulary
 
-    def initialize(self, model, backbone, started=None):
-        """A new run's starting weights. From task.init's student backbone alone ("backbone": for example a
-        shipped preset, distilled further): the projection to the teacher's space is fitted to it by least
-        squares (`fit_projection`, ridge). Without task.init and student_init "teacher": the backbone from the
+    def initialize(self, model, backbone, tokenizer, started=None):
+        """A new run's starting weights (`tokenizer`: the student's). From task.init's student backbone alone
+        ("backbone": for example a shipped preset, distilled further): the projection to the teacher's space is
+        fitted to it by least squares (`fit_projection`, ridge). Without task.init and student_init "teacher": the backbone from the
         teacher's weights (`models.shrink`), projected onto the leading directions of the teacher's residual
         stream on the first `STREAM_TEXTS` training texts; the projection starts as P^T, which maps them back.
         task.projection principal sets the fixed projection whatever the start (`principal_projection`)."""
         if self.settings.projection == "principal":
             self.principal_projection(model)
         elif started == "backbone":
-            self.fit_projection(model)
+            self.fit_projection(model, tokenizer)
         if started is not None or self.settings.student_init != "teacher":
             return
-        inputs = self._encoder_inputs(self.train_texts[:STREAM_TEXTS])
+        inputs = self._encoder_inputs(self.train_texts[:STREAM_TEXTS], self.tokenizer)
         projection, gain = stream_directions(self.teacher_backbone, inputs, backbone.hidden_size)
         projection = shrink_into(self.teacher_backbone, backbone, projection, gain_scale=gain)
         if self.settings.projection == "learned":
@@ -340,12 +370,12 @@ class DistillTask(Task):
         model.projection.kernel.assign(basis.T.astype("float32"))
         model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
 
-    def fit_projection(self, model, count=4 * STREAM_TEXTS):
+    def fit_projection(self, model, tokenizer, count=4 * STREAM_TEXTS):
         """The projection P (kernel and bias) that best maps the student's mean embeddings of the first
         `count` training texts onto the teacher's unit embeddings of them (`ridge_map`), so that a trained
         student does not meet a random P (whose gradients would first undo what it learned)."""
         texts = self.train_texts[:count]
-        inputs = self._encoder_inputs(texts)
+        inputs = self._encoder_inputs(texts, tokenizer)
         pooled = mean_pooled(model.encoder(inputs)["sequence_output"], inputs["input_mask"])
         targets = teacher_outputs(self, self.tokenizer, self.train_texts)[:count]  # the run's cached outputs
         kernel, bias = ridge_map(np.asarray(pooled), targets)
@@ -354,12 +384,11 @@ class DistillTask(Task):
 
     @functools.cached_property
     def tokenizer(self):
-        """The student's (and teacher's) tokenizer, built once per task."""
-        return wordpiece_tokenizer(self.vocabulary_file(), **tokenizer_settings(self.config))
+        """The teacher's tokenizer (its vocabulary and settings): its outputs are computed with it. Built once."""
+        return wordpiece_tokenizer(self.source.vocabulary, **self.teacher_settings)
 
-    def _encoder_inputs(self, texts):
-        """Encoder inputs (numpy) of `texts`, padded to the longest, cut at the training length."""
-        tokenizer = self.tokenizer
+    def _encoder_inputs(self, texts, tokenizer):
+        """Encoder inputs (numpy) of `texts` read by `tokenizer`, padded to the longest, cut at the training length."""
         ids = embeddings.token_ids(tokenizer, texts, self.training.sequence_length)
         word_ids, mask = embeddings.padded(ids, tokenizer.token_to_id("[PAD]"))
         return {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": np.zeros_like(word_ids)}
@@ -415,8 +444,8 @@ class DistillTask(Task):
 
     def datasets(self, tokenizer, skip_batches):
         training = self.training
-        eval_targets = teacher_outputs(self, tokenizer, self.eval_texts)
-        train_targets = teacher_outputs(self, tokenizer, self.train_texts)
+        eval_targets = teacher_outputs(self, self.tokenizer, self.eval_texts)
+        train_targets = teacher_outputs(self, self.tokenizer, self.train_texts)
         pack = _packer(tokenizer, training.sequence_length, relation=bool(self.settings.relation_weight))
         train = tf.data.Dataset.from_tensor_slices((self.train_texts, train_targets)).repeat()
         train = train.shuffle(len(self.train_texts), seed=training.seed, reshuffle_each_iteration=True)
@@ -489,19 +518,6 @@ def _check_same_positions(teacher_model, student, teacher):
         raise ValueError(
             f"model.num_heads={student.num_heads} exceeds the teacher's {teacher_model['num_heads']} "
             f"(task.teacher={teacher!r}): each head of the student takes one of its relative position biases."
-        )
-
-
-def _check_same_vocabulary(teacher_vocabulary, vocabulary, init, teacher):
-    """The student must read the teacher's vocabulary: tokenizer.vocabulary (a file), else task.init's
-    (a run, a Hugging Face folder or a preset), must hold the same tokens, else a one-line error names it."""
-    if not (vocabulary or init):
-        return
-    path = vocabulary or artifacts.read(init).vocabulary
-    if read_vocabulary(teacher_vocabulary) != read_vocabulary(path):
-        raise ValueError(
-            f"The vocabulary {path} differs from the teacher's ({teacher_vocabulary}, task.teacher={teacher!r}): "
-            "a distilled student reads the teacher's vocabulary (leave tokenizer.vocabulary unset)."
         )
 
 

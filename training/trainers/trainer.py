@@ -236,9 +236,9 @@ def _check_sequence_length(config):
         )
 
 
-def _build(config, task, strategy, run, source, is_chief):
+def _build(config, task, strategy, run, source, is_chief, tokenizer):
     """The compiled task model under the strategy, restored from the newest readable
-    checkpoint or task.init; returns (model, backbone, checkpoints, data position)."""
+    checkpoint or task.init (`tokenizer`: the run's); returns (model, backbone, checkpoints, data position)."""
     training = config.training
     keras.utils.set_random_seed(training.seed)
     with strategy.scope():
@@ -252,7 +252,7 @@ def _build(config, task, strategy, run, source, is_chief):
         position = checkpoints.restore()
         if position is None:
             started = initialize_model(model, backbone, source, config.task) if source is not None else None
-            task.initialize(model, backbone, started)
+            task.initialize(model, backbone, tokenizer, started)
     return model, backbone, checkpoints, position or 0
 
 
@@ -323,7 +323,7 @@ def _train(config, run_dir, verbose, preemption):
     if is_chief:  # after the inputs are verified: a refused resume leaves config.json as it was
         run.record_config(recorded)
     tokenizer = wordpiece_tokenizer(vocabulary, **tokenizer_settings(config))
-    model, backbone, checkpoints, position = _build(config, task, strategy, run, source, is_chief)
+    model, backbone, checkpoints, position = _build(config, task, strategy, run, source, is_chief, tokenizer)
     step = checkpoints.step
     data = task.data(tokenizer, skip_batches=position)
     train_data = data.train
