@@ -1,0 +1,79 @@
+"""Encoders between two others of one architecture and vocabulary, in weight space, scored with MTEB's protocols.
+
+    python benchmarks/interpolation.py --start $MINILM --end runs/student --shares 0.25,0.5,0.75 [--out FILE.json]
+
+Each weight of the encoder at share a is (1 - a) * start's + a * end's: with --start the model a run began from and
+--end the run, WiSE-FT (Wortsman et al. 2022, robust fine-tuning); with two runs of one recipe and two seeds, a
+uniform model soup at 0.5 (Wortsman et al. 2022, model soups). Shares 0 and 1 (the two encoders themselves) are
+scored too. A share chosen on these test sets is a selection, not a held-out result.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+from concise_attention.training.inference import mteb_protocol
+from concise_attention.training.inference.embeddings import SentenceEncoder
+
+
+def shares(text):
+    """The --shares list: numbers in [0, 1], 0 and 1 added, sorted."""
+    values = sorted({0.0, 1.0, *(float(value) for value in text.split(","))})
+    if values[0] < 0 or values[-1] > 1:
+        raise ValueError(f"--shares {text}: each share must be within [0, 1]")
+    return values
+
+
+def interpolated_scores(start_spec, end_spec, values):
+    """{share: {task: score, "mean": ...}} of the encoders between `start_spec` and `end_spec`."""
+    start, end = SentenceEncoder.from_preset(start_spec), SentenceEncoder.from_preset(end_spec)
+    if start.tokenizer.vocabulary_size() != end.tokenizer.vocabulary_size() or start.tokenizer.get_vocabulary() != (
+        end.tokenizer.get_vocabulary()
+    ):
+        raise ValueError(f"--start {start_spec} and --end {end_spec} read different vocabularies")
+    first = [weight.numpy() for weight in start.backbone.weights]
+    last = [weight.numpy() for weight in end.backbone.weights]
+    if [array.shape for array in first] != [array.shape for array in last]:
+        raise ValueError(f"--start {start_spec} and --end {end_spec} are not of one architecture")
+    rows = {}
+    for share in values:
+        for variable, a, b in zip(end.backbone.weights, first, last):
+            variable.assign((1 - share) * a + share * b)
+        scores = mteb_protocol.evaluate(end.encode)
+        rows[f"{share:g}"] = {**scores, "mean": float(np.mean(list(scores.values())))}
+        print(share, json.dumps(rows[f"{share:g}"]), flush=True)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--start", required=True, help="the encoder at share 0 (preset, run or folder)")
+    parser.add_argument("--end", required=True, help="the encoder at share 1, of the same architecture and vocabulary")
+    parser.add_argument("--shares", default="0.25,0.5,0.75", help="comma-separated shares of --end in [0, 1]")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import provenance
+
+    try:
+        values = shares(args.shares)
+        since = provenance.record()
+        rows = interpolated_scores(args.start, args.end, values)
+    except ValueError as error:
+        parser.exit(2, f"interpolation.py: error: {error}\n")
+    result = {
+        **provenance.record(since),
+        "command": provenance.command_line("benchmarks/interpolation.py", argv or sys.argv[1:]),
+        "start": args.start,
+        "end": args.end,
+        "rows": rows,
+    }
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
