@@ -345,8 +345,8 @@ class DistillTask(Task):
     def initialize(self, model, backbone, tokenizer, started=None):
         """A new run's starting weights (`tokenizer`: the student's). From task.init's student backbone alone
         ("backbone": for example a shipped preset, distilled further): the projection to the teacher's space is
-        fitted to it by least squares (`fit_projection`, ridge). Without task.init and student_init "teacher": the backbone from the
-        teacher's weights (`models.shrink`), projected onto the leading directions of the teacher's residual
+        fitted to it by least squares (`fit_projection`, ridge). Without task.init and student_init "teacher": the
+        backbone from the teacher's weights (`models.shrink`), projected onto the leading directions of the teacher's residual
         stream on the first `STREAM_TEXTS` training texts; the projection starts as P^T, which maps them back.
         task.projection principal sets the fixed projection whatever the start (`principal_projection`)."""
         if self.settings.projection == "principal":
