@@ -30,9 +30,7 @@ def shares(text):
 def interpolated_scores(start_spec, end_spec, values):
     """{share: {task: score, "mean": ...}} of the encoders between `start_spec` and `end_spec`."""
     start, end = SentenceEncoder.from_preset(start_spec), SentenceEncoder.from_preset(end_spec)
-    if start.tokenizer.vocabulary_size() != end.tokenizer.vocabulary_size() or start.tokenizer.get_vocabulary() != (
-        end.tokenizer.get_vocabulary()
-    ):
+    if start.tokenizer.get_vocabulary() != end.tokenizer.get_vocabulary():
         raise ValueError(f"--start {start_spec} and --end {end_spec} read different vocabularies")
     first = [weight.numpy() for weight in start.backbone.weights]
     last = [weight.numpy() for weight in end.backbone.weights]

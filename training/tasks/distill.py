@@ -76,6 +76,7 @@ from concise_attention.training.inference import embeddings
 from concise_attention.training.inference import mteb_protocol
 from concise_attention.training import artifacts
 from concise_attention.training.preprocessing.text import read_vocabulary
+from concise_attention.training.preprocessing.tokenizer import bert_settings
 from concise_attention.training.preprocessing.tokenizer import tokenizer_settings
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 from concise_attention.training.tasks import metrics as metric_functions
@@ -280,7 +281,8 @@ class DistillTask(Task):
         source = self.source
         # the teacher's embedding is the mean of its token vectors, as computed here
         artifacts.check_mean_pooling(source)
-        if self.student_vocabulary() is None:  # the student reads the teacher's vocabulary as the teacher does
+        own_vocabulary = self.student_vocabulary()
+        if own_vocabulary is None:  # the student reads the teacher's vocabulary as the teacher does
             if tokenizer_settings(self.config) != self.teacher_settings:
                 raise ValueError(
                     f"The tokenizer settings {tokenizer_settings(self.config)} differ from the teacher's "
@@ -288,7 +290,7 @@ class DistillTask(Task):
                     "vocabulary as the teacher does."
                 )
         else:
-            self._check_own_vocabulary()
+            self._check_own_vocabulary(own_vocabulary)
         limit = int(source.model.get("max_sequence_length", self.training.sequence_length))
         if self.training.sequence_length > limit:
             raise ValueError(
@@ -309,10 +311,8 @@ class DistillTask(Task):
 
     @functools.cached_property
     def teacher_settings(self):
-        """The teacher's tokenizer settings: dict(lowercase, strip_accents), strip_accents None read as BERT reads it."""
-        lowercase = self.source.tokenizer.get("lowercase", True)
-        strip_accents = self.source.tokenizer.get("strip_accents")
-        return {"lowercase": lowercase, "strip_accents": lowercase if strip_accents is None else strip_accents}
+        """The teacher's tokenizer settings: dict(lowercase, strip_accents), as BERT reads them."""
+        return bert_settings(self.source.tokenizer)
 
     def student_vocabulary(self):
         """The student's own vocabulary file (tokenizer.vocabulary, else task.init's) when its tokens differ from the
@@ -323,10 +323,9 @@ class DistillTask(Task):
             return None
         return path
 
-    def _check_own_vocabulary(self):
-        """A student with a vocabulary of its own learns from the teacher's cached outputs of the texts alone; the
-        relation term (the teacher runs on the student's token ids) and a start from the teacher's weights cannot."""
-        path = self.student_vocabulary()
+    def _check_own_vocabulary(self, path):
+        """A student with a vocabulary of its own (`path`) learns from the teacher's cached outputs of the texts alone;
+        the relation term (the teacher runs on the student's token ids) and a start from the teacher's weights cannot."""
         if self.settings.relation_weight:
             raise ValueError(
                 f"The vocabulary {path} differs from the teacher's ({self.source.vocabulary}, task.teacher="
