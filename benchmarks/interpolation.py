@@ -1,11 +1,14 @@
 """Encoders between two others of one architecture and vocabulary, in weight space, scored with MTEB's protocols.
 
     python benchmarks/interpolation.py --start $MINILM --end runs/student --shares 0.25,0.5,0.75 [--out FILE.json]
+    python benchmarks/interpolation.py --start $MINILM --end runs/student --select-on dev [--out FILE.json]
 
 Each weight of the encoder at share a is (1 - a) * start's + a * end's: with --start the model a run began from and
 --end the run, WiSE-FT (Wortsman et al. 2022, robust fine-tuning); with two runs of one recipe and two seeds, a
 uniform model soup at 0.5 (Wortsman et al. 2022, model soups). Shares 0 and 1 (the two encoders themselves) are
-scored too. A share chosen on these test sets is a selection, not a held-out result.
+scored too. A share chosen on these test sets is a selection, not a held-out result: with --select-on dev every
+share is scored on the selection protocol (`concise-evaluate --split dev`: STSBenchmark's dev split, Banking77's
+train texts that no experiment draws) and only the share with the best dev mean, with 0 and 1, on the test sets.
 """
 
 import argparse
@@ -27,8 +30,8 @@ def shares(text):
     return values
 
 
-def interpolated_scores(start_spec, end_spec, values):
-    """{share: {task: score, "mean": ...}} of the encoders between `start_spec` and `end_spec`."""
+def interpolator(start_spec, end_spec):
+    """(the end encoder, a function that sets its weights to those at a share between the two)."""
     start, end = SentenceEncoder.from_preset(start_spec), SentenceEncoder.from_preset(end_spec)
     if start.tokenizer.get_vocabulary() != end.tokenizer.get_vocabulary():
         raise ValueError(f"--start {start_spec} and --end {end_spec} read different vocabularies")
@@ -36,14 +39,39 @@ def interpolated_scores(start_spec, end_spec, values):
     last = [weight.numpy() for weight in end.backbone.weights]
     if [array.shape for array in first] != [array.shape for array in last]:
         raise ValueError(f"--start {start_spec} and --end {end_spec} are not of one architecture")
-    rows = {}
-    for share in values:
+
+    def move_to(share):
         for variable, a, b in zip(end.backbone.weights, first, last):
             variable.assign((1 - share) * a + share * b)
-        scores = mteb_protocol.evaluate(end.encode)
+
+    return end, move_to
+
+
+def interpolated_scores(encoder, move_to, values, split="test"):
+    """{share: {task: score, "mean": ...}} on `split` of the encoders at `values`."""
+    rows = {}
+    for share in values:
+        move_to(share)
+        scores = mteb_protocol.evaluate(encoder.encode, split=split)
         rows[f"{share:g}"] = {**scores, "mean": float(np.mean(list(scores.values())))}
-        print(share, json.dumps(rows[f"{share:g}"]), flush=True)
+        print(split, share, json.dumps(rows[f"{share:g}"]), flush=True)
     return rows
+
+
+def scored(start_spec, end_spec, values, select_on=None):
+    """The result's rows: {"rows": test rows of every share}, or with `select_on` {"selection": its rows,
+    "chosen": the share of the best mean there, "rows": test rows of 0, the chosen share and 1}."""
+    encoder, move_to = interpolator(start_spec, end_spec)
+    if select_on is None:
+        return {"rows": interpolated_scores(encoder, move_to, values)}
+    selection = interpolated_scores(encoder, move_to, values, select_on)
+    chosen = float(max(selection, key=lambda share: selection[share]["mean"]))
+    return {
+        "selected_on": select_on,
+        "selection": selection,
+        "chosen": chosen,
+        "rows": interpolated_scores(encoder, move_to, sorted({0.0, chosen, 1.0})),
+    }
 
 
 def main(argv=None):
@@ -51,6 +79,11 @@ def main(argv=None):
     parser.add_argument("--start", required=True, help="the encoder at share 0 (preset, run or folder)")
     parser.add_argument("--end", required=True, help="the encoder at share 1, of the same architecture and vocabulary")
     parser.add_argument("--shares", default="0.25,0.5,0.75", help="comma-separated shares of --end in [0, 1]")
+    parser.add_argument(
+        "--select-on",
+        choices=["dev"],
+        help="choose the share on the selection protocol; only it, 0 and 1 are scored on the test sets",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -59,7 +92,7 @@ def main(argv=None):
     try:
         values = shares(args.shares)
         since = provenance.record()
-        rows = interpolated_scores(args.start, args.end, values)
+        rows = scored(args.start, args.end, values, args.select_on)
     except ValueError as error:
         parser.exit(2, f"interpolation.py: error: {error}\n")
     result = {
@@ -67,7 +100,7 @@ def main(argv=None):
         "command": provenance.command_line("benchmarks/interpolation.py", argv or sys.argv[1:]),
         "start": args.start,
         "end": args.end,
-        "rows": rows,
+        **rows,
     }
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -12,6 +12,9 @@ training texts per label, seed 42), exactly as the `mteb` package scores them (`
 the data ships with the package). With --teacher, the baselines a user already has are scored beside them: the
 teacher, its PCA projection to each narrower encoder's width (fitted on --fit-texts: a text corpus folder, never on
 an evaluation text) and the teacher with every other layer dropped. Prints a Markdown table; --output writes JSON.
+--split dev scores the selection protocol instead (STSBenchmark's dev split; Banking77's experiments drawn from its
+train split, scored on the train texts none draws): for choices such as a checkpoint or an interpolation weight,
+which the test splits must not make.
 
 --run:
 evaluates RUN/model.weights.h5 (the task model of a finished run, or of a `concise-collaborative`
@@ -129,15 +132,21 @@ def evaluate_encoders(
     pca_widths=(),
     sequence_length=None,
     report=print,
+    split="test",
 ):
     """{"tasks", "rows": {encoder name: {width, each task's score, mean}}, "teacher"} of the encoders named by `specs`
     and, with `teacher`, the teacher, its PCA (centred and not) to each narrower width and each of `pca_widths` (fitted on `fit_count`
     texts of the corpus folder `fit_texts`) and the teacher with half its layers; `sequence_length`: the cut every
-    loaded encoder reads texts at (None: each its own default; a served model cuts as it was exported)."""
+    loaded encoder reads texts at (None: each its own default; a served model cuts as it was exported); `split`: test,
+    or dev (the selection protocol: for choices, never a reported score)."""
     mteb_protocol.check_tasks(tasks)  # before any encoder loads
     loaded = [encoders.load_encoder(spec, sequence_length) for spec in specs]
     if teacher is None:
-        return {"tasks": list(tasks), "rows": mteb_protocol.score_rows(loaded, tasks, report=report), "teacher": None}
+        return {
+            "tasks": list(tasks),
+            "rows": mteb_protocol.score_rows(loaded, tasks, report=report, split=split),
+            "teacher": None,
+        }
     teacher_encoder = encoders.load_encoder(teacher, sequence_length)
     widths = sorted(
         {encoder.width for encoder in loaded if encoder.width < teacher_encoder.width} | set(pca_widths), reverse=True
@@ -149,7 +158,7 @@ def evaluate_encoders(
             pca = encoders.TeacherPca(teacher_encoder, texts, width)
             baselines += [pca, pca.uncentred()]
     baselines.append(encoders.half_layers(teacher, sequence_length))
-    rows = mteb_protocol.score_rows(baselines + loaded, tasks, report=report)
+    rows = mteb_protocol.score_rows(baselines + loaded, tasks, report=report, split=split)
     return {"tasks": list(tasks), "rows": rows, "teacher": teacher_encoder.name}
 
 
@@ -187,6 +196,13 @@ def main(argv=None):
         "--tasks", nargs="+", default=list(mteb_protocol.TASKS), help="default: " + " ".join(mteb_protocol.TASKS)
     )
     parser.add_argument(
+        "--split",
+        choices=mteb_protocol.SPLITS,
+        default="test",
+        help="with --encoder: test (MTEB's scores), or dev: the selection protocol (STSBenchmark's dev split, "
+        "Banking77's train texts no experiment draws), for choices the test sets must not make",
+    )
+    parser.add_argument(
         "--data-dir",
         nargs="+",
         help="with --run: the run's data folder(s) as seen from here, replacing the "
@@ -206,6 +222,7 @@ def main(argv=None):
                 args.pca_width,
                 args.sequence_length,
                 report=lambda line: print(line, file=sys.stderr, flush=True),
+                split=args.split,
             )
         else:
             result = evaluate_run(args.run, args.data_dir)
@@ -224,6 +241,8 @@ def _check_flags(args):
         raise ValueError("--teacher and --fit-texts go with --encoder, not --run")
     if args.teacher and not args.fit_texts:
         raise ValueError("--teacher needs --fit-texts: the text corpus folder its PCA baselines are fitted on")
+    if args.run and args.split != "test":
+        raise ValueError("--split goes with --encoder; --run evaluates the run's own task")
     if args.encoder and args.data_dir:
         raise ValueError("--data-dir goes with --run; --encoder reads the package's MTEB data")
     if args.fit_count < 1:

@@ -9,6 +9,7 @@ the same task (the `descriptive_stats` files of the `mteb` package: row counts, 
 label counts). Written, one JSON object a line, into OUT (default: the package's `training/data/mteb`):
 
     STSBenchmark/test.jsonl              {"sentence1", "sentence2", "score"}  (score 0-5)
+    STSBenchmark/dev.jsonl               the same, STS Benchmark's dev split (for choices, never a reported score)
     Banking77Classification/train.jsonl  {"text", "label"}  (label: its category's index in case-blind alphabetical order, MTEB's ids)
     Banking77Classification/test.jsonl
     manifest.json                        per file: source repository, commit, path, licence, its SHA-256, rows
@@ -39,6 +40,7 @@ BANKING = {
 }
 SOURCE_SHA256 = {
     "data/stsb-en-test.csv": "11523b625219e94e9ca05d2816b5f02cac1614c5894fe657376fa0806378d053",
+    "data/stsb-en-dev.csv": "d29586e96558c4eb52cf5ea5d14e9c24d3bf0e44f111b017caba43a5adc33226",
     "banking_data/train.csv": "b06e26ac675513959a63135f11b94ea7786ed02da65db93a5650d8838cbc664b",
     "banking_data/test.csv": "d12d6e3bc4c3103966ae786dc435913c0c563dfa328f5a3646d0e62cfeeb474d",
     "banking_data/categories.json": "53261da888122daf2d120d925458631d9619e15d82e56052e7a42e535ce32b63",
@@ -46,8 +48,10 @@ SOURCE_SHA256 = {
 # MTEB's statistics of the same splits (mteb 2.26 descriptive_stats: STS/STSBenchmark.json,
 # Classification/Banking77Classification.json), required equal; its character totals are recorded beside ours:
 # the public STSBenchmark copy has 7 and 6 fewer characters in its two columns (whitespace, which no tokenizer sees).
+# The dev split, which MTEB does not score, is checked against the STS Benchmark's published size (Cer et al. 2017).
 MTEB_STATISTICS = {
     "STSBenchmark/test": {"rows": 1379, "mean_score": 2.607916606236405},
+    "STSBenchmark/dev": {"rows": 1500},
     "Banking77Classification/train": {"rows": 10003, "characters": (594916,), "labels": 77},
     "Banking77Classification/test": {"rows": 3080, "characters": (167036,), "labels": 77},
 }
@@ -84,10 +88,10 @@ def read_source(repository, spec, path, digests):
     return data.decode("utf-8")
 
 
-def stsb_rows(repository, digests):
+def stsb_rows(repository, split, digests):
     rows = []
     for sentence1, sentence2, score in csv.reader(
-        io.StringIO(read_source(repository, STSB, "data/stsb-en-test.csv", digests))
+        io.StringIO(read_source(repository, STSB, f"data/stsb-en-{split}.csv", digests))
     ):
         rows.append({"sentence1": sentence1, "sentence2": sentence2, "score": float(score)})
     return rows
@@ -126,7 +130,10 @@ def jsonl(rows):
 def build(stsb_repository, banking_repository):
     """{relative file name: bytes} of every output, manifest.json included, after every check."""
     digests = {}
-    splits = {"STSBenchmark/test": (stsb_rows(stsb_repository, digests), STSB, ["data/stsb-en-test.csv"])}
+    splits = {
+        f"STSBenchmark/{split}": (stsb_rows(stsb_repository, split, digests), STSB, [f"data/stsb-en-{split}.csv"])
+        for split in ("test", "dev")
+    }
     for split in ("train", "test"):
         splits[f"Banking77Classification/{split}"] = (
             banking_rows(banking_repository, split, digests),
@@ -142,7 +149,7 @@ def build(stsb_repository, banking_repository):
             "sources": {path: digests[path] for path in sources},
             "rows": len(rows),
             "characters": characters(rows),
-            "mteb_characters": MTEB_CHARACTERS[name],
+            **({"mteb_characters": MTEB_CHARACTERS[name]} if name in MTEB_CHARACTERS else {}),
             "sha256": hashlib.sha256(outputs[f"{name}.jsonl"]).hexdigest(),
         }
     outputs["manifest.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")

@@ -42,6 +42,29 @@ def test_experiments_draw_8_texts_per_label_as_mteb_does():
     assert experiments[0] != experiments[1]
 
 
+def test_the_selection_protocol_reads_no_test_text_and_scores_banking77_on_undrawn_train_texts(monkeypatch):
+    """--split dev: STSBenchmark's dev split (the STS Benchmark's 1,500 pairs) and Banking77's train texts that none
+    of MTEB's experiments draws, its few-shot training rows drawn as on test."""
+    dev = mteb_protocol.read_split("STSBenchmark", "dev")
+    assert len(dev) == 1500 and dev[0]["sentence1"] == "A man with a hard hat is dancing."  # sts-dev.csv's first
+    read, seen = mteb_protocol.read_split, []
+    monkeypatch.setattr(
+        mteb_protocol, "read_split", lambda task, split, data_dir=None: seen.append(split) or read(task, split)
+    )
+    embedded = []
+
+    def embed(texts):
+        embedded.append(list(texts))
+        return np.stack([np.eye(77)[hash(text) % 77] + 1e-3 * len(text) for text in texts])
+
+    mteb_protocol.evaluate(embed, split="dev")
+    assert "test" not in seen
+    train = read("Banking77Classification", "train")
+    drawn = set().union(*mteb_protocol.undersampled([row["label"] for row in train]))
+    assert embedded[3] == [row["text"] for index, row in enumerate(train) if index not in drawn]  # the dev texts
+    assert 10003 - len(drawn) == len(embedded[3]) > 5000
+
+
 def test_sts_is_spearman_of_cosines_and_classification_reads_its_labels():
     from scipy.stats import spearmanr
 

@@ -10,6 +10,10 @@
   indices shuffled again before each experiment by a fresh `numpy.random.RandomState(42)`, the first 8 of each
   label kept), on the raw embeddings; the test accuracy averaged (MTEB's `accuracy`).
 
+`split="dev"` is the selection protocol, for choices (a checkpoint, an interpolation weight) that the test
+splits must not make: STSBenchmark's dev split, and Banking77's experiments drawn from its train split as above,
+scored on the train rows that no experiment drew. It reads no test text.
+
 The data (`training/data/mteb`, built by `scripts/make_mteb_data.py` from public copies; sources, commits,
 licences in its `manifest.json`) is checked against the manifest's SHA-256 before it is read. Scores are
 fractions (MTEB's leaderboard shows them times 100).
@@ -26,6 +30,7 @@ DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / "data" / "mteb"
 # The held-out evaluation texts of the project's own checks, known by `text_hash` only (no text is shipped).
 HELDOUT_HASHES = pathlib.Path(__file__).resolve().parents[1] / "data" / "heldout-text-sha256.txt"
 TASKS = ("STSBenchmark", "Banking77Classification")
+SPLITS = ("test", "dev")
 SEED = 42
 EXPERIMENTS = 10
 SAMPLES_PER_LABEL = 8
@@ -105,6 +110,12 @@ def classification(embed, train_rows, test_rows):
     return float(np.mean(accuracies))
 
 
+def undrawn(train_rows):
+    """The rows of `train_rows` that none of MTEB's experiments draws: the selection protocol's test rows."""
+    drawn = set().union(*undersampled([row["label"] for row in train_rows]))
+    return [row for index, row in enumerate(train_rows) if index not in drawn]
+
+
 def check_tasks(tasks):
     """Refuses a task name this module does not score (one ValueError naming it)."""
     unknown = [task for task in tasks if task not in TASKS]
@@ -112,16 +123,20 @@ def check_tasks(tasks):
         raise ValueError(f"--tasks {unknown[0]}: known tasks are {', '.join(TASKS)}")
 
 
-def evaluate(embed, tasks=TASKS, data_dir=None):
-    """{task: MTEB's main score} of `embed` (texts -> (N, D) array) on each of `tasks`."""
+def evaluate(embed, tasks=TASKS, data_dir=None, split="test"):
+    """{task: MTEB's main score} of `embed` (texts -> (N, D) array) on each of `tasks`, on `split` (test, or dev:
+    the selection protocol)."""
     check_tasks(tasks)
+    if split not in SPLITS:
+        raise ValueError(f"--split {split}: known splits are {', '.join(SPLITS)}")
     scores = {}
     for task in tasks:
         if task == "STSBenchmark":
-            scores[task] = sts(embed, read_split(task, "test", data_dir))
+            scores[task] = sts(embed, read_split(task, split, data_dir))
         else:
+            train = read_split(task, "train", data_dir)
             scores[task] = classification(
-                embed, read_split(task, "train", data_dir), read_split(task, "test", data_dir)
+                embed, train, read_split(task, "test", data_dir) if split == "test" else undrawn(train)
             )
     return scores
 
@@ -156,11 +171,11 @@ def table(rows, tasks, teacher=None):
     return "\n".join(lines)
 
 
-def score_rows(encoders, tasks=TASKS, data_dir=None, report=print):
-    """{encoder name: {width, each task's score, mean}} of `encoders` (each with name, width, encode)."""
+def score_rows(encoders, tasks=TASKS, data_dir=None, report=print, split="test"):
+    """{encoder name: {width, each task's score, mean}} of `encoders` (each with name, width, encode) on `split`."""
     rows = {}
     for encoder in encoders:
-        scores = evaluate(encoder.encode, tasks, data_dir)
+        scores = evaluate(encoder.encode, tasks, data_dir, split)
         rows[encoder.name] = {"width": encoder.width, **scores, "mean": float(np.mean(list(scores.values())))}
         report(f"{encoder.name}: " + ", ".join(f"{task} {score:.4f}" for task, score in scores.items()))
     return rows
