@@ -9,15 +9,21 @@ uniform model soup at 0.5 (Wortsman et al. 2022, model soups). Shares 0 and 1 (t
 scored too. A share chosen on these test sets is a selection, not a held-out result: with --select-on dev every
 share is scored on the selection protocol (`concise-evaluate --split dev`: STSBenchmark's dev split, Banking77's
 train texts that no experiment draws) and only the share with the best dev mean, with 0 and 1, on the test sets.
+--save OUT writes the encoder at the chosen share (or at the one share given) as a run directory: --end's config with
+an `interpolation` record, its vocabulary and the interpolated backbone.weights.h5, which every command that reads a
+finished run reads (concise-evaluate, concise-export, benchmarks/mteb_table.py, export.ship).
 """
 
 import argparse
 import json
+import os
 import pathlib
+import shutil
 import sys
 
 import numpy as np
 
+from concise_attention.training import files
 from concise_attention.training.inference import mteb_protocol
 from concise_attention.training.inference.embeddings import SentenceEncoder
 
@@ -58,10 +64,9 @@ def interpolated_scores(encoder, move_to, values, split="test"):
     return rows
 
 
-def scored(start_spec, end_spec, values, select_on=None):
+def scored(encoder, move_to, values, select_on=None):
     """The result's rows: {"rows": test rows of every share}, or with `select_on` {"selection": its rows,
     "chosen": the share of the best mean there, "rows": test rows of 0, the chosen share and 1}."""
-    encoder, move_to = interpolator(start_spec, end_spec)
     if select_on is None:
         return {"rows": interpolated_scores(encoder, move_to, values)}
     selection = interpolated_scores(encoder, move_to, values, select_on)
@@ -72,6 +77,26 @@ def scored(start_spec, end_spec, values, select_on=None):
         "chosen": chosen,
         "rows": interpolated_scores(encoder, move_to, sorted({0.0, chosen, 1.0})),
     }
+
+
+def save(encoder, end_spec, out, record):
+    """Writes `encoder` as it is now as the run directory `out` (module docstring); --end must be a run directory."""
+    config = files.read_json(os.path.join(end_spec, files.CONFIG))
+    with files.staged_folder(out) as staging:
+        files.write_json_atomically(os.path.join(staging, files.CONFIG), config | {"interpolation": record})
+        shutil.copyfile(os.path.join(end_spec, files.VOCABULARY), os.path.join(staging, files.VOCABULARY))
+        files.save_weights(encoder.backbone, os.path.join(staging, files.BACKBONE_WEIGHTS))
+
+
+def check_save(args, values):
+    if args.save is None:
+        return
+    if not os.path.isfile(os.path.join(args.end, files.CONFIG)):
+        raise ValueError(f"--save needs --end to be a run directory; {args.end} has no {files.CONFIG}")
+    if os.path.exists(args.save):
+        raise ValueError(f"--save {args.save}: already exists")
+    if args.select_on is None and len(values) != 3:
+        raise ValueError("--save without --select-on needs exactly one share in --shares")
 
 
 def main(argv=None):
@@ -85,14 +110,22 @@ def main(argv=None):
         help="choose the share on the selection protocol; only it, 0 and 1 are scored on the test sets",
     )
     parser.add_argument("--out", default=None)
+    parser.add_argument("--save", help="a new run directory for the encoder at the chosen share")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     import provenance
 
     try:
         values = shares(args.shares)
+        check_save(args, values)
         since = provenance.record()
-        rows = scored(args.start, args.end, values, args.select_on)
+        encoder, move_to = interpolator(args.start, args.end)
+        rows = scored(encoder, move_to, values, args.select_on)
+        if args.save:
+            share = rows.get("chosen", values[1])
+            move_to(share)
+            record = {"start": args.start, "end": args.end, "share": share, "selected_on": args.select_on}
+            save(encoder, args.end, args.save, record)
     except ValueError as error:
         parser.exit(2, f"interpolation.py: error: {error}\n")
     result = {

