@@ -39,6 +39,10 @@ def test_saved_encoder_is_the_weighted_mean_of_the_two_and_records_how(tmp_path)
         np.testing.assert_allclose(variable.numpy(), 0.75 * a + 0.25 * b, rtol=1e-6, atol=1e-7)
     assert json.loads((tmp_path / "mixed" / files.CONFIG).read_text())["interpolation"] == record
     assert (tmp_path / "mixed" / files.VOCABULARY).read_text() == (tmp_path / "end" / files.VOCABULARY).read_text()
+    from concise_attention.export import ship  # the model card of a shipped interpolated run says how it was made
+
+    card_line = ship._interpolation(record)
+    assert "0.75 x its start's + 0.25 x the distilled weights" in card_line and "--split dev" in card_line
 
 
 def test_encoders_of_two_architectures_are_refused(tmp_path):
