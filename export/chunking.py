@@ -8,7 +8,8 @@ at most `chunk_size` rows, none longer than `ratio` (1.5) times its chunk's firs
 tokenises the chunk, packs it to the smallest multiple of `bucket` that holds its
 longest row (never beyond `seq_length`, where rows are truncated exactly as before; `bucket=1`, the default,
 pads to the longest row itself, as sentence-transformers does) and runs the model on it; every output
-row goes back to its place in the request. Nothing is held for the whole request but its strings, the
+row goes back to its place in the request. A request of one row (a text, or a pair) skips the counting, sorting and
+loop: it is tokenised once and padded to its own length. Nothing is held for the whole request but its strings, the
 order, the token counts and the outputs. Padding is masked, so the answers are those of
 packing the whole request to `seq_length`, within float tolerance; the shapes the encoder sees are at
 most `chunk_size` x one of `bucket_lengths`. Core TF ops only: stock TF Serving runs it.
@@ -127,12 +128,33 @@ def chunked(
         `run`'s output structure, every tensor [N, ...] in the request's order.
     """
     texts = checked_texts(texts, text_names)
+    structure = _output_specs(run, names)
+    results = tf.cond(
+        tf.equal(tf.size(texts[0]), 1),
+        lambda: _one_row(texts, tokenizer, seq_length, run, structure, bucket),
+        lambda: _sorted_chunks(texts, tokenizer, seq_length, run, structure, chunk_size, bucket, ratio),
+    )
+    return tf.nest.pack_sequence_as(structure, results)
+
+
+def _one_row(texts, tokenizer, seq_length, run, structure, bucket):
+    """`run`'s flat outputs for a request of one row, tokenised once and padded to its own length (or the bucket
+    above it): a single text needs no counting, sorting or loop, which cost a batch-1 request more than its
+    tokenising (`benchmarks/request_breakdown.py`)."""
+    segments = [_flat(tokenizer.tokenize(text, max_length=seq_length)) for text in texts]
+    tokens = tf.add_n([tf.cast(segment.row_lengths()[0], tf.int32) for segment in segments]) + 1 + len(texts)
+    padded = tf.minimum((tokens + bucket - 1) // bucket * bucket, seq_length)
+    outputs = tf.nest.flatten(run(tokenizer.pack(segments, padded)))
+    return [tf.cast(output, spec.dtype) for output, spec in zip(outputs, tf.nest.flatten(structure))]
+
+
+def _sorted_chunks(texts, tokenizer, seq_length, run, structure, chunk_size, bucket, ratio):
+    """`run`'s flat outputs for every row of `texts`, in length-sorted chunks (the module docstring)."""
     counts = token_counts(texts, tokenizer, seq_length, chunk_size)
     order = tf.argsort(counts, stable=True)
     # chunks of at most chunk_size rows, none longer than `ratio` times the first (`embeddings.batch_end`, as `encode`
     # batches), lengths in packed tokens
     sorted_lengths = tf.minimum(tf.gather(counts, order) + 1 + len(texts), seq_length)
-    structure = _output_specs(run, names)
     specs = tf.nest.flatten(structure)
     arrays = [
         tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=spec.shape)
@@ -149,5 +171,4 @@ def chunked(
 
     arrays = _in_chunks(sorted_lengths, chunk_size, ratio, step, arrays)
     inverse = tf.math.invert_permutation(order)
-    results = [tf.gather(array.concat(), inverse) for array in arrays]
-    return tf.nest.pack_sequence_as(structure, results)
+    return [tf.gather(array.concat(), inverse) for array in arrays]

@@ -68,7 +68,11 @@ def test_served_embeddings_equal_full_length_packing_in_request_order(model, mon
     _, signatures = serving_model(encoder, tokenizer, SEQ_LENGTH)
     served = signatures["serving_default"](text=tf.constant(TEXTS))
     assert sorted(served) == ["embedding"]
-    np.testing.assert_allclose(served["embedding"].numpy(), _reference(encoder, tokenizer, TEXTS)[2], atol=2e-5)
+    reference = _reference(encoder, tokenizer, TEXTS)[2]
+    np.testing.assert_allclose(served["embedding"].numpy(), reference, atol=2e-5)
+    for index in range(9):  # a request of one text (no counting, sorting or loop): the same row
+        alone = signatures["serving_default"](text=tf.constant(TEXTS[index : index + 1]))["embedding"]
+        np.testing.assert_allclose(alone.numpy(), reference[index : index + 1], atol=2e-5)
     empty = signatures["serving_default"](text=tf.constant([], tf.string))["embedding"]
     assert empty.shape == (0, 32)
 
@@ -107,6 +111,9 @@ def test_chunks_are_sorted_bounded_and_padded_to_a_bucket(model, bucket):
     )
     for length in set(out["length"]):  # each chunk is padded to the bucket of its own longest row, no further
         assert length == min(-(-real[out["length"] == length].max() // bucket) * bucket, SEQ_LENGTH)
+    for text, tokens in zip(TEXTS[:9], real[:9]):  # a request of one text: padded to the bucket of its own length
+        alone = {key: value.numpy().tolist() for key, value in call(tf.constant([text])).items()}
+        assert alone == {"rows": [1], "length": [min(-(-tokens // bucket) * bucket, SEQ_LENGTH)], "real": [tokens]}
 
 
 @pytest.mark.parametrize(
@@ -148,6 +155,9 @@ def test_task_models_chunk_pairs_alike(model, monkeypatch):
     )
     expected = np.asarray(encoder(inputs, training=False)["pooled_output"]).sum(1)
     np.testing.assert_allclose(served, expected, atol=2e-5)
+    for index in range(9):  # a request of one pair: the same score
+        alone = signatures["serving_default"](text=tf.constant([TEXTS[index]]), text_b=tf.constant([second[index]]))
+        np.testing.assert_allclose(alone["score"].numpy(), expected[index : index + 1], atol=2e-5)
 
 
 MEMORY_SCRIPT = r"""
