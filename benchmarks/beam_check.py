@@ -5,12 +5,12 @@
 
 Apache Beam lives in an environment of its own (its protobuf and pillow pins are not ours). EXPORT is a
 `concise-export` of PRESET. The texts are the 3,080 Banking77 test queries shipped with the package (embedded only),
-written as text lines, JSON lines and Parquet; the pipeline embeds each into 2 Parquet shards, and every row is
+written as text lines, JSON lines, Parquet and TFRecord (tf.train.Example); the pipeline embeds each into 2 Parquet shards, and every row is
 compared with the export's TF Serving model called directly (`training.inference.encoders.Served`) and with
 `SentenceEncoder.from_preset(PRESET).encode`: the shard names must be the fixed ones, the ids the texts' SHA-256, one
 row per distinct text (or the records' ids, one row each), every embedding theirs (cosine). Each is timed once on
 this machine (sentences/s: the pipeline's overhead, not a benchmark of Dataflow). Then each refusal (a malformed
-JSON line, a Parquet row without an id, a taken output prefix, --batch-size 0, an input matching nothing, an
+JSON line, a Parquet row without an id, a TFRecord Example without a text, a taken output prefix, --batch-size 0, an input matching nothing, an
 unknown option, a remote runner with local paths) must exit 2 with one line and leave nothing written.
 """
 
@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 import pyarrow.parquet
+import tensorflow as tf
 
 from concise_attention import SentenceEncoder
 from concise_attention.export import beam
@@ -34,11 +35,20 @@ from concise_attention.training.inference import encoders
 from concise_attention.training.inference import mteb_protocol
 
 
-def write_input(texts, path, form):
-    """`texts` as an input file of `form` (text lines, JSON lines or Parquet with ids q0, q1, ...)."""
-    ids = [f"q{index}" for index in range(len(texts))]
+def write_input(texts, path, form, ids=None):
+    """`texts` as an input file of `form` (text lines, or JSON lines, Parquet or TFRecord with ids q0, q1, ...)."""
+    ids = ids or [f"q{index}" for index in range(len(texts))]
     if form == "parquet":
         pyarrow.parquet.write_table(pyarrow.table({"id": ids, "text": texts}), path)
+    elif form == "tfrecord":
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for key, text in zip(ids, texts):
+                features = {name: value.encode("utf-8") for name, value in (("id", key), ("text", text)) if value}
+                feature = {
+                    name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+                    for name, value in features.items()
+                }
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     else:
         lines = [json.dumps({"id": i, "text": t}) for i, t in zip(ids, texts)] if form == "jsonl" else texts
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -70,6 +80,8 @@ def refusals(export, workdir):
     bad.write_text('{"id": "a", "text": "fine"}\nnot json\n', encoding="utf-8")
     null_id = workdir / "null_id.parquet"
     pyarrow.parquet.write_table(pyarrow.table({"id": ["a", None], "text": ["fine", "no id"]}), null_id)
+    no_text = workdir / "no_text.tfrecord"
+    write_input(["fine", ""], no_text, "tfrecord", ids=["a", "b"])  # the second Example has no text feature
     taken = workdir / "taken"
     taken.mkdir()
     (taken / "part-00000-of-00002.parquet").write_bytes(b"")
@@ -77,6 +89,7 @@ def refusals(export, workdir):
     cases = {
         "malformed JSON line": ["--input", str(bad), "--format", "jsonl", "--output", str(refused)],
         "Parquet row without an id": ["--input", str(null_id), "--format", "parquet", "--output", str(refused)],
+        "TFRecord Example without a text": ["--input", str(no_text), "--format", "tfrecord", "--output", str(refused)],
         "output prefix taken (1 of 2 shards)": ["--input", str(good), "--output", str(taken / "part")],
         "batch size 0": ["--input", str(good), "--output", str(refused), "--batch-size", "0"],
         "input matches nothing": ["--input", str(workdir / "none-*.txt"), "--output", str(refused)],

@@ -6,7 +6,8 @@
         --temp_location gs://b/tmp --extra_package dist/concise_attention-0.1.0-py3-none-any.whl   # apache-beam[gcp]
 
 Reads every file matching --input (`--format text`: one text per line; `jsonl`: one JSON object per line with a
-string "id" and "text"; `parquet`: the string columns `id` and `text`), embeds the texts with the `serving_default`
+string "id" and "text"; `parquet`: the string columns `id` and `text`; `tfrecord`: serialized `tf.train.Example`s
+with one UTF-8 bytes value each in the features `id` and `text`), embeds the texts with the `serving_default`
 signature of EXPORT's newest `serving/<version>/` (resolved once: a version exported during the run does not mix
 in) through Beam's RunInference, in batches of at most --batch-size texts, and writes snappy Parquet files
 OUTPUT-<shard>-of-<count>.parquet (--num-shards of them; 0: as many as the runner chooses) with the columns `id`
@@ -37,6 +38,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import message
 
 from concise_attention.models.checks import check_integer
 from concise_attention.training.inference import encoders
@@ -44,8 +46,8 @@ from concise_attention.training.run import configs
 
 
 def keyed_text(record, form):
-    """(id, text) of one input record (a line of a text or JSON-lines file, or a Parquet row as a dict), or None for
-    a blank text; a record without a string id and text is a ValueError naming it."""
+    """(id, text) of one input record (a line of a text or JSON-lines file, a Parquet row as a dict, a TFRecord's
+    bytes), or None for a blank text; a record without a string id and text is a ValueError naming it."""
     if form == "text":
         return (hashlib.sha256(record.encode("utf-8")).hexdigest(), record) if record.strip() else None
     shown = str(record)[:200]
@@ -56,13 +58,36 @@ def keyed_text(record, form):
             record = json.loads(record)
         except json.JSONDecodeError:
             raise ValueError(f"{MALFORMED} not a JSON line: {shown!r}") from None
+    if form == "tfrecord":
+        record = example_fields(record, shown)
     if not isinstance(record, dict) or not all(isinstance(record.get(key), str) for key in ("id", "text")):
         raise ValueError(f'{MALFORMED} a record needs a string "id" and "text". Received: {shown!r}')
     return (record["id"], record["text"]) if record["text"].strip() else None
 
 
+def example_fields(serialized, shown):
+    """{"id": str, "text": str} of a serialized `tf.train.Example` holding one UTF-8 value in each of its bytes
+    features `id` and `text`; else a ValueError naming the feature and the record (`shown`)."""
+    try:
+        features = tf.train.Example.FromString(serialized).features.feature
+    except message.DecodeError:
+        raise ValueError(f"{MALFORMED} not a serialized tf.train.Example: {shown!r}") from None
+    fields = {}
+    for key in ("id", "text"):
+        values = features[key].bytes_list.value if key in features else []
+        try:
+            fields[key] = values[0].decode("utf-8") if len(values) == 1 else None
+        except UnicodeDecodeError:
+            fields[key] = None
+        if fields[key] is None:
+            raise ValueError(
+                f"{MALFORMED} a tf.train.Example needs one UTF-8 value in its bytes feature {key!r}. Received: {shown!r}"
+            )
+    return fields
+
+
 MALFORMED = "--input:"  # how a malformed record's error starts (found again in the runner's wrapped error)
-FORMATS = ("text", "jsonl", "parquet")
+FORMATS = ("text", "jsonl", "parquet", "tfrecord")
 
 
 def model_handler(saved_model, batch_size):
@@ -96,6 +121,8 @@ def build(pipeline, saved_model, input_pattern, output, form="text", batch_size=
     schema = pyarrow.schema([("id", pyarrow.string()), ("embedding", pyarrow.list_(pyarrow.float32()))])
     if form == "parquet":
         records = pipeline | "Read" >> beam.io.ReadFromParquet(input_pattern, columns=["id", "text"])
+    elif form == "tfrecord":
+        records = pipeline | "Read" >> beam.io.ReadFromTFRecord(input_pattern)
     else:
         records = pipeline | "Read" >> beam.io.ReadFromText(input_pattern)
     texts = records | "Key" >> beam.Map(keyed_text, form) | "NotBlank" >> beam.Filter(lambda keyed: keyed is not None)

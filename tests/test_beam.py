@@ -38,6 +38,37 @@ def test_json_and_parquet_records_keep_their_own_ids_and_a_malformed_one_is_name
         assert repr(str(record)) in str(error.value)
 
 
+def _example(**features):
+    """A serialized tf.train.Example of `features` (name: a list of bytes, or of ints)."""
+    import tensorflow as tf
+
+    def feature(values):
+        if values and isinstance(values[0], int):
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+
+    return tf.train.Example(
+        features=tf.train.Features(feature={name: feature(values) for name, values in features.items()})
+    ).SerializeToString()
+
+
+def test_a_tfrecord_example_gives_its_id_and_text_and_a_malformed_one_names_its_feature():
+    text = "Café naïve résumé."
+    assert beam.keyed_text(_example(id=[b"doc-1"], text=[text.encode("utf-8")]), "tfrecord") == ("doc-1", text)
+    assert beam.keyed_text(_example(id=[b"doc-2"], text=[b" \n"]), "tfrecord") is None  # blank: skipped
+    for record, named in [
+        (_example(text=[b"no id"]), "'id'"),
+        (_example(id=[b"a", b"b"], text=[b"two ids"]), "'id'"),
+        (_example(id=[7], text=[b"an int64 id"]), "'id'"),
+        (_example(id=[b"a"], text=[b"\xff\xfe"]), "'text'"),
+        (_example(id=[b"a"]), "'text'"),
+        (b"\x00\xffnot a protocol buffer", "not a serialized tf.train.Example"),
+    ]:
+        with pytest.raises(ValueError, match=r"^--input: ") as error:
+            beam.keyed_text(record, "tfrecord")
+        assert named in str(error.value) and repr(str(record)[:200]) in str(error.value)
+
+
 def test_without_apache_beam_the_command_says_so_in_one_line_and_exits_2(monkeypatch, capsys, tmp_path):
     found = importlib.util.find_spec
     monkeypatch.setattr(
