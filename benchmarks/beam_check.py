@@ -10,7 +10,7 @@ compared with the export's TF Serving model called directly (`training.inference
 `SentenceEncoder.from_preset(PRESET).encode`: the shard names must be the fixed ones, the ids the texts' SHA-256, one
 row per distinct text (or the records' ids, one row each), every embedding theirs (cosine). Each is timed once on
 this machine (sentences/s: the pipeline's overhead, not a benchmark of Dataflow). Then each refusal (a malformed
-JSON line, a Parquet row without an id, a TFRecord Example without a text, a taken output prefix, --batch-size 0, an input matching nothing, an
+JSON line, a Parquet row without an id, a TFRecord Example without a text or without a CRC32C module, a taken output prefix, --batch-size 0, an input matching nothing, an
 unknown option, a remote runner with local paths) must exit 2 with one line and leave nothing written.
 """
 
@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import glob
 import hashlib
+import importlib.util
 import io
 import json
 import pathlib
@@ -96,16 +97,36 @@ def refusals(export, workdir):
         "unknown option": ["--input", str(good), "--output", str(refused), "--jsonlines"],
         "remote runner, local paths": ["--input", str(good), "--output", str(refused), "--runner", "DataflowRunner"],
     }
+    cases["TFRecord without a CRC32C module"] = [
+        "--input",
+        str(no_text),
+        "--format",
+        "tfrecord",
+        "--output",
+        str(refused),
+    ]
     lines = {}
     for case, arguments in cases.items():
         stderr = io.StringIO()
-        with contextlib.redirect_stderr(stderr), refused_with() as code:
+        with contextlib.redirect_stderr(stderr), refused_with() as code, without_crc(case.endswith("CRC32C module")):
             beam.main(["--model", str(export), *arguments])
         error = [line for line in stderr.getvalue().splitlines() if line.startswith("concise_attention.export.beam")]
         assert code == [2] and len(error) == 1, (case, code, stderr.getvalue()[-2000:])
         assert not (workdir / "refused").exists(), case
         lines[case] = error[0]
     return lines
+
+
+@contextlib.contextmanager
+def without_crc(hidden):
+    """While `hidden`, the modules Beam's TFRecord reader needs look uninstalled."""
+    found = importlib.util.find_spec
+    if hidden:
+        importlib.util.find_spec = lambda name, *rest: None if name in beam.TFRECORD_CRC else found(name, *rest)
+    try:
+        yield
+    finally:
+        importlib.util.find_spec = found
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ are removed, a malformed record is one line naming it (exit 2), any other error 
 
 Apache Beam is not a dependency of the package (its pins of protobuf and pillow differ from ours): install it in
 an environment of its own beside the package, `pip install concise-attention apache-beam` (`apache-beam[gcp]` for
-gs:// and Dataflow).
+gs:// and Dataflow, `apache-beam[tfrecord]` for TFRecord input).
 """
 
 import argparse
@@ -152,6 +152,11 @@ def check(args, beam_arguments):
         for name in ("model", "input", "output"):
             if "://" not in getattr(args, name):
                 raise ValueError(f"--{name} {getattr(args, name)}: a remote runner's workers need a path such as gs://")
+    if args.format == "tfrecord" and not any(importlib.util.find_spec(name) for name in TFRECORD_CRC):
+        raise ValueError(
+            "--format tfrecord: Beam checks TFRecords with python-snappy, google-crc32c or crcmod, none installed: "
+            "pip install 'apache-beam[tfrecord]'"
+        )
     if encoders.serving_version(args.model) is None:
         raise ValueError(f"--model {args.model}: no serving/<version>/ SavedModel (a concise-export folder is needed)")
     if not FileSystems.match([args.input])[0].metadata_list:
@@ -166,6 +171,7 @@ def check(args, beam_arguments):
         )
 
 
+TFRECORD_CRC = ("snappy", "google_crc32c", "crcmod")  # the modules Beam's TFRecord reader takes its CRC32C from
 OUR_OPTIONS = ["--model", "--input", "--output", "--format", "--batch-size", "--num-shards"]
 
 
