@@ -64,6 +64,12 @@ def main(argv=None):
         "pip install 'concise-attention[onnx]')",
     )
     parser.add_argument(
+        "--xla",
+        action="store_true",
+        help="the serving model runs a request of one text compiled by XLA (faster at batch 1 on CPU; TF Serving then "
+        "needs --xla_cpu_compilation_enabled=true); an encoder's serving model only",
+    )
+    parser.add_argument(
         "--recover",
         action="store_true",
         help="only finish the commits of killed exports into OUT and remove their leftovers",
@@ -86,6 +92,7 @@ def main(argv=None):
             pooling=args.pooling,
             kind="hf" if args.hf_dir else None,
             onnx=args.onnx,
+            xla=args.xla,
         )
     print(json.dumps(written, indent=1))
     return 0

@@ -112,6 +112,7 @@ def chunked(
     bucket=BUCKET,
     ratio=embeddings.LENGTH_RATIO,
     text_names=("text", "text_b"),
+    one_row=None,
 ):
     """Outputs of `run` for every row of `texts`, computed chunk by chunk (see the module docstring).
 
@@ -124,6 +125,8 @@ def chunked(
         run: `inputs dict -> nest of tensors [n, ...]` (the model and its pooling or head).
         names: the input names `run` reads.
         text_names: the names of `texts` (the signature's), for the error a malformed request gets.
+        one_row: (run, bucket) for a request of one row, in place of `run` and `bucket` (an XLA-compiled run, whose
+            compilations the bucket bounds: one per padded length); None: `run` and `bucket`.
     Returns:
         `run`'s output structure, every tensor [N, ...] in the request's order.
     """
@@ -131,13 +134,13 @@ def chunked(
     structure = _output_specs(run, names)
     results = tf.cond(
         tf.equal(tf.size(texts[0]), 1),
-        lambda: _one_row(texts, tokenizer, seq_length, run, structure, bucket),
+        lambda: _one_row(texts, tokenizer, seq_length, *(one_row or (run, bucket)), structure),
         lambda: _sorted_chunks(texts, tokenizer, seq_length, run, structure, chunk_size, bucket, ratio),
     )
     return tf.nest.pack_sequence_as(structure, results)
 
 
-def _one_row(texts, tokenizer, seq_length, run, structure, bucket):
+def _one_row(texts, tokenizer, seq_length, run, bucket, structure):
     """`run`'s flat outputs for a request of one row, tokenised once and padded to its own length (or the bucket
     above it): a single text needs no counting, sorting or loop, which cost a batch-1 request more than its
     tokenising (`benchmarks/request_breakdown.py`)."""

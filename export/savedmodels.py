@@ -222,11 +222,17 @@ def hub_preprocessor(tokenizer, seq_length):
     return root, signatures
 
 
-def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
+XLA_BUCKET = 16  # an XLA-compiled request of one text is padded to a multiple of this: seq_length / 16 compilations
+
+
+def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None, xla=False):
     """The TF Serving model: `serving_default` (text -> `embedding` [batch, hidden], computed in
     length-sorted chunks, each padded to its own longest text: `export.chunking`), `serve_token_ids`
     (ids -> `embedding` and `sequence_output` [batch, seq, hidden], as sent) and `tokenize` (text ->
-    the encoder inputs at `seq_length`). `infer`: the encoder's `inference` function, if the caller has one."""
+    the encoder inputs at `seq_length`). `infer`: the encoder's `inference` function, if the caller has one.
+    `xla`: a request of one text runs the encoder and pooling compiled by XLA, padded to a multiple of XLA_BUCKET
+    tokens (one compilation per padded length, made by the warm-up requests); TF Serving then needs
+    --xla_cpu_compilation_enabled=true."""
     root = _holding(tokenizer)
     root.encoder_variables = _variables(encoder)  # what the graphs capture must be tracked
     infer = infer or inference(encoder)
@@ -238,10 +244,13 @@ def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None):
             "sequence_output": outputs["sequence_output"],
         }
 
+    def embedding(inputs):
+        return {"embedding": embed(inputs)["embedding"]}
+
+    one_row = (tf.function(embedding, jit_compile=True, autograph=False), XLA_BUCKET) if xla else None
+
     def embed_text(text):  # length-sorted chunks, each padded to its own longest text: bounded memory
-        return chunked(
-            [text], tokenizer, seq_length, lambda inputs: {"embedding": embed(inputs)["embedding"]}, ENCODER_INPUTS
-        )
+        return chunked([text], tokenizer, seq_length, embedding, ENCODER_INPUTS, one_row=one_row)
 
     root.serve_text = tf.function(embed_text, input_signature=[text_input("text")])
 
@@ -483,6 +492,7 @@ def export_run(
     pooling=None,
     kind=None,
     onnx=False,
+    xla=False,
 ):
     """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
@@ -508,6 +518,8 @@ def export_run(
             `default` are then that embedding too; another sentence-transformers pooling is refused), else "mean".
         kind: "hf" or "run" to insist on one kind of source (`artifacts.read`).
         onnx: also write hub/<version>/onnx/ (`export.onnx`; a mean or normalized_mean pooling).
+        xla: the serving model runs a request of one text compiled by XLA (`serving_model`; an encoder's serving
+            model only: refused for a task model's).
 
     Returns:
         dict of the written paths, the version, the sequence length, the export id and what
@@ -524,6 +536,12 @@ def export_run(
     settings["onnx"] = bool(onnx)
     task = portable_task(source.task) if model is not None else None
     described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}
+    if xla and model is not None and _serving_signature(described, model) is not None:
+        raise ValueError(
+            "--xla compiles an encoder's serving model (embeddings); this source serves its task model "
+            f"({task['name']}), which is not compiled"
+        )
+    settings["xla"] = bool(xla)
     with commit.export_version(out_dir, version, overwrite, store) as staged:
         export = {
             "version": staged.version,
@@ -622,7 +640,11 @@ def _write_version(staged, encoder, model, source, export):
         onnx_export.write_onnx_folder(os.path.join(hub_dir, "onnx"), encoder, vocab_copy, export)
     signature = _serving_signature(export["config"], model) if model is not None else None
     if signature is None:  # no task model of its own to serve: the encoder's embeddings
-        _save(serving_model, (encoder, tokenizer, export["seq_length"], export["pooling"], infer), serving_dir)
+        _save(
+            serving_model,
+            (encoder, tokenizer, export["seq_length"], export["pooling"], infer, export["xla"]),
+            serving_dir,
+        )
     else:
         _save(task_serving_model, (model, tokenizer, export["seq_length"], signature), serving_dir)
     inputs = signature.texts if signature else ("text",)

@@ -141,6 +141,49 @@ def test_batches_end_at_the_size_or_past_ratio_times_their_first_row(lengths, si
     assert found == bounds
 
 
+def test_an_xla_export_serves_a_text_alone_compiled_and_equal_to_the_reference(model, tmp_path):
+    """serving_model(xla=True), saved and loaded: each text alone and the whole request give the reference's rows, and
+    its graph holds a function XLA must compile (the one-text path)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    encoder, tokenizer = model
+    root, signatures = serving_model(encoder, tokenizer, SEQ_LENGTH, xla=True)
+    tf.saved_model.save(root, str(tmp_path / "served"), signatures=signatures)
+    served = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
+    reference = _reference(encoder, tokenizer, TEXTS)[2]
+    np.testing.assert_allclose(served(text=tf.constant(TEXTS))["embedding"].numpy(), reference, atol=2e-5)
+    for index in range(9):
+        alone = served(text=tf.constant(TEXTS[index : index + 1]))["embedding"]
+        np.testing.assert_allclose(alone.numpy(), reference[index : index + 1], atol=2e-5)
+    saved = saved_model_pb2.SavedModel.FromString((tmp_path / "served" / "saved_model.pb").read_bytes())
+    compiled = [
+        function.signature.name
+        for function in saved.meta_graphs[0].graph_def.library.function
+        if function.attr["_XlaMustCompile"].b
+    ]
+    assert compiled and all("_embedding_" in name for name in compiled), compiled  # the encoder and pooling only
+
+
+def test_a_request_of_one_row_runs_its_own_run_at_its_own_bucket(model):
+    """chunked(one_row=(run, bucket)): one row goes to that run, padded to that bucket; several rows do not."""
+    _, tokenizer = model
+
+    def run(tag):
+        return lambda inputs: {
+            "length": tf.shape(inputs["input_word_ids"])[1] + 0 * inputs["input_word_ids"][:, 0],
+            "tag": tag + 0 * inputs["input_word_ids"][:, 0],
+        }
+
+    @tf.function
+    def call(text):
+        return chunking.chunked([text], tokenizer, SEQ_LENGTH, run(0), ("input_word_ids",), one_row=(run(1), 16))
+
+    for text, tokens in (("a", 3), ("A man is playing a guitar.", 9), ("word " * 200, SEQ_LENGTH)):
+        alone = {key: value.numpy().tolist() for key, value in call(tf.constant([text])).items()}
+        assert alone == {"length": [min(-(-tokens // 16) * 16, SEQ_LENGTH)], "tag": [1]}, text
+    assert set(call(tf.constant(TEXTS))["tag"].numpy()) == {0}
+
+
 def test_task_models_chunk_pairs_alike(model, monkeypatch):
     encoder, tokenizer = model
     monkeypatch.setattr(chunking, "CHUNK_SIZE", 3)

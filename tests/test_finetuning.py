@@ -13,6 +13,7 @@ import scipy.special
 import scipy.stats
 import sklearn.metrics
 
+from concise_attention.cli import export as export_cli
 from concise_attention.cli import evaluate as evaluate_cli
 from concise_attention.cli import train as cli
 from concise_attention.training.run import runs
@@ -247,6 +248,14 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
     # the label is the served probabilities' own argmax (the live model's could differ on a near tie)
     assert served["label"] == [config.task.labels[i] for i in np.array(served["probabilities"]).argmax(-1)]
     assert "text and text_b must hold as many strings" in served["mismatch"]  # one clear line, not a graph error
+    # --xla compiles an encoder's serving model only: refused for this task model before anything is written
+    with pytest.raises(SystemExit) as exit_info:
+        export_cli.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "xla"), "--xla"])
+    error = capsys.readouterr().err
+    assert (
+        exit_info.value.code == 2 and "--xla compiles an encoder's serving model" in error and "Traceback" not in error
+    )
+    assert not (tmp_path / "xla").exists()
 
 
 @pytest.mark.parametrize(
