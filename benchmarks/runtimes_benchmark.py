@@ -10,6 +10,7 @@ the TF Serving model and the ONNX folder of the same weights; then, round after 
 process of its own, one after the other, on 32 texts of each length of `serving_benchmark.LENGTHS`, at batch 1 and 32:
 
   tf_serving        our export's `serving_default` (text in, embedding out), loaded with tf.saved_model.load;
+  tf_serving_xla    the same of a `concise-export --xla` of the same weights (a request of one text compiled by XLA);
   onnxruntime       ONNX Runtime on onnx/model.onnx, ids from tokenizer.json by `tokenizers`, mean pooling in numpy;
   onnxruntime_int8  the same after ONNX Runtime's dynamic int8 quantisation (QInt8 weights per channel);
   fastembed         fastembed's TextEmbedding on the folder (its custom-model route: mean pooling, unit length).
@@ -36,8 +37,8 @@ import time
 import numpy as np
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-RUNTIMES = ("tf_serving", "onnxruntime", "onnxruntime_int8", "fastembed")
-FP32 = ("tf_serving", "onnxruntime", "fastembed")
+RUNTIMES = ("tf_serving", "tf_serving_xla", "onnxruntime", "onnxruntime_int8", "fastembed")
+FP32 = ("tf_serving", "tf_serving_xla", "onnxruntime", "fastembed")
 BATCHES = (1, 32)
 THREADS = 2
 REPEATS = 3
@@ -45,10 +46,11 @@ REPEATS = 3
 
 def _runner(runtime, folder):
     """A function of a list of texts -> unit embeddings (numpy), for `runtime` on the export in `folder`."""
-    if runtime == "tf_serving":
+    if runtime.startswith("tf_serving"):
         import tensorflow as tf
 
-        serving = tf.saved_model.load(str(folder / "serving" / "1")).signatures["serving_default"]
+        served = folder.with_name(f"{folder.name}-xla") if runtime == "tf_serving_xla" else folder
+        serving = tf.saved_model.load(str(served / "serving" / "1")).signatures["serving_default"]
         return lambda texts: serving(text=tf.constant(texts))["embedding"].numpy()
     model_folder = folder / "hub" / "1" / "onnx"
     if runtime == "fastembed":
@@ -143,7 +145,8 @@ def quality_worker(runtime, folder):
 
 
 def _exports(workdir):
-    """{model name: export folder}: the teacher from its Hugging Face folder, each shipped preset by name."""
+    """{model name: export folder}: the teacher from its Hugging Face folder, each shipped preset by name (and beside
+    each, FOLDER-xla: its `--xla` export)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
     from concise_attention.cli.export import main as export
     from concise_attention.models import presets
@@ -156,6 +159,8 @@ def _exports(workdir):
         folders[name] = workdir / name
         if not (folders[name] / "hub" / "1" / "onnx").is_dir():
             assert export([*source, "--out", str(folders[name]), "--onnx", "--seq-length", "128"]) == 0
+        if not (workdir / f"{name}-xla" / "serving" / "1").is_dir():
+            assert export([*source, "--out", str(workdir / f"{name}-xla"), "--xla", "--seq-length", "128"]) == 0
     return folders
 
 
@@ -175,7 +180,7 @@ def _texts(workdir):
 
 def _run(runtime, folder, runtime_path, *arguments):
     """The last line of a worker process's output (JSON), `runtime` run in the peers' environment unless ours."""
-    peers = runtime != "tf_serving"
+    peers = not runtime.startswith("tf_serving")
     python = runtime_path if peers and os.path.isfile(runtime_path or "") else sys.executable
     environment = dict(os.environ, OMP_NUM_THREADS=str(THREADS), HF_HUB_OFFLINE="1", TF_CPP_MIN_LOG_LEVEL="3")
     if peers and python == sys.executable:
