@@ -12,7 +12,8 @@ row goes back to its place in the request. A request of one row (a text, or a pa
 loop: it is tokenised once and padded to its own length. Nothing is held for the whole request but its strings, the
 order, the token counts and the outputs. Padding is masked, so the answers are those of
 packing the whole request to `seq_length`, within float tolerance; the shapes the encoder sees are at
-most `chunk_size` x one of `bucket_lengths`. Core TF ops only: stock TF Serving runs it.
+most `chunk_size` x one of `bucket_lengths`. Core TF ops only: stock TF Serving runs it (an export whose one-row
+run XLA compiles, `concise-export --xla`, needs its --xla_cpu_compilation_enabled=true).
 
 Why no coarser buckets: the serving graph takes any length without tracing again (its signature is
 [None] strings, the encoder's shapes are dynamic), and time grows with the padded length: on all-MiniLM-L6-v2,
