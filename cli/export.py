@@ -25,7 +25,7 @@ from concise_attention.export.savedmodels import export_run
 from concise_attention.training.run import configs
 
 
-def main(argv=None):
+def _parser():
     parser = argparse.ArgumentParser(
         prog="concise-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -74,6 +74,11 @@ def main(argv=None):
         action="store_true",
         help="only finish the commits of killed exports into OUT and remove their leftovers",
     )
+    return parser
+
+
+def main(argv=None):
+    parser = _parser()
     args = parser.parse_args(argv)
     if not args.recover and not (args.run or args.hf_dir or args.preset):
         parser.error("--run, --hf-dir or --preset is required (unless --recover)")

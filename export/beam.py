@@ -18,8 +18,9 @@ gs://). Paths: local or gs://.
 
 Refused before the pipeline starts, in one line with exit 2 and nothing written: an export without a TF Serving
 model, an input pattern matching nothing, an output prefix with files under it, an argument neither ours nor
-Beam's. Beam's file sink writes temporary files and renames them when the pipeline succeeds; when it fails they
-are removed, a malformed record is one line naming it (exit 2), any other error is raised with its traceback.
+Beam's, TFRecord input where Beam finds no CRC32C module (`apache-beam[tfrecord]` installs one). Beam's file sink
+writes temporary files and renames them when the pipeline succeeds; when it fails they are removed, a malformed
+record is one line naming it (exit 2), any other error is raised with its traceback.
 
 Apache Beam is not a dependency of the package (its pins of protobuf and pillow differ from ours): install it in
 an environment of its own beside the package, `pip install concise-attention apache-beam` (`apache-beam[gcp]` for
@@ -152,7 +153,7 @@ def check(args, beam_arguments):
         for name in ("model", "input", "output"):
             if "://" not in getattr(args, name):
                 raise ValueError(f"--{name} {getattr(args, name)}: a remote runner's workers need a path such as gs://")
-    if args.format == "tfrecord" and not any(importlib.util.find_spec(name) for name in TFRECORD_CRC):
+    if args.format == "tfrecord" and not crc32c_available():
         raise ValueError(
             "--format tfrecord: Beam checks TFRecords with python-snappy, google-crc32c or crcmod, none installed: "
             "pip install 'apache-beam[tfrecord]'"
@@ -172,6 +173,20 @@ def check(args, beam_arguments):
 
 
 TFRECORD_CRC = ("snappy", "google_crc32c", "crcmod")  # the modules Beam's TFRecord reader takes its CRC32C from
+
+
+def crc32c_available():
+    """Whether Beam's TFRecord reader finds its CRC32C here, as it looks (apache_beam.io.tfrecordio): python-snappy
+    holding one, else google-crc32c, else crcmod. (On a remote runner the workers need it too.)"""
+    if any(importlib.util.find_spec(name) for name in TFRECORD_CRC[1:]):
+        return True
+    if importlib.util.find_spec("snappy") is None:
+        return False
+    import snappy
+
+    return bool(getattr(snappy, "_crc32c", None) or getattr(getattr(snappy, "_snappy", None), "_crc32c", None))
+
+
 OUR_OPTIONS = ["--model", "--input", "--output", "--format", "--batch-size", "--num-shards"]
 
 

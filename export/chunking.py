@@ -37,10 +37,18 @@ def _flat(segment):
     return segment.merge_dims(1, -1) if segment.ragged_rank > 1 else segment
 
 
-def _output_specs(run, names):
-    """The structure and TensorSpecs of `run`'s outputs, traced once on int32 [None, None] inputs."""
+def _traced(run, names):
+    """`run` traced once on int32 [None, None] inputs named `names`, as a function of the packed inputs (all of them):
+    every chunk and the one-row path call this one function, so a task model is not traced into the graph twice."""
     specs = {name: tf.TensorSpec([None, None], tf.int32) for name in names}
-    return tf.function(run, autograph=False).get_concrete_function(specs).structured_outputs
+    traced = tf.function(run, autograph=False).get_concrete_function(specs)
+    return lambda inputs: traced({name: inputs[name] for name in names}), traced.structured_outputs
+
+
+def _padded(tokens, bucket, seq_length):
+    """The length a chunk whose longest row packs to `tokens` is padded to: the multiple of `bucket` at or above it,
+    never beyond `seq_length`."""
+    return tf.minimum((tokens + bucket - 1) // bucket * bucket, seq_length)
 
 
 def _in_chunks(sorted_lengths, chunk_size, ratio, step, arrays):
@@ -132,11 +140,14 @@ def chunked(
         `run`'s output structure, every tensor [N, ...] in the request's order.
     """
     texts = checked_texts(texts, text_names)
-    structure = _output_specs(run, names)
+    call, structure = _traced(run, names)
+    if one_row is not None:
+        own, own_bucket = one_row
+        one_row = (lambda inputs: own({name: inputs[name] for name in names}), own_bucket)
     results = tf.cond(
         tf.equal(tf.size(texts[0]), 1),
-        lambda: _one_row(texts, tokenizer, seq_length, *(one_row or (run, bucket)), structure),
-        lambda: _sorted_chunks(texts, tokenizer, seq_length, run, structure, chunk_size, bucket, ratio),
+        lambda: _one_row(texts, tokenizer, seq_length, *(one_row or (call, bucket)), structure),
+        lambda: _sorted_chunks(texts, tokenizer, seq_length, call, structure, chunk_size, bucket, ratio),
     )
     return tf.nest.pack_sequence_as(structure, results)
 
@@ -147,9 +158,9 @@ def _one_row(texts, tokenizer, seq_length, run, bucket, structure):
     tokenising (`benchmarks/request_breakdown.py`)."""
     segments = [_flat(tokenizer.tokenize(text, max_length=seq_length)) for text in texts]
     tokens = tf.add_n([tf.cast(segment.row_lengths()[0], tf.int32) for segment in segments]) + 1 + len(texts)
-    padded = tf.minimum((tokens + bucket - 1) // bucket * bucket, seq_length)
-    outputs = tf.nest.flatten(run(tokenizer.pack(segments, padded)))
-    return [tf.cast(output, spec.dtype) for output, spec in zip(outputs, tf.nest.flatten(structure))]
+    outputs = run(tokenizer.pack(segments, _padded(tokens, bucket, seq_length)))
+    tf.nest.assert_same_structure(outputs, structure)  # a one_row run of its own gives what `run` gives
+    return [tf.cast(output, spec.dtype) for output, spec in zip(tf.nest.flatten(outputs), tf.nest.flatten(structure))]
 
 
 def _sorted_chunks(texts, tokenizer, seq_length, run, structure, chunk_size, bucket, ratio):
@@ -169,8 +180,7 @@ def _sorted_chunks(texts, tokenizer, seq_length, run, structure, chunk_size, buc
         chosen = order[start:end]
         segments = [_flat(tokenizer.tokenize(tf.gather(text, chosen), max_length=seq_length)) for text in texts]
         longest = sorted_lengths[end - 1]  # the chunk's last row, sorted: its longest (token_counts counted it)
-        padded = tf.minimum((longest + bucket - 1) // bucket * bucket, seq_length)
-        outputs = tf.nest.flatten(run(tokenizer.pack(segments, padded)))
+        outputs = tf.nest.flatten(run(tokenizer.pack(segments, _padded(longest, bucket, seq_length))))
         return [array.write(index, tf.cast(output, spec.dtype)) for array, output, spec in zip(arrays, outputs, specs)]
 
     arrays = _in_chunks(sorted_lengths, chunk_size, ratio, step, arrays)

@@ -23,8 +23,9 @@ callable with `training=` and exposes `variables`, `trainable_variables` and
 is a Keras-3 endpoint for `keras.layers.TFSMLayer`. The preprocessor's `.tokenize` and
 `.bert_pack_inputs` each carry the tokenizer (its tables), so a tf_keras model built from
 `hub.KerasLayer(preprocess.tokenize)` saves. Every graph uses core TensorFlow ops only (the
-tokenizer is `training.preprocessing.text.WordPieceModule`, the one tokenizer of training and serving), so stock TF Serving runs the serving model and
-none of the artifacts needs tensorflow-text to load.
+tokenizer is `training.preprocessing.text.WordPieceModule`, the one tokenizer of training and serving), so stock TF
+Serving runs the serving model (an `xla=True` export's needs its --xla_cpu_compilation_enabled=true) and none of the
+artifacts needs tensorflow-text to load.
 
 A version is written into a staging folder and committed by `export.commit` (a journal,
 then renames; see there what readers and TF Serving see meanwhile): at every instant each
@@ -222,7 +223,9 @@ def hub_preprocessor(tokenizer, seq_length):
     return root, signatures
 
 
-XLA_BUCKET = 16  # an XLA-compiled request of one text is padded to a multiple of this: seq_length / 16 compilations
+XLA_BUCKET = (
+    16  # an XLA-compiled request of one text is padded to a multiple of this: ceil(seq_length / 16) compilations
+)
 
 
 def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None, xla=False):
@@ -306,9 +309,12 @@ def task_serving_model(model, tokenizer, seq_length, signature):
 
 
 def warmup_batches(seq_length, texts=WARMUP_TEXTS):
-    """The warm-up requests: one text, a few texts, then one text per chunk length a request can be
-    padded to (`export.chunking.bucket_lengths`), so that the first request of each length is not slow."""
-    return [[texts[0]], list(texts)] + [[" ".join(["a"] * (length - 2))] for length in bucket_lengths(seq_length)]
+    """The warm-up requests: one text, a few texts, then for each chunk length a request can be padded to
+    (`export.chunking.bucket_lengths`) a text of that length alone and twice (a request of one row and a chunk of
+    several take two paths: `export.chunking.chunked`), so that the first request of each length is not slow (and an
+    `--xla` export's one-row lengths are compiled before it serves)."""
+    lengths = [" ".join(["a"] * (length - 2)) for length in bucket_lengths(seq_length)]
+    return [[texts[0]], list(texts)] + [[text] * rows for text in lengths for rows in (1, 2)]
 
 
 def write_warmup_requests(path, model_name, seq_length, texts=WARMUP_TEXTS, inputs=("text",)):
@@ -538,7 +544,7 @@ def export_run(
     described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}
     if xla and model is not None and _serving_signature(described, model) is not None:
         raise ValueError(
-            "--xla compiles an encoder's serving model (embeddings); this source serves its task model "
+            "The XLA export (xla=True, --xla) compiles an encoder's serving model (embeddings); this source serves its task model "
             f"({task['name']}), which is not compiled"
         )
     settings["xla"] = bool(xla)

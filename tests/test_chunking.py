@@ -174,13 +174,13 @@ def test_a_request_of_one_row_runs_its_own_run_at_its_own_bucket(model):
             "tag": tag + 0 * inputs["input_word_ids"][:, 0],
         }
 
-    @tf.function
-    def call(text):
-        return chunking.chunked([text], tokenizer, SEQ_LENGTH, run(0), ("input_word_ids",), one_row=(run(1), 16))
+    def call(text, seq_length=SEQ_LENGTH):
+        return chunking.chunked([text], tokenizer, seq_length, run(0), ("input_word_ids",), one_row=(run(1), 16))
 
-    for text, tokens in (("a", 3), ("A man is playing a guitar.", 9), ("word " * 200, SEQ_LENGTH)):
-        alone = {key: value.numpy().tolist() for key, value in call(tf.constant([text])).items()}
-        assert alone == {"length": [min(-(-tokens // 16) * 16, SEQ_LENGTH)], "tag": [1]}, text
+    for seq_length in (SEQ_LENGTH, 50):  # 50: a last bucket that is not a multiple of 16
+        for text, tokens in (("a", 3), ("A man is playing a guitar.", 9), ("word " * 200, seq_length)):
+            alone = {key: value.numpy().tolist() for key, value in call(tf.constant([text]), seq_length).items()}
+            assert alone == {"length": [min(-(-tokens // 16) * 16, seq_length)], "tag": [1]}, text
     assert set(call(tf.constant(TEXTS))["tag"].numpy()) == {0}
 
 

@@ -253,7 +253,9 @@ def test_a_fine_tuned_pair_classifier_exports_and_serves_its_probabilities(tmp_p
         export_cli.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "xla"), "--xla"])
     error = capsys.readouterr().err
     assert (
-        exit_info.value.code == 2 and "--xla compiles an encoder's serving model" in error and "Traceback" not in error
+        exit_info.value.code == 2
+        and "The XLA export (xla=True, --xla) compiles an encoder's serving model" in error
+        and "Traceback" not in error
     )
     assert not (tmp_path / "xla").exists()
 
