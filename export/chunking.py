@@ -154,8 +154,8 @@ def chunked(
 
 def _one_row(texts, tokenizer, seq_length, run, bucket, structure):
     """`run`'s flat outputs for a request of one row, tokenised once and padded to its own length (or the bucket
-    above it): a single text needs no counting, sorting or loop, which cost a batch-1 request more than its
-    tokenising (`benchmarks/request_breakdown.py`)."""
+    above it): a single row needs no counting, sorting or loop (the export's batch-1 requests:
+    `benchmarks/xla_serving.py`)."""
     segments = [_flat(tokenizer.tokenize(text, max_length=seq_length)) for text in texts]
     tokens = tf.add_n([tf.cast(segment.row_lengths()[0], tf.int32) for segment in segments]) + 1 + len(texts)
     outputs = run(tokenizer.pack(segments, _padded(tokens, bucket, seq_length)))
