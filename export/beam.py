@@ -182,7 +182,7 @@ def crc32c_available():
         return True
     if importlib.util.find_spec("snappy") is None:
         return False
-    import snappy
+    import snappy  # optional: found just above; Beam takes its CRC32C from it only if it holds one
 
     return bool(getattr(snappy, "_crc32c", None) or getattr(getattr(snappy, "_snappy", None), "_crc32c", None))
 
