@@ -42,7 +42,12 @@ def _traced(run, names):
     every chunk and the one-row path call this one function, so a task model is not traced into the graph twice."""
     specs = {name: tf.TensorSpec([None, None], tf.int32) for name in names}
     traced = tf.function(run, autograph=False).get_concrete_function(specs)
-    return lambda inputs: traced({name: inputs[name] for name in names}), traced.structured_outputs
+    return _reading(traced, names), traced.structured_outputs
+
+
+def _reading(function, names):
+    """`function` of the packed inputs (all of them), given only those named `names`."""
+    return lambda inputs: function({name: inputs[name] for name in names})
 
 
 def _padded(tokens, bucket, seq_length):
@@ -141,12 +146,10 @@ def chunked(
     """
     texts = checked_texts(texts, text_names)
     call, structure = _traced(run, names)
-    if one_row is not None:
-        own, own_bucket = one_row
-        one_row = (lambda inputs: own({name: inputs[name] for name in names}), own_bucket)
+    alone = (_reading(one_row[0], names), one_row[1]) if one_row else (call, bucket)
     results = tf.cond(
         tf.equal(tf.size(texts[0]), 1),
-        lambda: _one_row(texts, tokenizer, seq_length, *(one_row or (call, bucket)), structure),
+        lambda: _one_row(texts, tokenizer, seq_length, *alone, structure),
         lambda: _sorted_chunks(texts, tokenizer, seq_length, call, structure, chunk_size, bucket, ratio),
     )
     return tf.nest.pack_sequence_as(structure, results)
