@@ -4,8 +4,8 @@
     python benchmarks/xla_serving.py --preset concise-minilm-d192 [--out results/xla_serving.json]
 
 For each length of `serving_benchmark.LENGTHS` (32 texts of the shipped corpus), sentences/s of `serving_default`
-at batch 1 (one text a request: the path --xla compiles) and batch 32 (the chunked path, compiled by neither), best
-of ROUNDS rounds, the two exports alternating inside each round; the ratio --xla / plain; the least cosine between
+at batch 1 (one text a request: the path --xla compiles) and batch 32 (the chunked path, compiled by neither), the
+median of ROUNDS rounds with the two exports alternating inside each (`serving_benchmark.measure`); the ratio --xla / plain; the least cosine between
 the two exports' embeddings of each text sent alone; and the seconds the --xla model's first request of each padded
 length took after a first request of two texts (its XLA compilation, which the export's warm-up requests make before
 TF Serving serves).
@@ -27,14 +27,6 @@ from concise_attention.training.preprocessing.text import WordPieceModule
 ROUNDS = 5
 
 
-def rate(signature, texts, batch):
-    """Sentences/s of `signature` over `texts` sent `batch` at a time."""
-    start = time.perf_counter()
-    for index in range(0, len(texts), batch):
-        signature(text=tf.constant(texts[index : index + batch]))
-    return len(texts) / (time.perf_counter() - start)
-
-
 def first_calls(signature, texts):
     """Seconds of the first request of each distinct text alone (the --xla model compiles a padded length then)."""
     seconds = []
@@ -47,24 +39,23 @@ def first_calls(signature, texts):
 
 def compare(plain, xla, texts):
     """{batch 1 and 32: rates of each export, ratio}, the least cosine of single-text embeddings, first-call seconds."""
-    for signature in (plain, xla):  # the graphs' own first-call setup, on the chunked path neither compiles
-        signature(text=tf.constant(texts[:2]))
-    compiled = first_calls(xla, texts)
-    row = {"xla_first_request_seconds_max": max(compiled)}
-    for signature in (plain, xla):
-        rate(signature, texts, 32)
-    single = [
-        [signature(text=tf.constant([text]))["embedding"].numpy()[0] for text in texts[:8]]
-        for signature in (plain, xla)
-    ]
-    row["cosine_min"] = min(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in zip(single[0], single[1]))
+    import serving_benchmark  # benchmarks/ is on sys.path once main() ran
+
+    functions = {
+        name: (lambda batch, signature=signature: signature(text=tf.constant(batch))["embedding"])
+        for name, signature in (("plain", plain), ("xla", xla))
+    }
+    for function in functions.values():  # the graphs' own first-call setup, on the chunked path neither compiles
+        function(texts[:2])
+    row = {"xla_first_request_seconds_max": max(first_calls(xla, texts))}
+    single = {
+        name: serving_benchmark.unit([function([text])[0] for text in texts[:8]])
+        for name, function in functions.items()
+    }
+    row["cosine_min"] = float(np.min(np.sum(single["plain"] * single["xla"], axis=1)))
     for batch in (1, 32):
-        rates = {"plain": [], "xla": []}
-        for _ in range(ROUNDS):
-            for name, signature in (("plain", plain), ("xla", xla)):
-                rates[name].append(rate(signature, texts * (3 if batch == 1 else 5), batch))
-        best = {name: max(values) for name, values in rates.items()}
-        row[f"batch {batch}"] = {**best, "ratio": best["xla"] / best["plain"]}
+        rates = serving_benchmark.measure(functions, texts * (3 if batch == 1 else 5), None, batch, ROUNDS)
+        row[f"batch {batch}"] = {**rates, "ratio": rates["xla"] / rates["plain"]}
     return row
 
 
