@@ -4,7 +4,10 @@
     python benchmarks/runtimes_benchmark.py --runtime-path ENV --quality [--out results/runtimes_quality.json]
 
 ENV is where the peers live, never in the package's environment: a folder for PYTHONPATH or a Python executable
-whose environment has them, e.g. `pip install --target ENV fastembed==0.9.1` (it brings onnxruntime and tokenizers).
+whose environment has them, e.g. `python3 -m venv ENV && ENV/bin/pip install torch==2.13.0 && ENV/bin/pip install
+-c <(echo torch==2.13.0) "sentence-transformers[onnx,openvino]" fastembed==0.9.1` (the CPU build of torch first: a
+later `torch` requirement would fetch a CUDA one; sentence-transformers brings onnxruntime, OpenVINO and
+tokenizers), then `--runtime-path ENV/bin/python`.
 For all-MiniLM-L6-v2 (the teacher) and every concise preset shipped with the package, `concise-export --onnx` writes
 the TF Serving model and the ONNX folder of the same weights; then, round after round, each runtime runs in a fresh
 process of its own, one after the other, on 32 texts of each length of `serving_benchmark.LENGTHS`, at batch 1 and 32:
@@ -13,7 +16,15 @@ process of its own, one after the other, on 32 texts of each length of `serving_
   tf_serving_xla    the same of a `concise-export --xla` of the same weights (a request of one text compiled by XLA);
   onnxruntime       ONNX Runtime on onnx/model.onnx, ids from tokenizer.json by `tokenizers`, mean pooling in numpy;
   onnxruntime_int8  the same after ONNX Runtime's dynamic int8 quantisation (QInt8 weights per channel);
-  fastembed         fastembed's TextEmbedding on the folder (its custom-model route: mean pooling, unit length).
+  fastembed         fastembed's TextEmbedding on the folder (its custom-model route: mean pooling, unit length);
+  st_pytorch        sentence-transformers on PyTorch, from the teacher's own Hugging Face folder (the teacher only: a
+                    concise preset has no PyTorch weights);
+  st_onnx           sentence-transformers' ONNX backend on the ONNX folder as it is;
+  st_openvino       sentence-transformers' OpenVINO backend on the folder with the ONNX model saved as OpenVINO IR
+                    (read by OpenVINO's ONNX reader; `openvino.convert_model` of our ONNX fails on a CPU with
+                    AVX-512 in OpenVINO 2026.4: a broadcast in a fused subgraph), inference precision float32;
+  st_openvino_bf16  the same at OpenVINO's default precision: bfloat16 on a CPU with AVX512_BF16 or AMX, else
+                    float32 (then the same as st_openvino).
 
 Each runtime gets 2 threads. A figure is the best round's median of 3 timed passes (sentences/s); every runtime's
 embeddings are compared with tf_serving's (cosine). Results: --out (JSON, with machine and date) and a Markdown table
@@ -37,8 +48,19 @@ import time
 import numpy as np
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-RUNTIMES = ("tf_serving", "tf_serving_xla", "onnxruntime", "onnxruntime_int8", "fastembed")
-FP32 = ("tf_serving", "tf_serving_xla", "onnxruntime", "fastembed")
+RUNTIMES = (
+    "tf_serving",
+    "tf_serving_xla",
+    "onnxruntime",
+    "onnxruntime_int8",
+    "fastembed",
+    "st_pytorch",
+    "st_onnx",
+    "st_openvino",
+    "st_openvino_bf16",
+)
+FP32 = tuple(runtime for runtime in RUNTIMES if not runtime.endswith(("int8", "bf16")))
+PYTORCH_SOURCE = "pytorch_source.txt"  # in an export folder: the Hugging Face folder of the same weights
 BATCHES = (1, 32)
 THREADS = 2
 REPEATS = 3
@@ -55,6 +77,8 @@ def _runner(runtime, folder):
     model_folder = folder / "hub" / "1" / "onnx"
     if runtime == "fastembed":
         return _fastembed(model_folder)
+    if runtime.startswith("st_"):
+        return _sentence_transformers(runtime, folder, model_folder)
     return _onnxruntime(model_folder, quantized=runtime == "onnxruntime_int8")
 
 
@@ -104,6 +128,34 @@ def _fastembed(folder):
     )
     model = TextEmbedding(name, specific_model_path=str(folder), threads=THREADS)
     return lambda texts: np.array(list(model.embed(texts, batch_size=len(texts))))
+
+
+def _sentence_transformers(runtime, folder, model_folder):
+    import shutil
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(THREADS)
+    if runtime == "st_pytorch":
+        model = SentenceTransformer((folder / PYTORCH_SOURCE).read_text().strip(), device="cpu")
+    elif runtime == "st_onnx":
+        model = SentenceTransformer(str(model_folder), backend="onnx", device="cpu")
+    else:
+        import openvino
+
+        converted = pathlib.Path(tempfile.mkdtemp()) / model_folder.name
+        shutil.copytree(model_folder, converted, ignore=shutil.ignore_patterns("onnx"))
+        onnx_model = openvino.Core().read_model(str(model_folder / "onnx" / "model.onnx"))
+        openvino.save_model(onnx_model, str(converted / "openvino" / "openvino_model.xml"), compress_to_fp16=False)
+        precision = {} if runtime == "st_openvino_bf16" else {"ov_config": {"INFERENCE_PRECISION_HINT": "f32"}}
+        model = SentenceTransformer(str(converted), backend="openvino", device="cpu", model_kwargs=precision)
+    return lambda texts: model.encode(texts, batch_size=len(texts), normalize_embeddings=True)
+
+
+def _runtimes(folder):
+    """The runtimes that can run the model exported in `folder` (st_pytorch: only where PyTorch weights exist)."""
+    return [runtime for runtime in RUNTIMES if runtime != "st_pytorch" or (folder / PYTORCH_SOURCE).is_file()]
 
 
 def worker(runtime, folder, texts_path, embeddings_path):
@@ -161,6 +213,7 @@ def _exports(workdir):
             assert export([*source, "--out", str(folders[name]), "--onnx", "--seq-length", "128"]) == 0
         if not (workdir / f"{name}-xla" / "serving" / "1").is_dir():
             assert export([*source, "--out", str(workdir / f"{name}-xla"), "--xla", "--seq-length", "128"]) == 0
+    (folders["all-MiniLM-L6-v2"] / PYTORCH_SOURCE).write_text(default_teacher())
     return folders
 
 
@@ -202,7 +255,7 @@ def measure_quality(folders, runtime_path):
     """{model: {runtime: {task: MTEB-protocol score, "mean": ...}}}."""
     rows = {model: {} for model in folders}
     for model, folder in folders.items():
-        for runtime in RUNTIMES:
+        for runtime in _runtimes(folder):
             rows[model][runtime] = _run(runtime, folder, runtime_path, "--quality-worker", runtime, str(folder))
             print(f"{model}, {runtime}: {json.dumps(rows[model][runtime])}", flush=True)
     return rows
@@ -220,10 +273,10 @@ def quality_table(rows):
 
 def measure(folders, texts_path, runtime_path, rounds):
     """{model: {runtime: {"rates": {length: {batch: best round's median}}, "cosine_min": ...}}}."""
-    rows = {model: {runtime: {"rounds": []} for runtime in RUNTIMES} for model in folders}
+    rows = {model: {runtime: {"rounds": []} for runtime in _runtimes(folder)} for model, folder in folders.items()}
     for round_index in range(rounds):
         for model, folder in folders.items():
-            for runtime in RUNTIMES:
+            for runtime in rows[model]:
                 rates, vectors = _run_worker(runtime, folder, texts_path, runtime_path)
                 rows[model][runtime]["rounds"].append(rates)
                 rows[model][runtime]["vectors"] = vectors
