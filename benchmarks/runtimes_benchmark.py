@@ -14,6 +14,7 @@ process of its own, one after the other, on 32 texts of each length of `serving_
 
   tf_serving        our export's `serving_default` (text in, embedding out), loaded with tf.saved_model.load;
   tf_serving_xla    the same of a `concise-export --xla` of the same weights (a request of one text compiled by XLA);
+  tf_serving_1thread  the plain export with one intra-op thread (TF Serving's --tensorflow_intra_op_parallelism=1);
   onnxruntime       ONNX Runtime on onnx/model.onnx, ids from tokenizer.json by `tokenizers`, mean pooling in numpy;
   onnxruntime_int8  the same after ONNX Runtime's dynamic int8 quantisation (QInt8 weights per channel);
   fastembed         fastembed's TextEmbedding on the folder (its custom-model route: mean pooling, unit length);
@@ -26,7 +27,7 @@ process of its own, one after the other, on 32 texts of each length of `serving_
   st_openvino_bf16  the same at OpenVINO's default precision: bfloat16 on a CPU with AVX512_BF16 or AMX, else
                     float32 (then the same as st_openvino).
 
-Each runtime gets 2 threads. A figure is the best round's median of 3 timed passes (sentences/s); every runtime's
+Each runtime gets 2 threads (tf_serving_1thread: one intra-op thread, two inter-op). A figure is the best round's median of 3 timed passes (sentences/s); every runtime's
 embeddings are compared with tf_serving's (cosine). Results: --out (JSON, with machine and date) and a Markdown table
 of sentences/s and of each runtime's ratio to the fastest fp32 runtime running the teacher, per length and batch.
 
@@ -51,6 +52,7 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 RUNTIMES = (
     "tf_serving",
     "tf_serving_xla",
+    "tf_serving_1thread",
     "onnxruntime",
     "onnxruntime_int8",
     "fastembed",
@@ -236,6 +238,8 @@ def _run(runtime, folder, runtime_path, *arguments):
     peers = not runtime.startswith("tf_serving")
     python = runtime_path if peers and os.path.isfile(runtime_path or "") else sys.executable
     environment = dict(os.environ, OMP_NUM_THREADS=str(THREADS), HF_HUB_OFFLINE="1", TF_CPP_MIN_LOG_LEVEL="3")
+    if runtime == "tf_serving_1thread":
+        environment["TF_NUM_INTRAOP_THREADS"] = "1"
     if peers and python == sys.executable:
         environment["PYTHONPATH"] = runtime_path
     command = [python, __file__, *arguments]
