@@ -27,9 +27,10 @@ process of its own, one after the other, on 32 texts of each length of `serving_
   st_openvino_bf16  the same at OpenVINO's default precision: bfloat16 on a CPU with AVX512_BF16 or AMX, else
                     float32 (then the same as st_openvino).
 
-Each runtime gets 2 threads (tf_serving_1thread: one intra-op thread, two inter-op). A figure is the best round's median of 3 timed passes (sentences/s); every runtime's
-embeddings are compared with tf_serving's (cosine). Results: --out (JSON, with machine and date) and a Markdown table
-of sentences/s and of each runtime's ratio to the fastest fp32 runtime running the teacher, per length and batch.
+Each runtime gets 2 threads (tf_serving_1thread: one intra-op thread, two inter-op). A figure is the best round's
+median of 3 timed passes (sentences/s); every runtime's embeddings are compared with tf_serving's (cosine). Results:
+--out (JSON, with machine and date) and a Markdown table of sentences/s and of each runtime's ratio to the fastest
+fp32 runtime running the teacher, per length and batch.
 
 --quality scores each model on each runtime with MTEB's protocols instead (STSBenchmark, Banking77Classification:
 `training.inference.mteb_protocol`, texts embedded 32 at a time in order of length), so that what int8
