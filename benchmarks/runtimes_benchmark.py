@@ -1,13 +1,17 @@
 """Our TF Serving export against the CPU runtimes embedding users serve with, on the same weights and texts.
 
-    python benchmarks/runtimes_benchmark.py --runtime-path ENV [--rounds 3] [--out results/runtimes_benchmark.json]
-    python benchmarks/runtimes_benchmark.py --runtime-path ENV --quality [--out results/runtimes_quality.json]
+    python benchmarks/runtimes_benchmark.py --runtime-path PEERS [--rounds 3] [--out results/runtimes_benchmark.json]
+    python benchmarks/runtimes_benchmark.py --runtime-path PEERS --quality [--out results/runtimes_quality.json]
 
-ENV is where the peers live, never in the package's environment: a folder for PYTHONPATH or a Python executable
-whose environment has them, e.g. `python3 -m venv ENV && ENV/bin/pip install torch==2.13.0 && ENV/bin/pip install
--c <(echo torch==2.13.0) "sentence-transformers[onnx,openvino]" fastembed==0.9.1` (the CPU build of torch first: a
-later `torch` requirement would fetch a CUDA one; sentence-transformers brings onnxruntime, OpenVINO and
-tokenizers), then `--runtime-path ENV/bin/python`.
+PEERS is where the peers live, never in the package's environment: the Python executable of a virtual environment
+that has them (or a folder for PYTHONPATH), e.g.
+
+    python3 -m venv ENV
+    ENV/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    ENV/bin/pip install torch==2.13.0 "sentence-transformers[onnx,openvino]==5.7.0" openvino==2026.4.1 \\
+        onnxruntime==1.32.0 fastembed==0.9.1
+
+(the CPU build of torch first: PyPI's is a CUDA one), then `--runtime-path ENV/bin/python`.
 For all-MiniLM-L6-v2 (the teacher) and every concise preset shipped with the package, `concise-export --onnx` writes
 the TF Serving model and the ONNX folder of the same weights; then, round after round, each runtime runs in a fresh
 process of its own, one after the other, on 32 texts of each length of `serving_benchmark.LENGTHS`, at batch 1 and 32:
@@ -27,10 +31,11 @@ process of its own, one after the other, on 32 texts of each length of `serving_
   st_openvino_bf16  the same at OpenVINO's default precision: bfloat16 on a CPU with AVX512_BF16 or AMX, else
                     float32 (then the same as st_openvino).
 
-Each runtime gets 2 threads (tf_serving_1thread: one intra-op thread, two inter-op). A figure is the best round's
-median of 3 timed passes (sentences/s); every runtime's embeddings are compared with tf_serving's (cosine). Results:
---out (JSON, with machine and date) and a Markdown table of sentences/s and of each runtime's ratio to the fastest
-fp32 runtime running the teacher, per length and batch.
+Each runtime gets 2 threads: set where it takes a setting (ONNX Runtime, fastembed, torch), the machine's cores
+elsewhere (TensorFlow, OpenVINO, sentence-transformers' ONNX backend: run it on 2 cores); tf_serving_1thread one
+intra-op thread. A figure is the best round's median of 3 timed passes (sentences/s); every runtime's embeddings are
+compared with tf_serving's (cosine). Results: --out (JSON, with machine and date) and a Markdown table of
+sentences/s and of each runtime's ratio to the fastest fp32 runtime running the teacher, per length and batch.
 
 --quality scores each model on each runtime with MTEB's protocols instead (STSBenchmark, Banking77Classification:
 `training.inference.mteb_protocol`, texts embedded 32 at a time in order of length), so that what int8
@@ -85,6 +90,16 @@ def _runner(runtime, folder):
     return _onnxruntime(model_folder, quantized=runtime == "onnxruntime_int8")
 
 
+def _scratch():
+    """A temporary folder of this worker process, removed when it exits."""
+    import atexit
+    import shutil
+
+    folder = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, folder, True)
+    return pathlib.Path(folder)
+
+
 def _onnxruntime(folder, quantized):
     import onnxruntime
     from tokenizers import Tokenizer
@@ -93,7 +108,7 @@ def _onnxruntime(folder, quantized):
     if quantized:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantized_path = pathlib.Path(tempfile.mkdtemp()) / "model_int8.onnx"
+        quantized_path = _scratch() / "model_int8.onnx"
         quantize_dynamic(str(path), str(quantized_path), weight_type=QuantType.QInt8, per_channel=True)
         path = quantized_path
     options = onnxruntime.SessionOptions()
@@ -147,7 +162,7 @@ def _sentence_transformers(runtime, folder, model_folder):
     else:
         import openvino
 
-        converted = pathlib.Path(tempfile.mkdtemp()) / model_folder.name
+        converted = _scratch() / model_folder.name
         shutil.copytree(model_folder, converted, ignore=shutil.ignore_patterns("onnx"))
         onnx_model = openvino.Core().read_model(str(model_folder / "onnx" / "model.onnx"))
         openvino.save_model(onnx_model, str(converted / "openvino" / "openvino_model.xml"), compress_to_fp16=False)
@@ -302,7 +317,8 @@ def table(result):
     """Markdown: sentences/s of every model and runtime, and its ratio to the fastest fp32 runtime of the teacher."""
     rows, teacher = result["rows"], "all-MiniLM-L6-v2"
     keys = [(length, batch) for length in rows[teacher]["tf_serving"]["rates"] for batch in map(str, BATCHES)]
-    fastest = {key: max(rows[teacher][runtime]["rates"][key[0]][key[1]] for runtime in FP32) for key in keys}
+    measured = [runtime for runtime in FP32 if runtime in rows[teacher]]
+    fastest = {key: max(rows[teacher][runtime]["rates"][key[0]][key[1]] for runtime in measured) for key in keys}
     header = " | ".join(f"{length} b{batch}" for length, batch in keys)
     lines = [f"| model, runtime | cosine | {header} |", "|---|---:|" + "---:|" * len(keys)]
     for model, runtimes in rows.items():
