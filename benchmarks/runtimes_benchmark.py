@@ -43,9 +43,11 @@ quantisation costs in quality stands beside what it gains in speed; no timing.
 """
 
 import argparse
+import atexit
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -92,9 +94,6 @@ def _runner(runtime, folder):
 
 def _scratch():
     """A temporary folder of this worker process, removed when it exits."""
-    import atexit
-    import shutil
-
     folder = tempfile.mkdtemp()
     atexit.register(shutil.rmtree, folder, True)
     return pathlib.Path(folder)
@@ -149,8 +148,6 @@ def _fastembed(folder):
 
 
 def _sentence_transformers(runtime, folder, model_folder):
-    import shutil
-
     import torch
     from sentence_transformers import SentenceTransformer
 

@@ -100,15 +100,21 @@ def checked_texts(texts, names):
         return [tf.reshape(tf.identity(text), [-1]) for text in texts]  # static shape [None], once checked
 
 
+def _packed_lengths(segments):
+    """int32 [rows]: each row's length once packed, before padding or cutting: its texts' WordPieces, [CLS] and one
+    [SEP] per text."""
+    return tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments]) + 1 + len(segments)
+
+
 def token_counts(texts, tokenizer, seq_length, chunk_size=CHUNK_SIZE):
-    """int32 [N]: each row's tokens (its texts' WordPieces, each text read to `seq_length` words at most), counted
+    """int32 [N]: each row's packed tokens (`_packed_lengths`; each text read to `seq_length` words at most), counted
     a chunk at a time in the request's order (the ids are not kept): the key the rows are sorted by, so that a
     chunk's rows have nearly the same number of tokens. Sorting by bytes, which costs no tokenisation, padded a
     chunk of 64 mixed sentences to 1.46-1.53x their real tokens (1.06-1.09x sorted by tokens; 2026-11-28)."""
 
     def step(index, start, end, arrays):
         segments = [_flat(tokenizer.tokenize(text[start:end], max_length=seq_length)) for text in texts]
-        return [arrays[0].write(index, tf.add_n([tf.cast(segment.row_lengths(), tf.int32) for segment in segments]))]
+        return [arrays[0].write(index, _packed_lengths(segments))]
 
     counts = tf.TensorArray(tf.int32, size=0, dynamic_size=True, infer_shape=False, element_shape=[None])
     return _in_chunks(tf.zeros_like(texts[0], tf.int32), chunk_size, None, step, [counts])[
@@ -160,8 +166,7 @@ def _one_row(texts, tokenizer, seq_length, run, bucket, structure):
     above it): a single row needs no counting, sorting or loop (the export's batch-1 requests:
     `benchmarks/xla_serving.py`)."""
     segments = [_flat(tokenizer.tokenize(text, max_length=seq_length)) for text in texts]
-    tokens = tf.add_n([tf.cast(segment.row_lengths()[0], tf.int32) for segment in segments]) + 1 + len(texts)
-    outputs = run(tokenizer.pack(segments, _padded(tokens, bucket, seq_length)))
+    outputs = run(tokenizer.pack(segments, _padded(_packed_lengths(segments)[0], bucket, seq_length)))
     tf.nest.assert_same_structure(outputs, structure)  # a one_row run of its own gives what `run` gives
     return [tf.cast(output, spec.dtype) for output, spec in zip(tf.nest.flatten(outputs), tf.nest.flatten(structure))]
 
@@ -172,7 +177,7 @@ def _sorted_chunks(texts, tokenizer, seq_length, run, structure, chunk_size, buc
     order = tf.argsort(counts, stable=True)
     # chunks of at most chunk_size rows, none longer than `ratio` times the first (`embeddings.batch_end`, as `encode`
     # batches), lengths in packed tokens
-    sorted_lengths = tf.minimum(tf.gather(counts, order) + 1 + len(texts), seq_length)
+    sorted_lengths = tf.minimum(tf.gather(counts, order), seq_length)
     specs = tf.nest.flatten(structure)
     arrays = [
         tf.TensorArray(spec.dtype, size=0, dynamic_size=True, infer_shape=False, element_shape=spec.shape)

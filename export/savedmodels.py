@@ -223,9 +223,8 @@ def hub_preprocessor(tokenizer, seq_length):
     return root, signatures
 
 
-XLA_BUCKET = (
-    16  # an XLA-compiled request of one text is padded to a multiple of this: ceil(seq_length / 16) compilations
-)
+# An XLA-compiled request of one text is padded to a multiple of this: ceil(seq_length / 16) compilations.
+XLA_BUCKET = 16
 
 
 def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None, xla=False):
