@@ -19,6 +19,7 @@ process of its own, one after the other, on 32 texts of each length of `serving_
   tf_serving        our export's `serving_default` (text in, embedding out), loaded with tf.saved_model.load;
   tf_serving_xla    the same of a `concise-export --xla` of the same weights (a request of one text compiled by XLA);
   tf_serving_1thread  the plain export with one intra-op thread (TF Serving's --tensorflow_intra_op_parallelism=1);
+  tf_serving_xla_1thread  the `--xla` export with one intra-op thread;
   onnxruntime       ONNX Runtime on onnx/model.onnx, ids from tokenizer.json by `tokenizers`, mean pooling in numpy;
   onnxruntime_int8  the same after ONNX Runtime's dynamic int8 quantisation (QInt8 weights per channel);
   fastembed         fastembed's TextEmbedding on the folder (its custom-model route: mean pooling, unit length);
@@ -32,8 +33,8 @@ process of its own, one after the other, on 32 texts of each length of `serving_
                     float32 (then the same as st_openvino).
 
 Each runtime gets 2 threads: set where it takes a setting (ONNX Runtime, fastembed, torch), the machine's cores
-elsewhere (TensorFlow, OpenVINO, sentence-transformers' ONNX backend: run it on 2 cores); tf_serving_1thread one
-intra-op thread. A figure is the best round's median of 3 timed passes (sentences/s); every runtime's embeddings are
+elsewhere (TensorFlow, OpenVINO, sentence-transformers' ONNX backend: run it on 2 cores); the `_1thread` rows one
+intra-op thread. `--runtimes` runs some of them (tf_serving, the reference of the cosines, always). A figure is the best round's median of 3 timed passes (sentences/s); every runtime's embeddings are
 compared with tf_serving's (cosine). Results: --out (JSON, with machine and date) and a Markdown table of
 sentences/s and of each runtime's ratio to the fastest fp32 runtime running the teacher, per length and batch.
 
@@ -61,6 +62,7 @@ RUNTIMES = (
     "tf_serving",
     "tf_serving_xla",
     "tf_serving_1thread",
+    "tf_serving_xla_1thread",
     "onnxruntime",
     "onnxruntime_int8",
     "fastembed",
@@ -81,7 +83,7 @@ def _runner(runtime, folder):
     if runtime.startswith("tf_serving"):
         import tensorflow as tf
 
-        served = folder.with_name(f"{folder.name}-xla") if runtime == "tf_serving_xla" else folder
+        served = folder.with_name(f"{folder.name}-xla") if runtime.startswith("tf_serving_xla") else folder
         serving = tf.saved_model.load(str(served / "serving" / "1")).signatures["serving_default"]
         return lambda texts: serving(text=tf.constant(texts))["embedding"].numpy()
     model_folder = folder / "hub" / "1" / "onnx"
@@ -168,9 +170,15 @@ def _sentence_transformers(runtime, folder, model_folder):
     return lambda texts: model.encode(texts, batch_size=len(texts), normalize_embeddings=True)
 
 
-def _runtimes(folder):
-    """The runtimes that can run the model exported in `folder` (st_pytorch: only where PyTorch weights exist)."""
-    return [runtime for runtime in RUNTIMES if runtime != "st_pytorch" or (folder / PYTORCH_SOURCE).is_file()]
+def _runtimes(folder, chosen=RUNTIMES):
+    """The runtimes of `chosen` that can run the model exported in `folder` (st_pytorch: only where PyTorch weights
+    exist), tf_serving always."""
+    return [
+        runtime
+        for runtime in RUNTIMES
+        if (runtime in chosen or runtime == "tf_serving")
+        and (runtime != "st_pytorch" or (folder / PYTORCH_SOURCE).is_file())
+    ]
 
 
 def worker(runtime, folder, texts_path, embeddings_path):
@@ -251,7 +259,7 @@ def _run(runtime, folder, runtime_path, *arguments):
     peers = not runtime.startswith("tf_serving")
     python = runtime_path if peers and os.path.isfile(runtime_path or "") else sys.executable
     environment = dict(os.environ, OMP_NUM_THREADS=str(THREADS), HF_HUB_OFFLINE="1", TF_CPP_MIN_LOG_LEVEL="3")
-    if runtime == "tf_serving_1thread":
+    if runtime.endswith("_1thread"):
         environment["TF_NUM_INTRAOP_THREADS"] = "1"
     if peers and python == sys.executable:
         environment["PYTHONPATH"] = runtime_path
@@ -268,11 +276,11 @@ def _run_worker(runtime, folder, texts_path, runtime_path):
     return rates, dict(np.load(embeddings_path))
 
 
-def measure_quality(folders, runtime_path):
+def measure_quality(folders, runtime_path, chosen=RUNTIMES):
     """{model: {runtime: {task: MTEB-protocol score, "mean": ...}}}."""
     rows = {model: {} for model in folders}
     for model, folder in folders.items():
-        for runtime in _runtimes(folder):
+        for runtime in _runtimes(folder, chosen):
             rows[model][runtime] = _run(runtime, folder, runtime_path, "--quality-worker", runtime, str(folder))
             print(f"{model}, {runtime}: {json.dumps(rows[model][runtime])}", flush=True)
     return rows
@@ -288,9 +296,11 @@ def quality_table(rows):
     return "\n".join(lines)
 
 
-def measure(folders, texts_path, runtime_path, rounds):
+def measure(folders, texts_path, runtime_path, rounds, chosen=RUNTIMES):
     """{model: {runtime: {"rates": {length: {batch: best round's median}}, "cosine_min": ...}}}."""
-    rows = {model: {runtime: {"rounds": []} for runtime in _runtimes(folder)} for model, folder in folders.items()}
+    rows = {
+        model: {runtime: {"rounds": []} for runtime in _runtimes(folder, chosen)} for model, folder in folders.items()
+    }
     for round_index in range(rounds):
         for model, folder in folders.items():
             for runtime in rows[model]:
@@ -333,12 +343,20 @@ def main(argv=None):
     parser.add_argument("--runtime-path", required=True, help="PYTHONPATH folder or Python holding the peers")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quality", action="store_true", help="MTEB-protocol scores per runtime instead of speed")
+    parser.add_argument(
+        "--runtimes",
+        type=lambda value: value.split(","),
+        default=RUNTIMES,
+        help=f"comma-separated, of {', '.join(RUNTIMES)} (default: all)",
+    )
     parser.add_argument("--workdir", default=str(RESULTS / "cache" / "runtimes"))
     parser.add_argument(
         "--out",
         help="the JSON to write (default results/runtimes_benchmark.json, or with --quality results/runtimes_quality.json)",
     )
     args = parser.parse_args(argv)
+    if set(args.runtimes) - set(RUNTIMES):
+        parser.error(f"--runtimes: unknown {', '.join(sorted(set(args.runtimes) - set(RUNTIMES)))}")
     args.out = args.out or str(RESULTS / ("runtimes_quality.json" if args.quality else "runtimes_benchmark.json"))
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     import provenance
@@ -347,9 +365,9 @@ def main(argv=None):
     workdir.mkdir(parents=True, exist_ok=True)
     folders = _exports(workdir)
     if args.quality:
-        rows = measure_quality(folders, args.runtime_path)
+        rows = measure_quality(folders, args.runtime_path, args.runtimes)
     else:
-        rows = measure(folders, _texts(workdir), args.runtime_path, args.rounds)
+        rows = measure(folders, _texts(workdir), args.runtime_path, args.rounds, args.runtimes)
     result = {
         **provenance.record(),
         "command": provenance.command_line("benchmarks/runtimes_benchmark.py", argv or sys.argv[1:]),
