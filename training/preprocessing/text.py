@@ -216,6 +216,22 @@ def vocabulary_trie(tokens):
     )
 
 
+def _starts(sorted_ids, segments):
+    """[segments + 1]: where each id of 0..segments-1 starts in `sorted_ids` (ascending), then its size: the row
+    splits of those row ids. One op: a served request of one text runs a few hundred ops, each costing dispatch
+    time, and RaggedTensor's row-id conversions and `tf.repeat` take 10-25 ops each."""
+    wanted = tf.range(tf.cast(segments, sorted_ids.dtype) + 1)
+    return tf.raw_ops.LowerBound(sorted_inputs=sorted_ids[None], values=wanted[None], out_type=sorted_ids.dtype)[0]
+
+
+def _owners(counts, out_type=tf.int32):
+    """[sum(counts)]: the index of the count each position falls in, i.e. `tf.repeat(tf.range(len(counts)), counts)`
+    for counts >= 0, in a few ops (`_starts`)."""
+    ends = tf.cumsum(counts)
+    positions = tf.range(tf.reduce_sum(counts))
+    return tf.raw_ops.UpperBound(sorted_inputs=ends[None], values=positions[None], out_type=out_type)[0]
+
+
 def read_vocabulary(path):
     """The tokens of a vocab.txt (one per line, any tf.io.gfile path), checked for the special
     tokens BERT needs and for repeated tokens."""
@@ -293,13 +309,13 @@ class WordPieceModule(tf.Module):
         if max_length is not None:
             text_B = tf.strings.substr(text_B, 0, max_length * BYTES_PER_WORD)
         decoded = tf.strings.unicode_decode(text_B, "UTF-8", errors="replace", replacement_char=0xFFFD)
-        code_C, row_C = decoded.flat_values, decoded.value_rowids()
+        code_C, row_C = decoded.flat_values, _owners(decoded.row_lengths(), tf.int64)
         range_C = tf.searchsorted(self.range_starts, code_C, side="right") - 1
         start_C = tf.gather(self.replacement_offsets, range_C)
         length_C = tf.gather(self.replacement_offsets, range_C + 1) - start_C
         # Each character becomes its replacement: N codes, each knowing its source character.
-        source_N = tf.repeat(tf.range(tf.size(code_C)), length_C)
-        index_N = tf.repeat(start_C - tf.cumsum(length_C, exclusive=True), length_C) + tf.range(tf.size(source_N))
+        source_N = _owners(length_C)
+        index_N = tf.gather(start_C - tf.cumsum(length_C, exclusive=True), source_N) + tf.range(tf.size(source_N))
         value_N = tf.gather(self.replacement_values, index_N)
         code_N = tf.where(value_N == _SELF, tf.gather(code_C, source_N), value_N)
         row_N = tf.gather(row_C, source_N)
@@ -311,13 +327,14 @@ class WordPieceModule(tf.Module):
         rows = tf.shape(text_B, out_type=tf.int64)[0]
         row_W = tf.math.segment_max(row_N, word_N)  # segment ids are sorted: words in order
         if max_length is not None:
-            word_splits = tf.RaggedTensor.from_value_rowids(row_W, row_W, nrows=rows).row_splits
+            word_splits = _starts(row_W, rows)
             kept_W = tf.range(tf.size(row_W, out_type=tf.int64)) - tf.gather(word_splits, row_W) < max_length
             kept_N = tf.gather(kept_W, word_N)
             code_N, word_N = tf.boolean_mask(code_N, kept_N), tf.boolean_mask(word_N, kept_N)
             row_W = tf.boolean_mask(row_W, kept_W)
             word_N = tf.gather(tf.cumsum(tf.cast(kept_W, tf.int64)) - 1, word_N)  # renumbered
-        return code_N, word_N, tf.math.bincount(row_W, minlength=rows, maxlength=rows, dtype=tf.int64)
+        word_splits = _starts(row_W, rows)
+        return code_N, word_N, word_splits[1:] - word_splits[:-1]
 
     def _longest_pieces(self, code_P, first_P, end_P):
         """For each character p (of words of at most 100 characters, word after word):
@@ -362,7 +379,8 @@ class WordPieceModule(tf.Module):
 
     def word_pieces(self, code_N, word_N, words):
         """Step 5: the codes of `words` words (word [N], sorted) -> int32 ragged [words, (pieces)]."""
-        length_W = tf.math.bincount(tf.cast(word_N, tf.int32), minlength=words, maxlength=words)
+        word_splits = _starts(tf.cast(word_N, tf.int32), words)
+        length_W = word_splits[1:] - word_splits[:-1]
         too_long_W = length_W > MAX_CHARS_PER_WORD
         processed_N = ~tf.gather(too_long_W, word_N)
         code_P, word_P = tf.boolean_mask(code_N, processed_N), tf.cast(tf.boolean_mask(word_N, processed_N), tf.int32)
@@ -393,10 +411,10 @@ class WordPieceModule(tf.Module):
         id_S = tf.tensor_scatter_nd_update(
             id_S, unknown_slot_U, tf.fill([tf.shape(unknown_slot_U)[0]], self.special_ids["[UNK]"])
         )
-        word_S = tf.repeat(tf.range(words, dtype=tf.int64), count_W + 1)
+        word_S = _owners(count_W + 1, tf.int64)
         emitted_S = id_S >= 0
-        return tf.RaggedTensor.from_value_rowids(
-            tf.boolean_mask(id_S, emitted_S), tf.boolean_mask(word_S, emitted_S), nrows=tf.cast(words, tf.int64)
+        return tf.RaggedTensor.from_row_splits(
+            tf.boolean_mask(id_S, emitted_S), _starts(tf.boolean_mask(word_S, emitted_S), words), validate=False
         )
 
     def tokenize(self, text_B, max_length=None):
@@ -419,7 +437,7 @@ class WordPieceModule(tf.Module):
     def _tokenize(self, text_B, max_length):
         code_N, word_N, words_B = self.normalise(text_B, max_length)
         pieces = self.word_pieces(code_N, word_N, tf.cast(tf.reduce_sum(words_B), tf.int32))
-        return tf.RaggedTensor.from_row_lengths(pieces, words_B)
+        return tf.RaggedTensor.from_row_lengths(pieces, words_B, validate=False)
 
     def token_ids(self, text_B, max_length=None):
         """string [B] -> int32 ragged [B, (pieces)]."""
