@@ -680,6 +680,21 @@ def _ship_and_load(tmp_path, texts, embeddings, monkeypatch, capsys):
         and "fixed` with head size 16" in card
     )
     assert "| teacher, PCA to 32 | 32 | 0.5000 | 0.4000 | 0.4500 | 56.2% | the teacher's | the teacher's |" in card
+    # --refresh-card: the Evaluation section from newer results (below the bar: said, not refused); nothing else.
+    weights = (shipped / "tiny-student" / presets.WEIGHTS_FILE).read_bytes()
+    _write_results(results, rows | {"tiny-student": _row(32, 0.5, 0.3, 250.0)})
+    refresh = ["--refresh-card", "--name", "tiny-student", "--results", str(results), "--shipped-dir", str(shipped)]
+    with pytest.raises(SystemExit) as exit_info:
+        ship.main([*refresh, "--run", str(tmp_path / "run")])
+    assert exit_info.value.code == 2 and "not both" in capsys.readouterr().err
+    assert ship.main(refresh) == 0
+    refreshed = (shipped / "tiny-student" / "README.md").read_text()
+    assert "| this encoder | 32 | 0.5000 | 0.3000 | 0.4000 | 50.0% | 2.50x | 2.50x |" in refreshed
+    assert "Below the teacher's PCA to 32 (0.4000 against 0.4500) on these tasks" in refreshed
+    assert refreshed.replace(refreshed[refreshed.index("## Evaluation") : refreshed.index("## Training")], "") == (
+        card.replace(card[card.index("## Evaluation") : card.index("## Training")], "")
+    )
+    assert (shipped / "tiny-student" / presets.WEIGHTS_FILE).read_bytes() == weights
     monkeypatch.setattr(presets, "SHIPPED_DIR", str(shipped))
     encoder = SentenceEncoder.from_preset("tiny-student")  # at the length it was distilled at, recorded by ship
     assert encoder.sequence_length == 32

@@ -11,7 +11,6 @@ import pytest
 import tensorflow as tf
 
 from concise_attention.models import presets
-from test_results import _benchmark_module
 
 SHIPPED = presets.shipped_presets()
 LIMIT = 25 * 10**6
@@ -128,38 +127,24 @@ def test_a_shipped_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_the_model_cards_probe_figure_holds_for_the_shipped_weights(name):
-    """The card's WordNet-topics probe accuracy (measured on the float32 run) recomputed from the shipped
-    float16 preset with scikit-learn and the card's own protocol (C by 5-fold cross-validation on the training
-    split, `benchmarks/distill_eval.probe_accuracy`, where the card says so; else the earlier fixed C=1):
-    within one point."""
-    import csv
+def test_the_model_cards_mteb_figure_holds_for_the_shipped_weights(name):
+    """The card's STSBenchmark figure (MTEB's protocol: Spearman of cosines on the test split) recomputed from the
+    shipped float16 preset with SciPy, on the pairs of the evaluation data: to the third decimal."""
     import re
 
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+    from scipy.stats import spearmanr
 
+    from concise_attention.training.inference import mteb_protocol
     from concise_attention.training.inference.embeddings import SentenceEncoder
 
-    root = pathlib.Path(__file__).resolve().parents[1]
     card = (pathlib.Path(presets.SHIPPED_DIR) / name / "README.md").read_text()
-    stated = float(re.search(r"\| WordNet topics linear probe \| (\d\.\d+)", card).group(1))
-    length = int(re.search(r"Distilled at (\d+) tokens", card).group(1))
-    data = root / "training" / "data" / "wordnet_topics"
-    train, dev = (
-        [row for row in csv.DictReader(open(data / f"{split}.tsv", encoding="utf-8"), delimiter="\t")]
-        for split in ("train", "dev")
-    )
-    encoder = SentenceEncoder.from_preset(name, sequence_length=length)
-    train_x, dev_x = (encoder.encode([row["sentence"] for row in rows]) for rows in (train, dev))
-    train_y, dev_y = ([row["label"] for row in rows] for rows in (train, dev))
-    if "its L2 strength C chosen by 5-fold cross-validation" in card:  # the sentence export.ship writes
-        accuracy, _ = _benchmark_module("distill_eval").probe_accuracy(train_x, train_y, dev_x, dev_y)
-    else:
-        probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=3000)).fit(train_x, train_y)
-        accuracy = np.mean(probe.predict(dev_x) == np.array(dev_y))
-    assert abs(accuracy - stated) <= 0.01, (accuracy, stated)
+    stated = float(re.search(r"\| this encoder \| \d+ \| (\d\.\d{4}) \|", card).group(1))
+    assert "| STSBenchmark |" in card.split("| this encoder |")[0]  # the first task column
+    rows = mteb_protocol.read_split("STSBenchmark", "test")
+    encoder = SentenceEncoder.from_preset(name)
+    first, second = (encoder.encode([row[key] for row in rows]) for key in ("sentence1", "sentence2"))
+    spearman = spearmanr(np.sum(first * second, axis=1), [float(row["score"]) for row in rows])[0]
+    assert abs(spearman - stated) < 0.001, (spearman, stated)
 
 
 def test_the_readmes_three_lines_print_the_shipped_encoders_embeddings(capsys):
