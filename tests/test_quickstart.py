@@ -79,6 +79,8 @@ def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path
         "(its model card, from MTEB's protocols; `concise-evaluate --encoder concise-minilm-d192` scores it again)"
         in out
     )
+    assert re.search(r"\| encoder \| width \| STSBenchmark \| Banking77Classification \| mean \|", out)
+    assert re.search(r"\| this encoder \| 192 \| 0\.\d{4} \| 0\.\d{4} \|", out)
 
 
 def _assert_similarities_as_printed(out):
