@@ -65,18 +65,20 @@ def _rows(results, run, width, reference=None, bar=True):
     best = max(pcas, key=lambda key: pcas[key]["mean"])  # the better of the centred and uncentred projections
     pca = pcas[best] | {"label": "PCA" + best.rsplit(", PCA", 1)[1]}
     teacher, peer = rows[results["teacher"]], {}
-    if reference is None and bar:
-        _check_bar(
-            name, rows[name], pca | {"label": f"the teacher's {pca['label']}"}, teacher, MIN_SPEEDUP, "its teacher's"
+    if reference is None:
+        bar_row, timed, speedup, whose = (
+            pca | {"label": f"the teacher's {pca['label']}"},
+            teacher,
+            MIN_SPEEDUP,
+            "its teacher's",
         )
-    elif reference is None:
-        pass
     elif reference not in rows or rows[reference]["width"] < rows[name]["width"]:
         raise ValueError(f"--reference {reference!r}: no row of that name at the student's width or wider in --results")
     else:
         peer = rows[reference] | {"label": reference}
-        if bar:
-            _check_bar(name, rows[name], peer, peer, REFERENCE_SPEED, f"{reference}'s")
+        bar_row, timed, speedup, whose = peer, peer, REFERENCE_SPEED, f"{reference}'s"
+    if bar:
+        _check_bar(name, rows[name], bar_row, timed, speedup, whose)
     half = next((row for key, row in rows.items() if key.endswith(" layers")), {})
     return rows[name], teacher, pca, half, peer
 

@@ -218,8 +218,8 @@ def vocabulary_trie(tokens):
 
 def _starts(sorted_ids, segments):
     """[segments + 1]: where each id of 0..segments-1 starts in `sorted_ids` (ascending), then its size: the row
-    splits of those row ids. One op: a served request of one text runs a few hundred ops, each costing dispatch
-    time, and RaggedTensor's row-id conversions and `tf.repeat` take 10-25 ops each."""
+    splits of those row ids, by one binary search: a served request of one text runs a few hundred ops, each costing
+    dispatch time, where RaggedTensor's row-id conversions and `tf.repeat` take 10-25 ops each."""
     wanted = tf.range(tf.cast(segments, sorted_ids.dtype) + 1)
     return tf.raw_ops.LowerBound(sorted_inputs=sorted_ids[None], values=wanted[None], out_type=sorted_ids.dtype)[0]
 
