@@ -20,8 +20,8 @@ def test_readme_first_command_is_the_quickstart():
 
 
 def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path):
-    """The quickstart job as the README runs it (its default config, a quarter of its steps: one epoch), in a
-    fresh process; its printed predictions are recomputed here from the exported `.mlm` with ids of
+    """The quickstart job as the README runs it (its default config, 120 of its 1,000 steps: past its 100 warm-up
+    steps), in a fresh process; its printed predictions are recomputed here from the exported `.mlm` with ids of
     Hugging Face's `tokenizers` (an independent tokenizer), so they show what the export does."""
     import json
 
@@ -33,7 +33,7 @@ def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path
     result = subprocess.run(
         [
             *(sys.executable, "-m", "concise_attention.cli.quickstart", "--out", str(tmp_path / "my_export")),
-            *("--set", "training.train_steps=250"),
+            *("--set", "training.train_steps=120"),
         ],
         capture_output=True,
         text=True,
@@ -42,7 +42,7 @@ def test_quickstart_pretrains_exports_and_shows_masked_word_predictions(tmp_path
     )
     assert result.returncode == 0, result.stderr[-4000:]
     out = result.stdout
-    assert re.search(r"step 250: eval MLM loss (\d+\.\d+)", out) and "[3/3] masked-word predictions" in out
+    assert re.search(r"step 120: eval MLM loss (\d+\.\d+)", out) and "[3/3] masked-word predictions" in out
     rows = re.findall(r"    (trained|untrained) +top 5: (.*?)   \| '(\w+)' ranked (\d+) of (\d+)", out)
     assert [(name, word) for name, _, word, _, _ in rows] == [
         (name, word) for _, word in PROBES for name in ("trained", "untrained")
