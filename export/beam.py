@@ -172,13 +172,14 @@ def check(args, beam_arguments):
         )
 
 
-TFRECORD_CRC = ("snappy", "google_crc32c", "crcmod")  # the modules Beam's TFRecord reader takes its CRC32C from
+CRC32C_MODULES = ("google_crc32c", "crcmod")  # where Beam's TFRecord reader finds a CRC32C, besides python-snappy
+TFRECORD_CRC = ("snappy", *CRC32C_MODULES)  # every module it may take one from
 
 
 def crc32c_available():
     """Whether Beam's TFRecord reader finds its CRC32C here, as it looks (apache_beam.io.tfrecordio): python-snappy
     holding one, else google-crc32c, else crcmod. (On a remote runner the workers need it too.)"""
-    if any(importlib.util.find_spec(name) for name in TFRECORD_CRC[1:]):
+    if any(importlib.util.find_spec(name) for name in CRC32C_MODULES):
         return True
     if importlib.util.find_spec("snappy") is None:
         return False
