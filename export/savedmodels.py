@@ -541,7 +541,8 @@ def export_run(
     settings["onnx"] = bool(onnx)
     task = portable_task(source.task) if model is not None else None
     described = {"model_type": source.model_type, "model": source.model, "task": task, "tokenizer": source.tokenizer}
-    if xla and model is not None and _serving_signature(described, model) is not None:
+    signature = _serving_signature(described, model) if model is not None else None
+    if xla and signature is not None:
         raise ValueError(
             "The XLA export (xla=True, --xla) compiles an encoder's serving model (embeddings); this source serves its task model "
             f"({task['name']}), which is not compiled"
@@ -555,7 +556,7 @@ def export_run(
             "source_kind": source.kind,
             "config": described,
         }
-        _write_version(staged, encoder, model, source, export)
+        _write_version(staged, encoder, model, source, export, signature)
     return _written(staged, settings["seq_length"])
 
 
@@ -618,9 +619,10 @@ def _save(build, arguments, path):
     tf.saved_model.save(root, path, signatures=signatures, options=SAVE_OPTIONS)
 
 
-def _write_version(staged, encoder, model, source, export):
+def _write_version(staged, encoder, model, source, export, signature):
     """Writes hub/ (encoder, preprocess, tarball, keras), serving/ and models.config of a
-    version of `source` into `staged.folder` (local)."""
+    version of `source` into `staged.folder` (local); `signature`: what its task model serves, or None (the encoder's
+    embeddings)."""
     folder = staged.folder
     # The vocabulary is copied into the staging folder first so that the assets
     # point at a file that is still there after the source is deleted.
@@ -643,7 +645,6 @@ def _write_version(staged, encoder, model, source, export):
     write_keras_preset(os.path.join(hub_dir, "keras"), model or encoder, vocab_copy, source)
     if export["onnx"]:
         onnx_export.write_onnx_folder(os.path.join(hub_dir, "onnx"), encoder, vocab_copy, export)
-    signature = _serving_signature(export["config"], model) if model is not None else None
     if signature is None:  # no task model of its own to serve: the encoder's embeddings
         _save(
             serving_model,
