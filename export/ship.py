@@ -46,9 +46,11 @@ NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 
 def _rows(results, run, width, reference=None, bar=True):
-    """(the run's row, the teacher's row, the teacher's PCA row at `width`, the half-layer teacher's row, the
-    reference's row or {}) of a benchmarks/mteb_table.py results file, after the bar (`bar`); the run's row is named
-    as its folder."""
+    """((the run's row, the teacher's row, the teacher's PCA row at `width`, the half-layer teacher's row, the
+    reference's row or {}), the bar's misses: `_misses`) of a benchmarks/mteb_table.py results file; with `bar`, a run
+    that misses it is refused. The run's row is named as its folder."""
+    if not isinstance(results.get("rows"), dict) or results.get("teacher") not in results["rows"]:
+        raise ValueError("--results: not a benchmarks/mteb_table.py results file (no rows, or no row of its teacher)")
     rows, name = results["rows"], os.path.basename(os.path.normpath(run))
     if name not in rows:
         raise ValueError(
@@ -77,27 +79,29 @@ def _rows(results, run, width, reference=None, bar=True):
     else:
         peer = rows[reference] | {"label": reference}
         bar_row, timed, speedup, whose = peer, peer, REFERENCE_SPEED, f"{reference}'s"
-    if bar:
-        _check_bar(name, rows[name], bar_row, timed, speedup, whose)
+    misses = _misses(name, rows[name], bar_row, timed, speedup, whose)
+    if bar and misses:
+        raise ValueError(f"not shipped: {misses[0]}")
     half = next((row for key, row in rows.items() if key.endswith(" layers")), {})
-    return rows[name], teacher, pca, half, peer
+    return (rows[name], teacher, pca, half, peer), misses
 
 
-def _check_bar(name, row, bar, timed, speedup, whose):
-    """Refuses `row` below `bar`'s mean, or slower than `speedup` times `timed`'s batch-32 throughput."""
-    if row["mean"] < bar["mean"]:
-        raise ValueError(
-            f"not shipped: {name}'s mean over the MTEB tasks, {row['mean']:.4f}, is below {bar['label']}, {bar['mean']:.4f}"
-        )
+def _misses(name, row, bar, timed, speedup, whose):
+    """What keeps `row` under the bar, as sentences: a mean below `bar`'s, a batch-32 throughput under `speedup` times
+    `timed`'s; [] if neither."""
     key = "sentences_per_s_batch_32"
     if key not in row or key not in timed:
         raise ValueError(
             f"--results: no batch-32 throughput of {name} and {whose} (benchmarks/mteb_table.py times both)"
         )
-    if row[key] < speedup * timed[key]:
-        raise ValueError(
-            f"not shipped: {name} runs at {row[key] / timed[key]:.2f}x {whose} batch-32 throughput, below {speedup}x"
+    misses = []
+    if row["mean"] < bar["mean"]:
+        misses.append(
+            f"{name}'s mean over the MTEB tasks, {row['mean']:.4f}, is below {bar['label']}, {bar['mean']:.4f}"
         )
+    if row[key] < speedup * timed[key]:
+        misses.append(f"{name} runs at {row[key] / timed[key]:.2f}x {whose} batch-32 throughput, below {speedup}x")
+    return misses
 
 
 def _evaluation_table(results, rows):
@@ -244,15 +248,9 @@ def _card_model(name, model, task, training, serving_length):
     ]
 
 
-def _evaluation_section(results, rows):
-    """The card's "## Evaluation" section (lines, up to the next section)."""
-    verdict = []
-    if rows[0]["mean"] < rows[2]["mean"]:
-        verdict = [
-            "",
-            f"Below the teacher's {rows[2]['label']} ({rows[0]['mean']:.4f} against {rows[2]['mean']:.4f}) on these "
-            "tasks: at this width that projection is the better embedding, this encoder the faster one.",
-        ]
+def _evaluation_section(results, rows, misses=()):
+    """The card's "## Evaluation" section (lines, up to the next section), saying what of the bar it misses."""
+    verdict = ["", f"Below the bar a shipped student clears: {'; '.join(misses)}."] if misses else []
     return [
         "## Evaluation",
         "",
@@ -270,7 +268,7 @@ def _evaluation_section(results, rows):
 def model_card(name, config, results, run, serving_length, reference=None):
     """README.md of a shipped preset (Markdown)."""
     model, task, training = config["model"], config["task"], config["training"]
-    rows = _rows(results, run, embedding_width(model), reference)
+    rows, _ = _rows(results, run, embedding_width(model), reference)
     return "\n".join(
         [
             *_card_model(name, model, task, training, serving_length),
@@ -302,14 +300,18 @@ def model_card(name, config, results, run, serving_length, reference=None):
     )
 
 
-def ship(run, name, results_path, shipped_dir=None, serving_length=None, reference=None):
-    """Writes the shipped preset `name` of the distill run `run`; returns its folder. `serving_length`: the
-    length it reads by default (None: the length it was distilled at); `reference`: the row of an encoder at the
-    student's cost that it must beat instead of the teacher's PCA (module docstring)."""
+def _check_name(name):
     if not NAME.fullmatch(name):
         raise ValueError(
             f"--name {name!r}: use 1-64 lower-case letters, digits and _.- (starting with a letter or digit)"
         )
+
+
+def ship(run, name, results_path, shipped_dir=None, serving_length=None, reference=None):
+    """Writes the shipped preset `name` of the distill run `run`; returns its folder. `serving_length`: the
+    length it reads by default (None: the length it was distilled at); `reference`: the row of an encoder at the
+    student's cost that it must beat instead of the teacher's PCA (module docstring)."""
+    _check_name(name)
     results = files.read_json(results_path)
     config = runs.RunDirectory(run).read_config()
     if config.get("task", {}).get("name") != "distill":
@@ -347,23 +349,31 @@ def ship(run, name, results_path, shipped_dir=None, serving_length=None, referen
     return target
 
 
-def refresh_card(name, results_path, shipped_dir=None):
+def refresh_card(name, results_path, shipped_dir=None, reference=None):
     """Rewrites the "## Evaluation" section of the shipped preset `name`'s model card from a benchmarks/mteb_table.py
-    results file (its row `name`), whether or not the preset clears the bar (the section then says it does not), and
-    the manifest; the weights are not touched. Returns the folder."""
+    results file (its row `name`; `reference`: as when it was shipped), whether or not the preset clears the bar (the
+    section then says what it misses), and the manifest; the files the manifest lists are kept as they are, no
+    other. Returns the folder."""
+    _check_name(name)
     folder = os.path.join(shipped_dir or presets.SHIPPED_DIR, name)
+    if not os.path.isfile(os.path.join(folder, "README.md")):
+        raise ValueError(f"--name {name}: no shipped preset with a model card at {folder}")
     presets.check_manifest(folder)
     width = embedding_width(files.read_json(os.path.join(folder, "config.json"))["config"])
     results = files.read_json(results_path)
-    section = _evaluation_section(results, _rows(results, name, width, bar=False))
+    section = _evaluation_section(results, *_rows(results, name, width, reference, bar=False))
     with open(os.path.join(folder, "README.md"), encoding="utf-8") as file:
         card = file.read()
-    head, found, rest = card.partition("## Evaluation\n")
-    if not found or "\n## " not in rest:
+    start = re.search(r"^## Evaluation\n", card, re.M)
+    end = start and re.compile(r"^## ", re.M).search(card, start.end())
+    if not end:
         raise ValueError(f"{folder}/README.md: no '## Evaluation' section followed by another")
-    card = head + "\n".join(section) + "\n" + rest[rest.index("\n## ") + 1 :]
+    card = card[: start.start()] + "\n".join(section) + "\n" + card[end.start() :]
+    listed = files.read_json(os.path.join(folder, presets.MANIFEST_FILE))["sha256"]
     with files.staged_folder(folder) as staging:  # the card and manifest change together, or neither
-        shutil.copytree(folder, staging, dirs_exist_ok=True)
+        for relative in listed:
+            os.makedirs(os.path.dirname(os.path.join(staging, relative)), exist_ok=True)
+            shutil.copy2(os.path.join(folder, relative), os.path.join(staging, relative))
         with open(os.path.join(staging, "README.md"), "w", encoding="utf-8") as file:
             file.write(card)
         presets.write_manifest(staging)
@@ -395,14 +405,18 @@ def main(argv=None):
         help="only rewrite the Evaluation section of the shipped preset --name's model card from --results (no --run)",
     )
     args = parser.parse_args(argv)
-    if bool(args.run) == args.refresh_card:
-        parser.error("give --run (ship a run) or --refresh-card (rewrite a shipped card's evaluation), not both")
     try:
         if args.refresh_card:
-            target = refresh_card(args.name, args.results, args.shipped_dir)
+            if args.run or args.serving_length is not None:
+                raise ValueError(
+                    f"--refresh-card rewrites a shipped card: no {'--run' if args.run else '--serving-length'}"
+                )
+            target = refresh_card(args.name, args.results, args.shipped_dir, args.reference)
+        elif not args.run:
+            raise ValueError("--run: required (a distill run to ship), or --refresh-card")
         else:
             target = ship(args.run, args.name, args.results, args.shipped_dir, args.serving_length, args.reference)
-    except ValueError as error:
+    except (ValueError, OSError) as error:
         print(f"ship: error: {error}", file=sys.stderr)
         return 2
     print(
