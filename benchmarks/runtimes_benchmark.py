@@ -34,8 +34,9 @@ process of its own, one after the other, on 32 texts of each length of `serving_
 
 Each runtime gets 2 threads: set where it takes a setting (ONNX Runtime, fastembed, torch), the machine's cores
 elsewhere (TensorFlow, OpenVINO, sentence-transformers' ONNX backend: run it on 2 cores); the `_1thread` rows one
-intra-op thread. `--runtimes` runs some of them (tf_serving, the reference of the cosines, always). A figure is the best round's median of 3 timed passes (sentences/s); every runtime's embeddings are
-compared with tf_serving's (cosine). Results: --out (JSON, with machine and date) and a Markdown table of
+intra-op thread. `--runtimes` runs some of them (tf_serving, the reference of the cosines, always). A figure is the
+best round's median of 3 timed passes (sentences/s); every runtime's embeddings are compared with tf_serving's
+(cosine). Results: --out (JSON, with machine and date) and a Markdown table of
 sentences/s and of each runtime's ratio to the fastest fp32 runtime running the teacher, per length and batch.
 
 --quality scores each model on each runtime with MTEB's protocols instead (STSBenchmark, Banking77Classification:
