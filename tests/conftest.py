@@ -21,28 +21,29 @@ import pytest  # noqa: E402
 
 # pytest.ini runs the suite in one process per core, one test file per process at a time (`-n auto --dist loadfile`,
 # module fixtures built once). Files start longest first, so that no process is left alone with a long file
-# at the end: seconds per file in one of 2 processes, 2-core CPU with nothing else running, 2026-11-27 (`pytest
-# --durations=0`, summed per file); files not listed take under 30 s and follow in their usual order.
+# at the end: seconds per file in one of 2 processes, 2-core AMD EPYC with nothing else running, 2026-12-06 (the
+# junit XML's times, summed per file); files not listed take under 30 s and follow in their usual order.
 LONGEST_FILES = {
-    "test_hf_export": 200,
-    "test_reproducibility": 163,
-    "test_distill": 148,
-    "test_export": 114,
-    "test_trainer": 105,
-    "test_quickstart": 75,
-    "test_results": 65,
-    "test_gcs": 63,
-    "test_finetuning": 60,
-    "test_configs": 55,
-    "test_mlm": 53,
-    "test_prepared_data": 53,
-    "test_precision": 51,
-    "test_lm_training": 49,
-    "test_errors": 48,
-    "test_collaborative_protocol": 45,
-    "test_collaborative_conversion": 42,
-    "test_shipped": 39,
-    "test_text": 34,
+    "test_hf_export": 155,
+    "test_reproducibility": 141,
+    "test_distill": 125,
+    "test_export": 98,
+    "test_finetuning": 85,
+    "test_trainer": 82,
+    "test_results": 57,
+    "test_onnx": 51,
+    "test_gcs": 49,
+    "test_quickstart": 45,
+    "test_precision": 43,
+    "test_lm_training": 41,
+    "test_shipped": 40,
+    "test_prepared_data": 40,
+    "test_collaborative_conversion": 38,
+    "test_chunking": 37,
+    "test_mlm": 36,
+    "test_collaborative_protocol": 36,
+    "test_configs": 36,
+    "test_errors": 31,
     "test_builders": 31,
 }
 
