@@ -358,8 +358,6 @@ def test_readme_distillation_table_is_the_committed_data():
     """The held-out protocol's tables in the docs are `distill_eval.py --markdown` of the committed results, and every
     result file the docs name exists and names its machine, date and command; recall@10 is recomputed here
     for a hand-made case."""
-    import re
-
     distill_eval = _benchmark_module("distill_eval")
     for name in ("distill_eval_shipped_256.json", "distill_eval_d128x6_16k.json"):  # the tables shown in full
         result = json.loads((RESULTS / name).read_text())
