@@ -134,11 +134,12 @@ def evaluate_encoders(
     report=print,
     split="test",
 ):
-    """{"tasks", "rows": {encoder name: {width, each task's score, mean}}, "teacher"} of the encoders named by `specs`
-    and, with `teacher`, the teacher, its PCA (centred and not) to each narrower width and each of `pca_widths` (fitted on `fit_count`
-    texts of the corpus folder `fit_texts`) and the teacher with half its layers; `sequence_length`: the cut every
-    loaded encoder reads texts at (None: each its own default; a served model cuts as it was exported); `split`: test,
-    or dev (the selection protocol: for choices, never a reported score)."""
+    """MTEB-protocol scores of the encoders named by `specs`: {"tasks", "rows": {encoder name: {width,
+    each task's score, mean}}, "teacher"}. With `teacher`, also the teacher, its PCA (centred and not)
+    to each narrower width and each of `pca_widths` (fitted on `fit_count` texts of the corpus folder
+    `fit_texts`) and the teacher with half its layers. `sequence_length`: where every loaded encoder
+    cuts texts (None: its own default). `split`: "test", or "dev" for choices, never a reported score.
+    """
     mteb_protocol.check_tasks(tasks)  # before any encoder loads
     loaded = [encoders.load_encoder(spec, sequence_length) for spec in specs]
     if teacher is None:

@@ -134,19 +134,14 @@ def chunked(
     text_names=("text", "text_b"),
     one_row=None,
 ):
-    """Outputs of `run` for every row of `texts`, computed chunk by chunk (see the module docstring).
+    """Outputs of `run` for every row of `texts`, computed chunk by chunk.
 
     Args:
-        texts: 1 or 2 string tensors [N], one per text input (the rows of a pair task side by side).
-        tokenizer: a `training.preprocessing.text.WordPieceModule`: its `tokenize(chunk, max_length=seq_length)` is called on
-            one chunk at a time (a request is never tokenised whole, so its memory does not grow with its
-            size), its `pack(segments, length)` gives the chunk's int32 [n, length] inputs.
-        seq_length: the export's sequence length (the most a chunk is padded to).
-        run: `inputs dict -> nest of tensors [n, ...]` (the model and its pooling or head).
-        names: the input names `run` reads.
-        text_names: the names of `texts` (the signature's), for the error a malformed request gets.
-        one_row: (run, bucket) for a request of one row, in place of `run` and `bucket` (an XLA-compiled run, whose
-            compilations the bucket bounds: one per padded length); None: `run` and `bucket`.
+        texts: 1 or 2 string tensors [N] (named `text_names` in errors).
+        tokenizer: a `training.preprocessing.text.WordPieceModule`, called on one chunk at a time.
+        seq_length: the most a chunk is padded to.
+        run: `inputs dict -> nest of tensors [n, ...]`, reading the inputs `names`.
+        one_row: None, or (run, bucket) for a one-row request (an XLA-compiled run).
     Returns:
         `run`'s output structure, every tensor [N, ...] in the request's order.
     """

@@ -182,20 +182,15 @@ def check_out_dir(out, store=None):
 
 @contextlib.contextmanager
 def export_version(out, version=None, overwrite=False, store=None):
-    """Locks OUT, recovers what killed exports left, chooses or checks the version and yields
-    a `Staged`; when the block ends normally the version is committed, when it raises the
-    staging folder is removed and OUT is as before. An error during the commit's moves
-    (past its commit point) leaves the journal: the next export, or `recover`, finishes it.
-
-    Args:
-        out: the export directory (created if absent).
-        version: positive integer; default one above the highest present (1 if none).
-        overwrite: replace an existing version N instead of raising ValueError.
-        store: the file operations (default `LocalStore`; `GFileStore` for gs://).
+    """Locks OUT, recovers what killed exports left, picks or checks `version` (default: one above
+    the highest present; an existing one is replaced only with `overwrite`) and yields a
+    `Staged`. The version is committed when the block ends normally; if it raises, the staging
+    folder is removed and OUT is as before. A commit interrupted past its commit point is
+    finished by the next export or `recover`. `store`: `LocalStore` (default) or `GFileStore`.
 
     Example:
     >>> with export_version("exported") as staged:
-    ...     write_artifacts(staged.folder, staged.export_id)   # hub/, serving/, models.config
+    ...     write_hub_and_serving(staged.folder, staged.export_id)  # the exporter's own writer
     """
     out, store = str(out), store or LocalStore()
     check_out_dir(out, store)

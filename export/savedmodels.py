@@ -228,13 +228,12 @@ XLA_BUCKET = 16
 
 
 def serving_model(encoder, tokenizer, seq_length, pooling="mean", infer=None, xla=False):
-    """The TF Serving model: `serving_default` (text -> `embedding` [batch, hidden], computed in
-    length-sorted chunks, each padded to its own longest text: `export.chunking`), `serve_token_ids`
-    (ids -> `embedding` and `sequence_output` [batch, seq, hidden], as sent) and `tokenize` (text ->
-    the encoder inputs at `seq_length`). `infer`: the encoder's `inference` function, if the caller has one.
-    `xla`: a request of one text runs the encoder and pooling compiled by XLA, padded to a multiple of XLA_BUCKET
-    tokens (one compilation per padded length, made by the warm-up requests); TF Serving then needs
-    --xla_cpu_compilation_enabled=true."""
+    """The TF Serving model and its signatures: `serving_default` (text -> `embedding` [batch, hidden],
+    in length-sorted chunks: `export.chunking`), `serve_token_ids` (ids as sent -> `embedding` and
+    `sequence_output`) and `tokenize` (text -> the encoder inputs at `seq_length`). `infer`: the
+    encoder's `inference` function, if the caller has one. With `xla`, a one-text request runs compiled
+    by XLA, padded to a multiple of XLA_BUCKET tokens; TF Serving then needs --xla_cpu_compilation_enabled=true.
+    """
     root = _holding(tokenizer)
     root.encoder_variables = _variables(encoder)  # what the graphs capture must be tracked
     infer = infer or inference(encoder)
@@ -499,36 +498,14 @@ def export_run(
     onnx=False,
     xla=False,
 ):
-    """Exports a trained BERT as it is: TF-Hub, TF Serving and Keras artifacts (module docstring).
+    """Exports a trained BERT: TF-Hub, TF Serving and Keras artifacts (module docstring).
 
-    Args:
-        source: what `training.artifacts.read` reads: a run directory (config.json,
-            backbone.weights.h5 [+ model.weights.h5], vocab.txt), a `concise-collaborative`
-            output, or a Hugging Face BERT folder (config.json, model.safetensors, vocab.txt
-            [, tokenizer_config.json]). A task head it holds is exported with it: an MLM
-            head as the encoder's `.mlm`, a classifier or regressor as the serving model.
-        out_dir: the export directory, local or gs:// (created; other versions in it are kept).
-        version: integer version; default: one above the highest present (1 if none).
-        overwrite: replace an existing version instead of failing.
-        seq_length: sequence length of the preprocessor and of the serving model (default: the length the
-            source records for serving, a shipped preset's 256 or a sentence-transformers folder's
-            max_seq_length, else a run's own training.sequence_length, else 128; never beyond
-            max_sequence_length: `artifacts.Source.serving_length`).
-        model_name: the TF Serving model name (default: the run's config name, or the
-            Hugging Face folder's name).
-        pooling: the `embedding` of the serving model and the TF-Hub encoder (`models.heads.pool`): "mean" over
-            the real tokens, "normalized_mean" (that mean at unit length) or "cls" (the pooled output);
-            default: the sentence embedding the source was trained to give (a distilled student's or a
-            sentence-transformers folder's "normalized_mean" or "mean", whose TF-Hub `pooled_output` and
-            `default` are then that embedding too; another sentence-transformers pooling is refused), else "mean".
-        kind: "hf" or "run" to insist on one kind of source (`artifacts.read`).
-        onnx: also write hub/<version>/onnx/ (`export.onnx`; a mean or normalized_mean pooling).
-        xla: the serving model runs a request of one text compiled by XLA (`serving_model`; an encoder's serving
-            model only: refused for a task model's).
+    `source` is what `training.artifacts.read` reads ("hf" or "run" as `kind` insists), exported with
+    any task head it holds; `out_dir` is local or gs://. `version` defaults to one above the highest
+    present; `seq_length`, `model_name` and `pooling` to what the source records (else 128, its name,
+    "mean"). `onnx` also writes hub/<version>/onnx/; `xla` compiles an encoder's one-text requests.
 
-    Returns:
-        dict of the written paths, the version, the sequence length, the export id and what
-        was recovered from killed exports (`export.commit.recover`).
+    Returns the written paths, version, sequence length, export id and what was recovered.
     """
     store = _store(out_dir)
     commit.check_out_dir(out_dir, store)

@@ -60,56 +60,27 @@ def fused_kernel_available():
 class FixedHeadSizeAttention(keras.layers.Layer):
     """Multi-head attention whose head size is its own hyper-parameter.
 
-    Implements the fixed head size attention of Bhojanapalli et al., "Low-Rank
-    Bottleneck in Multi-head Attention Models" (ICML 2020): every head projects
-    queries and keys to `head_size` dimensions whatever the width and the number of
-    heads, and the output projection maps `num_heads * value_head_size` back to the
-    width. With `head_size >= sequence length` a head can express any attention
-    pattern (the paper's Theorem 1); with `head_size = width / num_heads` the layer is
-    standard multi-head attention.
-
-    The weights have the layout of `keras.layers.MultiHeadAttention` (query, key,
-    value, output `EinsumDense` kernels of shapes (I, N, H), (I, N, H), (I, N, Hv),
-    (N, Hv, O)), so its weights can be copied in and out.
+    The fixed head size attention of Bhojanapalli et al., "Low-Rank Bottleneck in
+    Multi-head Attention Models" (ICML 2020): queries and keys get `head_size`
+    dimensions per head whatever the width. The weights have the layout of
+    `keras.layers.MultiHeadAttention` (kernels (I, N, H), (I, N, H), (I, N, Hv), (N, Hv, O)).
 
     Args:
-        num_heads: number of attention heads.
-        head_size: size of each query/key head; also sets the softmax scale
-            1/sqrt(head_size).
-        value_head_size: size of each value head; defaults to `head_size`.
-        output_size: width of the output; defaults to the query's width.
-        dropout: dropout rate on the attention probabilities.
-        use_bias: whether the projections have biases.
-        kernel_initializer: initializer of the projection kernels.
-        bias_initializer: initializer of the projection biases.
-        seed: seed of the attention dropout.
-        use_fused: compute attention with `keras.ops.dot_product_attention` (flash
-            attention where the backend and dtype allow) when no probabilities are
-            needed: scores not returned, dropout inactive, value heads as large as
-            query/key heads. Same outputs as the explicit path, which runs otherwise.
-            True: whenever possible; "auto": only where a fused kernel serves it
-            (`fused_kernel_available`); False: never.
-        **kwargs: base layer arguments (`name`, `dtype`, ...).
+        num_heads: number of heads.
+        head_size: query/key size per head; softmax scale 1/sqrt(head_size).
+        value_head_size: defaults to `head_size`.
+        output_size: defaults to the query's width.
+        dropout, seed: rate and seed of the attention dropout.
+        use_bias, kernel_initializer, bias_initializer: of the projections.
+        use_fused: `keras.ops.dot_product_attention` where no probabilities are needed:
+            True, "auto" (where a fused kernel exists) or False.
 
-    Call arguments:
-        query: (B, T, I) tensor.
-        value: (B, S, I) tensor; defaults to `query` (self-attention).
-        key: (B, S, I) tensor; defaults to `value`.
-        attention_mask: boolean (B, T, S) or (B, S) tensor, True where a query may
-            attend to a key. A (B, S) mask is a padding mask over the keys.
-        attention_bias: (B or 1, N, T, S) tensor added to the scaled logits before masking
-            and softmax (MPNet's relative position bias, `models.embedding.RelativePositionBias`).
-        use_causal_mask: if True, query t attends to keys 0..t only.
-        return_attention_scores: if True, also return the attention probabilities
-            (B, N, T, S) (named as in `keras.layers.MultiHeadAttention`).
-        training: whether dropout is active.
-        query_mask, value_mask, key_mask: (B, T) / (B, S) padding masks; Keras fills
-            them from masked inputs when `query` and `value` are both passed.
+    Call arguments: as in `keras.layers.MultiHeadAttention` (True = may attend; a (B, S)
+    `attention_mask` pads keys), plus `attention_bias` (B or 1, N, T, S), added to the logits.
 
     Example:
     >>> layer = FixedHeadSizeAttention(num_heads=8, head_size=128)
-    >>> x = keras.random.normal((2, 16, 512))
-    >>> layer(x, use_causal_mask=True).shape
+    >>> layer(keras.random.normal((2, 16, 512)), use_causal_mask=True).shape
     (2, 16, 512)
     """
 
@@ -441,31 +412,21 @@ _MIXING_INITIALIZERS = {
 class CollaborativeAttention(FixedHeadSizeAttention):
     """Collaborative multi-head attention (Cordonnier, Loukas and Jaggi, 2020).
 
-    All heads share one query and one key projection of width `shared_key_dim` (K);
-    head i re-weights the shared dimensions with row i of a learned mixing matrix M
-    (N, K) and adds a content bias over the keys:
+    The heads share a query and a key projection of width K, without bias; head i
+    re-weights them by row m_i of a learned mixing matrix (N, K) and adds a content bias
+    v_i over the keys:
 
-        logits_i = (X W~Q diag(m_i) W~K^T X'^T + 1 (X' v_i)^T) / sqrt(head_size).
-
-    The query bias of a standard head folds into its content vector v_i = W_K^(i) b_Q^(i)
-    and the key bias cancels in the softmax, so the shared projections have no bias.
-    Values and the output projection are those of `FixedHeadSizeAttention`. The
-    softmax scale is that of the heads being modelled (1/sqrt(head_size)), never
-    1/sqrt(K): a layer converted from trained heads keeps its temperature.
+        logits_i = (X Wq diag(m_i) Wk^T X'^T + 1 (X' v_i)^T) / sqrt(head_size).
 
     Args:
         num_heads: number of heads (N).
-        shared_key_dim: width K of the shared query/key projections.
-        head_size: size of each value head and of the original query/key heads (sets
-            the softmax scale 1/sqrt(head_size)).
-        mixing_initializer: "concatenate" (blocks of ones: starts as concatenated
-            heads), "all_ones", "random" (N(0, 0.2^2), the reference implementation's
-            "uniform") or any Keras initializer.
+        shared_key_dim: K.
+        head_size: value head size and the modelled query/key head size (softmax scale).
+        mixing_initializer: "concatenate" (starts as concatenated heads), "all_ones",
+            "random" (N(0, 0.2^2)) or any Keras initializer.
+        use_fused: accepted for a shared config; the explicit path always runs.
         value_head_size, output_size, dropout, use_bias, kernel_initializer,
-            bias_initializer, seed: as in `FixedHeadSizeAttention` (`use_bias` applies
-            to values and output; the content bias always exists).
-        use_fused: accepted for a config shared with the other variants; the
-            explicit path always runs (see `_logits_are_head_dot_products`).
+            bias_initializer, seed: as in `FixedHeadSizeAttention`.
 
     Example:
     >>> layer = CollaborativeAttention(num_heads=12, shared_key_dim=192, head_size=64)
@@ -706,12 +667,10 @@ def compute_attention_mask(
     The single place where masks meet. Keras polarity: True = may attend.
 
     Args:
-        query: (B, T, ...) tensor.
-        value: (B, S, ...) tensor.
-        attention_mask: (B, T, S) mask, or a (B, S) padding mask over the keys.
+        query, value: (B, T, ...) and (B, S, ...) tensors.
+        attention_mask: (B, T, S), or (B, S) padding over the keys.
         use_causal_mask: if True, query t may attend to keys s <= t only.
-        query_mask: (B, T) padding mask of the queries.
-        value_mask, key_mask: (B, S) padding masks of the values / keys.
+        query_mask, value_mask, key_mask: (B, T), (B, S), (B, S) padding masks.
     """
     batch, query_length, key_length = query.shape[0], query.shape[1], value.shape[1]
     masks_BxTxS = []

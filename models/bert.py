@@ -33,41 +33,21 @@ def embedding_width(model):
 
 @keras.saving.register_keras_serializable(package="concise_attention")
 class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
-    """A BERT encoder with any attention variant, in the TF-Hub BERT contract.
+    """A post-LN BERT encoder with any attention variant, in the TF-Hub BERT contract.
 
-    Inputs (dict of int32 (B, T)): `input_word_ids`, `input_mask` (1 = real token),
-    `input_type_ids`. Outputs (dict): `sequence_output` (B, T, E), `pooled_output`
-    (B, E) (tanh dense on the first token), `encoder_outputs` (one (B, T, D) per layer); E is D unless
-    `output_size` is set.
-    Post-LN blocks as BERT; with attention={"type": "fixed", ...} this is the fixed-head-size
-    BERT of Bhojanapalli et al. (2020), e.g. width 512 with head size 128. MPNet
-    (`models.hf_import`, all-mpnet-base-v2) is this encoder without segment types
-    (`type_vocab_size=0`), with positions counted from 2 (`position_offset=2`) and a
-    relative position bias (`relative_attention_buckets=32`).
+    Inputs, int32 (B, T): `input_word_ids`, `input_mask` (1 = token), `input_type_ids`.
+    Outputs: `sequence_output` (B, T, E), `pooled_output` (B, E), `encoder_outputs` (per layer).
 
     Args:
         vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes.
-        attention: the attention variant as one nested config, e.g. {"type": "fixed",
-            "head_size": 128}; None is standard attention (see
-            `models.attention.attention_config`).
-        max_sequence_length: the longest sequence the encoder takes.
-        type_vocab_size: number of segment types (0: none; `input_type_ids` is then ignored).
-        position_offset: None: token t has position t (BERT); an integer p: the real tokens
-            (`input_mask`) are numbered p, p + 1, ... and padding has position p - 1
-            (RoBERTa's and MPNet's positions, p = padding id + 1). The table has
-            max_sequence_length + p rows.
-        relative_attention_buckets, relative_attention_max_distance: 0, or the buckets and
-            distance of a relative position bias computed once and added to every layer's
-            attention logits (MPNet: 32 and 128; `models.embedding.RelativePositionBias`).
-        activation: feed-forward activation ("gelu" = exact erf GELU, as BERT).
-        dropout, attention_dropout: dropout rates.
-        layer_norm_epsilon: LayerNormalization epsilon.
-        residual_scaling: "none" or "admin" (then call `initialize_admin` on a batch).
-        initializer_range: stddev of the truncated normal initializer.
-        output_size: None, or the width E of a linear map (`output_projection`) from the last layer's token
-            vectors to `sequence_output`: a residual stream wider than the embedding. A mean of the
-            projected tokens is the projected mean, so it is the Dense module that sentence-transformers
-            places after pooling, here inside the encoder that every export serves.
+        attention: the nested attention config; None is standard attention.
+        max_sequence_length, type_vocab_size (0: none), activation, dropout,
+            attention_dropout, layer_norm_epsilon, initializer_range: as in BERT.
+        position_offset: None, or p: real tokens at positions p, p + 1, ... (MPNet).
+        relative_attention_buckets, relative_attention_max_distance: 0, or MPNet's
+            relative position bias.
+        residual_scaling: "none" or "admin" (then call `initialize_admin`).
+        output_size: None, or E: a linear map to `sequence_output`.
 
     Example:
     >>> encoder = BertEncoder(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,

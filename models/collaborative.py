@@ -108,10 +108,8 @@ def convert_attention(layer, shared_key_dim, seed=0, n_iter_max=200, tol=1e-9, f
         n_iter_max, tol: ALS iterations and tolerance of tensorly's parafac.
         flops_length: sequence length at which query/key FLOPs are reported.
 
-    Returns:
-        (collaborative layer, report dict): the report holds the relative reconstruction
-        error of the stacked tensor, query/key parameters and FLOPs (per example at
-        `flops_length`) before and after, and seconds.
+    Returns (collaborative layer, report dict): the report holds the relative reconstruction
+    error of the stacked tensor, query/key parameters and FLOPs before and after, and seconds.
     """
     exact = _check_shared_key_dim(layer, shared_key_dim)
     start = time.perf_counter()

@@ -18,18 +18,16 @@ class PositionEmbedding(keras.layers.Layer):
 
     Args:
         max_sequence_length: the longest sequence the model accepts.
-        kind: "learned" (a trained table, BERT) or "sinusoidal" (the fixed timing
-            signal of tensor2tensor: sin and cos halves, timescales 1 to 1e4).
+        kind: "learned" (a trained table, BERT) or "sinusoidal" (tensor2tensor's fixed timing
+            signal: sin and cos halves, timescales 1 to 1e4).
         embeddings_initializer: initializer of the learned table.
 
     Call arguments:
         inputs: (B, T, D) tensor whose length and width are used.
-        positions: optional (B, T) integer positions (packed rows restart at 0 per
-            sentence); defaults to 0..T-1.
+        positions: optional (B, T) integer positions; defaults to 0..T-1.
 
-    A sequence longer than `max_sequence_length` is a ValueError when the length is
-    known while tracing (always under XLA and JAX); with a dynamic length the table
-    lookup itself fails on the out-of-range index.
+    A sequence longer than `max_sequence_length` is a ValueError when its length is known
+    while tracing; otherwise the table lookup fails.
     """
 
     def __init__(self, max_sequence_length, kind="learned", embeddings_initializer="glorot_uniform", **kwargs):

@@ -32,12 +32,10 @@ class BertClassifier(EncoderHead):
         encoder: a `BertEncoder`.
         num_outputs: classes (a regression head has 1).
         dropout: dropout rate on the pooled output (default: the encoder's).
-        pooling: what the head reads (POOLINGS): "cls", the encoder's pooled [CLS] output (BERT's); "mean", the
-            mean of its token vectors over the real tokens; "normalized_mean", that mean at unit length (the
-            sentence embedding of a distilled sentence encoder, whose [CLS] pooler was never trained: its
-            pooler reads less, docs/tasks.md). The head of a sentence encoder reads "mean" (`presets.head_pooling`): at
-            BERT's learning rates a unit-length input keeps the logits near 0. The encoder's pooler, which no
-            output then reaches, is left out of the trainable weights.
+        pooling: what the head reads (POOLINGS): "cls", the encoder's pooled [CLS] output (BERT's);
+            "mean", the mean of its token vectors over the real tokens; "normalized_mean", that mean
+            at unit length. With "mean" or "normalized_mean" the encoder's pooler, which no output
+            then reaches, is left out of the trainable weights.
 
     Output: `logits` (B, num_outputs), float32.
     """
@@ -127,22 +125,16 @@ def unit(vectors_BxD):
 class SentenceEmbedder(EncoderHead):
     """A sentence embedding and its projection into a teacher's embedding space (distillation).
 
-    Outputs, float32: `embedding` (B, D) the unit-length mean of the encoder's token vectors
-    (what the exported encoder serves, at the student's own width D); `teacher_space`
-    (B, teacher_width) a unit-length linear projection of the same mean, trained to match the
-    teacher's embedding where the widths differ. Only the encoder ships: the projection serves
-    the training objective and the cosine-to-teacher measure. With a `teacher` encoder (frozen,
-    run in inference mode on the same inputs), also `relation` (B,): MiniLMv2's relation
-    divergence of the two last layers (`relation_divergence`). The teacher is training machinery,
-    not state: its weights are neither saved with the model nor in its config, so a model trained
-    with it saves, loads and ships as one without.
+    Outputs, float32: `embedding` (B, D), the unit-length mean of the encoder's token vectors (what
+    ships); `teacher_space` (B, teacher_width), a unit-length linear projection of that mean, for the
+    training objective only; with a `teacher`, `relation` (B,): MiniLMv2's `relation_divergence` of
+    the two last layers. The teacher is run frozen and is not saved with the model or its config.
 
     Args:
         encoder: a `BertEncoder`.
         teacher_width: the teacher's embedding width.
         teacher: None, or a `BertEncoder` of 2 or more layers reading the same vocabulary.
-        relation_heads: the relation heads (with a teacher; they must divide the query, key and
-            value widths of both last layers).
+        relation_heads: with a teacher, the relation heads (dividing both last layers' widths).
     """
 
     head_arguments = ("teacher_width",)
@@ -233,13 +225,11 @@ def check_relation_heads(teacher, student, relation_heads=None):
 def relation_divergence(teacher_qkv, student_qkv, mask_BxT, heads):
     """MiniLMv2's self-attention relation distillation, per example (B,), float32.
 
-    For the queries, the keys and the values alike, each model's heads side by side (B, T, width) are
-    split again into `heads` relation heads of width/heads; each relation head gives
-    softmax(X X^T / sqrt(width/heads)) over the real tokens. The loss is KL(teacher || student) of
-    these relations, averaged over the relation heads and the real tokens and over the three (the
-    paper sums the three: a weight of 3 on this mean is its loss); it needs no common head count or
-    width, only a common number of relation heads. Collaborative attention's queries and keys here
-    are its shared projection, before the per-head mixing.
+    For queries, keys and values, each model's (B, T, width) heads are split into `heads`
+    relation heads, each giving softmax(X X^T / sqrt(width/heads)) over the real tokens. The
+    loss is KL(teacher || student), averaged over relation heads, real tokens and the three (a
+    weight of 3 gives the paper's sum), so the models need only a common number of relation
+    heads. Collaborative attention's queries and keys are its shared projection, before mixing.
     """
     mask = ops.cast(mask_BxT, "float32")
     key_bias_Bx1x1xS = ((1.0 - mask) * -1e9)[:, None, None, :]

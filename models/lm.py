@@ -39,8 +39,8 @@ class CausalLM(ArgumentsAreConfig, keras.Model):
 
     Args:
         vocab_size, hidden_size, num_layers, num_heads, intermediate_size: sizes.
-        attention: the attention variant as one nested config, e.g. {"type": "fixed",
-            "head_size": 32}; None is standard attention (see `models.attention.attention_config`).
+        attention: the attention variant as one nested config, e.g. {"type": "fixed", "head_size": 32};
+            None is standard attention.
         max_sequence_length: longest sequence (rows of the learned position table).
         position_embedding: "learned" or "sinusoidal" (tensor2tensor timing signal).
         tie_embeddings: output projection = input embedding transposed.

@@ -58,25 +58,16 @@ class TransformerBlock(keras.layers.Layer):
     Args:
         num_heads: attention heads.
         intermediate_size: hidden width of the feed-forward network.
-        attention: the attention variant as one nested config, e.g. {"type": "fixed",
-            "head_size": 128} (see `models.attention.attention_config`); None is standard
-            attention. The block sets num_heads, dropout (`attention_dropout`) and
-            kernel_initializer.
-        activation: feed-forward activation ("gelu" is exact erf GELU, as BERT;
-            "gelu_approximate" is the tanh form; "relu", ...).
-        norm_position: "post" (BERT) or "pre" (tensor2tensor / GPT-2).
+        attention: the attention variant's nested config; None is standard attention. The
+            block sets its num_heads, dropout and kernel_initializer.
+        activation: feed-forward activation ("gelu" is exact, as BERT; "gelu_approximate", "relu", ...).
+        norm_position: "post" (BERT) or "pre" (GPT-2).
         residual_scaling: "none" or "admin" (post-LN only).
-        dropout: dropout on each sublayer output.
-        attention_dropout: dropout on the attention probabilities.
-        layer_norm_epsilon: LayerNormalization epsilon.
-        kernel_initializer: initializer of every kernel.
+        dropout, attention_dropout: on each sublayer output, on the attention probabilities.
+        layer_norm_epsilon, kernel_initializer: of every norm, of every kernel.
 
-    Call arguments:
-        x: (B, T, D) inputs.
-        attention_mask: (B, T, T) or (B, T) mask, True = may attend.
-        use_causal_mask: causal self-attention.
-        training: dropout switch.
-        attention_bias: optional (B or 1, N, T, T) bias added to the attention logits.
+    Call arguments: x (B, T, D); attention_mask (B, T, T) or (B, T), True = may attend;
+    use_causal_mask; training; attention_bias (B or 1, N, T, T), added to the logits.
 
     Example:
     >>> block = TransformerBlock(num_heads=8, intermediate_size=2048, attention={"type": "fixed", "head_size": 128})
@@ -237,17 +228,15 @@ def admin_initialize(blocks, x, attention_mask=None, use_causal_mask=False, atte
     """Sets the Admin omegas of `blocks` from one profiling pass over `x`.
 
     Runs the blocks with every omega at 1 (plain post-LN), records the variance of each
-    sublayer output f_j(x_{j-1}) in order (attention then feed-forward, block by block)
-    and sets omega_i = sqrt(1 + sum_{j<i} Var[f_j]): the 1 is the variance of the
-    layer-normalised embeddings every residual stream starts from.
+    sublayer output f_j in order and sets omega_i = sqrt(1 + sum_{j<i} Var[f_j]), 1 being
+    the variance of the layer-normalised embeddings.
 
     Args:
         blocks: the model's `TransformerBlock`s in order, all with residual_scaling="admin".
-        x: the first block's input on a profiling batch (embeddings).
-        attention_mask, use_causal_mask, attention_bias: as the model passes them to its blocks.
+        x: the first block's input.
+        attention_mask, use_causal_mask, attention_bias: as the model passes them.
 
-    Returns:
-        The list of recorded variances, one per sublayer.
+    Returns the variances, one per sublayer.
     """
     for block in blocks:
         if block.residual_scaling != "admin":

@@ -486,11 +486,10 @@ def _recover(options, runner, action):
 def supervise(options, runner, sleep=time.sleep):
     """Keeps the run alive until it ends: returns 0 when it finished, 1 when it failed or retries ran out.
 
-    Stages the package unless the run already has one (a resumed run keeps the code it started
-    with, whatever the checkout holds now), then every `poll_interval` seconds reads the VM state and the run
-    status. A lost VM (preempted, terminated, gone) is deleted and recreated, at most `max_retries`
-    times; a VM that is up but not training gets the package installed and training launched,
-    retried at each poll, at most `max_retries` failures in a row.
+    Stages the package unless the run has one (a resumed run keeps the code it started with), then
+    every `poll_interval` seconds reads the VM state and the run status. A lost VM is recreated, at
+    most `max_retries` times; a VM up but not training gets the package installed and training
+    launched, at most `max_retries` failures in a row.
     """
     if options.package == "checkout" and runner.run(staged_package_command(options), capture=True).returncode:
         run_all(runner, stage_commands(options))

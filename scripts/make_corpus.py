@@ -1042,13 +1042,13 @@ def build_corpus(packages, out_dir, paragraph_min_words=DEFAULT_PARAGRAPH_MIN_WO
     """Converts, filters, deduplicates and splits the packages' documents into `out_dir`; returns the manifest.
 
     Args:
-        packages: UnpackedPackage objects, consumed one at a time in the order given (a generator may
-            unpack each lazily); the same packages in the same order give byte-identical output.
-        out_dir: receives `train/`, `heldout/` and `manifest.json`; these three are replaced whole
-            (built beside them in `.building/`, then moved in), nothing else there is touched.
+        packages: UnpackedPackage objects, consumed one at a time; the same packages in the same
+            order give byte-identical output.
+        out_dir: receives `train/`, `heldout/` and `manifest.json`, replaced whole (built in
+            `.building/`, then moved in); nothing else there is touched.
         paragraph_min_words: the fewest words a kept paragraph has.
         progress: show a tqdm bar per package.
-        rebuilt_from: recorded in the manifest as it is (`--manifest`: the corpus sha256 it rebuilds).
+        rebuilt_from: recorded in the manifest as it is.
     """
     if paragraph_min_words < 1:
         raise ValueError(f"paragraph_min_words must be at least 1; got {paragraph_min_words}")

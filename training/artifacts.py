@@ -49,20 +49,19 @@ DISTILLED_EMBEDDING = "normalized_mean"  # what a distill run's student is train
 class Source:
     """A trained model to start from: its architecture, weights and tokenizer.
 
-    kind: "run" (a run directory or a `concise-collaborative` output) or "hf" (a Hugging
-        Face BERT folder); model_type and model: the builder and its arguments;
-    weights: the backbone weights file; vocabulary: vocab.txt; tokenizer: dict(lowercase,
-        strip_accents); task: the task section of the run that wrote it (None for HF);
-    model_weights: the whole task model's weights (backbone + head) where the run has them
-        (a finished run, or a conversion of one), else None.
-    name: the run's config name, or the Hugging Face folder's name.
-    sequence_length: the length a run (or a preset that records it) was trained at, else None.
-    recorded_serving_length: the length a preset records to serve at (a shipped sentence encoder: its
-        teacher's; a sentence-transformers folder: its max_seq_length), else None.
-    embedding: the sentence embedding it was trained to give ("normalized_mean": a distill run, a preset that
-        records it, a sentence-transformers folder with mean pooling and Normalize; "mean": one without
-        Normalize; anything else: a sentence-transformers pipeline `check_mean_pooling` refuses), else None (a
-        plain encoder).
+    Args:
+        path: the folder it was read from.
+        kind: "run" (a run directory or a `concise-collaborative` output), "preset" (a Keras preset
+            folder) or "hf" (a Hugging Face folder).
+        model_type, model: the builder and its arguments.
+        weights: the backbone weights file; vocabulary: vocab.txt.
+        tokenizer: dict(lowercase, strip_accents).
+        task: the task section of the run that wrote it, else None.
+        model_weights: the whole task model's weights (backbone + head) where a run has them, else None.
+        name: the run's config name, or the folder's name.
+        sequence_length: the length it was trained at, if recorded.
+        embedding: the sentence embedding it was trained to give ("normalized_mean", "mean"), else None.
+        recorded_serving_length: the length it records to serve at (a preset, a sentence-transformers folder).
     """
 
     path: str

@@ -45,20 +45,19 @@ class TextExample:
 
 @dataclasses.dataclass(frozen=True)
 class GlueTask:
-    """Where a GLUE task keeps its fields, in the TSV files and in tensorflow-datasets.
+    """Where a GLUE task keeps its fields, in the TSV files and in tensorflow-datasets (TFDS).
 
     Attributes:
-        name: the task as tensorflow-datasets names it (`glue/<name>`).
+        name: the task as TFDS names it (`glue/<name>`).
         text_columns: TSV columns of text_a (and text_b).
         label_column: TSV column of the label (LAST_COLUMN: the last one).
         has_header: whether the train/dev TSV files start with a header row.
         min_columns: fewest columns a TSV row may have.
-        tfds_features: tensorflow-datasets feature names of text_a (and text_b).
-        tfds_dev_split: the tensorflow-datasets split of "dev".
-        dev_file: the TSV file of "dev".
+        tfds_features: TFDS feature names of text_a (and text_b).
+        tfds_dev_split, dev_file: the TFDS split and the TSV file of "dev".
         is_regression: labels are float scores.
-        metrics: names of the functions of `training.tasks.metrics` GLUE reports for the task.
-        positive_labels: spellings of the positive class of F1 (TSV and tfds).
+        metrics: the `training.tasks.metrics` functions GLUE reports for the task.
+        positive_labels: spellings of F1's positive class (TSV and TFDS).
     """
 
     name: str

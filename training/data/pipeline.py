@@ -256,20 +256,15 @@ def tokens_per_word(lines, tokenizer):
 
 
 def bert_masking(token_ids_BxT, key, vocabulary_size, mask_rate, max_predictions, mask_id, unselectable_ids):
-    """BERT's masked-LM corruption of a batch, a pure function of `key` (stateless ops).
+    """BERT's masked-LM corruption of a batch, a pure function of `key` (int64 [2]).
 
     In each row, round(`mask_rate` * real tokens) positions (at least 1, at most
     `max_predictions`) are drawn uniformly among the tokens not in `unselectable_ids`;
-    80% of them become `mask_id`, 10% a uniformly random id of the vocabulary, 10% stay.
+    80% of them become `mask_id`, 10% a random id, 10% stay.
 
-    Args:
-        token_ids_BxT: int tensor of packed rows.
-        key: int64 [2], the stateless seed of this batch (same key, same masks).
-
-    Returns:
-        (masked_BxT, positions_BxP, labels_BxP, weights_BxP): the corrupted rows, the
-        chosen positions (ascending, padded with 0), the original ids there (0 where
-        padded) and 1.0 for real predictions; P = `max_predictions`.
+    Returns (masked_BxT, positions_BxP, labels_BxP, weights_BxP): the corrupted rows, the
+    chosen positions (ascending, 0-padded), the original ids there (0 where padded) and
+    1.0 for real predictions; P = `max_predictions`.
     """
     token_ids_BxT = tf.cast(token_ids_BxT, tf.int32)
     length = tf.shape(token_ids_BxT)[1]
@@ -358,16 +353,13 @@ def masked_lm_dataset(
 ):
     """The batched tf.data pipeline of BERT masked-LM examples.
 
-    Consecutive lines form a segment pair ([CLS] A [SEP] B [SEP], truncated round-robin
-    to `sequence_length` as the exported preprocessor packs them); `bert_masking` picks
-    `mask_rate` of the real tokens (at most `max_predictions`) and replaces 80% of them by
-    [MASK], 10% by a random token and keeps 10%. The masks of batch i are keyed on
-    (seed, i): the same at every run, and a resumed run draws those it would have drawn.
-    There is no next-sentence objective (RoBERTa found it does not help).
+    Consecutive lines form a segment pair ([CLS] A [SEP] B [SEP], truncated round-robin to
+    `sequence_length` as the exported preprocessor packs them), corrupted by `bert_masking`
+    with masks keyed on (seed, batch index): a resumed run draws those it would have drawn.
+    No next-sentence objective (RoBERTa found it does not help).
 
-    Yields (inputs, labels, weights): inputs are the encoder's `input_word_ids`,
-    `input_mask`, `input_type_ids` plus `masked_lm_positions`, int32 (B, T) and (B, P);
-    labels the original ids at those positions, weights 1.0 for real predictions.
+    Yields (inputs, labels, weights): the encoder's inputs plus `masked_lm_positions` (B, P),
+    the original ids at those positions, and 1.0 for real predictions.
     """
     pack = segment_pair_packer(tokenizer, sequence_length)
     mask = masked_examples(tokenizer, sequence_length, batch_size, max_predictions, mask_rate, seed)

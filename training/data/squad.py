@@ -175,19 +175,16 @@ def squad_examples(split, data_dir, source):
 class SquadFeatures:
     """The windows of one example: model inputs, training targets and decoding metadata.
 
-    Arrays have one row per window; `seq` is max_seq_length.
-    Attributes:
-        input_word_ids, input_mask, input_type_ids: int32 [windows, seq] model inputs.
-        start_positions, end_positions: int32 [windows]: the first answer's first and
-            last token in the window, 0 ([CLS]) when the answer is not wholly inside it.
-        token_to_word: int32 [windows, seq]: context word of each token, -1 for [CLS],
-            the question, [SEP] and padding.
-        token_to_piece: int32 [windows, seq]: index of each token among its word's tokens.
-        token_is_max_context: bool [windows, seq]: this window gives the token its most
-            context (exactly one window does, for each context token).
+    Attributes (arrays have one row per window; seq is max_seq_length):
+        input_word_ids, input_mask, input_type_ids: int32 [windows, seq].
+        start_positions, end_positions: int32 [windows]: the first answer's first and last
+            token, 0 ([CLS]) when it is not wholly inside the window.
+        token_to_word: int32 [windows, seq]: each token's context word, else -1.
+        token_to_piece: int32 [windows, seq]: each token's index within its word.
+        token_is_max_context: bool [windows, seq]: this window gives the token its most context.
         context, words, word_starts, word_token_ids: the context, its words, their first
             character offsets and their token ids.
-        tokenize_words: the tokeniser the windows were made with (decoding trims spans with it).
+        tokenize_words: the tokeniser the windows were made with.
     """
 
     input_word_ids: np.ndarray
@@ -304,8 +301,7 @@ def make_features(example, tokenize_words, special_ids, max_seq_length=384, doc_
         doc_stride: tokens between the starts of consecutive windows.
         max_query_length: the question is cut to this many tokens.
 
-    Returns:
-        SquadFeatures (no window at all for a context without tokens).
+    Returns SquadFeatures (no window for a context without tokens).
     """
     _check_window_arguments(special_ids, max_seq_length, doc_stride, max_query_length)
     query_ids = [token for ids in _tokenize(tokenize_words, example.question.split()) for token in ids][
@@ -410,14 +406,8 @@ def best_span(features, start_logits, end_logits, n_best_size=20, max_answer_len
     Candidates pair each window's `n_best_size` highest start and end logits; a candidate
     must lie in the context, start on a token whose max-context window this is, end at
     or after its start and span at most `max_answer_length` tokens. The highest
-    start + end logit wins (the first one on ties).
-
-    Args:
-        features: the SquadFeatures of one example.
-        start_logits, end_logits: float arrays [windows, max_seq_length].
-
-    Returns:
-        (window, start, end), or None when no candidate is valid.
+    start + end logit wins (the first on ties); None when no candidate is valid.
+    `start_logits`, `end_logits`: float [windows, max_seq_length], like `features`.
     """
     start_logits, end_logits = np.asarray(start_logits, np.float64), np.asarray(end_logits, np.float64)
     expected = features.input_word_ids.shape

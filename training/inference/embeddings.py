@@ -103,10 +103,11 @@ class SentenceEncoder:
 
     def pooled(self, texts, batch_size=32, progress=None, window=None, ratio=LENGTH_RATIO):
         """The mean of the token vectors over each text's real tokens, float32 (N, width), computed in
-        length-sorted batches (`batch_end`: at most `batch_size` texts, none longer than `ratio` times the batch's
-        shortest; None: `batch_size` at a time), each padded to its longest text ([CLS] text [SEP], cut to sequence_length). Texts
-        are tokenised and sorted `window` at a time (default SORT_WINDOW; 0: all at once), so the token ids
-        held at once do not grow with the number of texts (only the result does)."""
+        length-sorted batches (`batch_end`: at most `batch_size` texts, none longer than `ratio` times the
+        batch's shortest; None: `batch_size` at a time), each padded to its longest text (cut to
+        sequence_length). Texts are tokenised and sorted `window` at a time (default SORT_WINDOW; 0: all
+        at once), so memory grows with the number of texts only through the result.
+        """
         window = SORT_WINDOW if window is None else (window or max(1, len(texts)))
         pad = self.tokenizer.token_to_id("[PAD]")
         pooled = np.zeros((len(texts), self.width), np.float32)

@@ -18,23 +18,17 @@ RESERVED_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 
 
 def train_wordpiece(lines, vocabulary_size, path, lowercase=True, strip_accents=None):
-    """Trains a WordPiece vocabulary on `lines` and writes it to `path` atomically.
+    """Trains a WordPiece vocabulary on `lines` and writes it to `path` atomically; returns `path`.
 
-    A vocabulary already at `path` whose sidecar fingerprint matches the corpus, size, settings and
-    the trainer's versions is reused instead of trained again; so is one trained before on this
-    machine for the same fingerprint (`files.user_cache("vocabularies")`, its sha256 checked): the
-    trainer is deterministic, so the copy is the vocabulary that training would give.
+    A vocabulary at `path` whose sidecar fingerprint matches the corpus, size, settings and trainer
+    versions is reused, and so is one cached on this machine (`files.user_cache("vocabularies")`,
+    sha256 checked): the trainer is deterministic.
 
     Args:
         lines: list of strings.
-        vocabulary_size: target size (reserved tokens included).
-        path: the vocab.txt to write.
-        lowercase: lowercase before learning (uncased, as BERT-uncased).
-        strip_accents: remove accent marks (NFD, then drop \p{Mn}) before learning;
-            None follows `lowercase` (as the tokenizer).
-
-    Returns:
-        The path of the vocabulary file.
+        vocabulary_size: target size, reserved tokens included.
+        lowercase: lowercase before learning (as BERT-uncased).
+        strip_accents: drop accent marks before learning; None follows `lowercase`.
     """
     if (
         isinstance(vocabulary_size, bool)

@@ -159,19 +159,14 @@ SECTIONS = ("description", "model_type", "model", "task", "tokenizer", "training
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
-    """How a model trains; the defaults are the tensor2tensor LM recipe of the paper.
+    """How a model trains; the defaults are the paper's tensor2tensor LM recipe.
 
-    The learning rate rises linearly to `learning_rate` over `warmup_steps` (or
-    `warmup_fraction` of the steps, BERT's 10%), then decays as 1/sqrt(step) ("rsqrt", the
-    LM recipe), linearly to 0 at the last step ("linear", the BERT recipe) or stays
-    ("constant"). AdamW with the betas, epsilon and decoupled weight decay given;
-    `label_smoothing` on the targets. `train_epochs`, when set, replaces `train_steps` by
-    that many passes over the task's training examples (fine-tuning recipes). A checkpoint
-    is saved every `steps_per_epoch` steps (and on SIGTERM); the last `keep_checkpoints` are kept.
-
-    `precision` is the Keras dtype policy the model trains under: "float32", or
-    "mixed_bfloat16" / "mixed_float16" (computations in 16 bits; variables, softmax, layer
-    norms, losses and optimizer state in float32; float16 adds dynamic loss scaling).
+    The learning rate rises linearly to `learning_rate` over `warmup_steps` (or `warmup_fraction`
+    of the steps), then `decay` is "rsqrt" (1/sqrt(step)), "linear" (to 0 at the last step) or
+    "constant". AdamW with decoupled weight decay. `train_epochs` (passes over the
+    training examples), when set, replaces `train_steps`. A checkpoint is saved every `steps_per_epoch`
+    steps and on SIGTERM; the last `keep_checkpoints` are kept. `precision`: the Keras dtype
+    policy, "float32", "mixed_bfloat16" or "mixed_float16".
     """
 
     sequence_length: int = 256

@@ -150,10 +150,11 @@ class RunDirectory:
 
     def lock(self):
         """Takes this process's exclusive lock on a local run directory (`.lock`, flock: released by
-        `unlock` or when the process ends, however it ends); a second trainer on the same directory is refused
-        before it has looked at or written anything. On gs:// there is no lock: one trainer per run directory is
-        the rule (the Cloud TPU launcher keeps one per VM). Returns what the directory held once the lock was
-        taken, less what taking it created (None: the directory itself), which is what `roll_back` keeps."""
+        `unlock` or when the process ends), so a second trainer is refused before it reads or writes
+        anything. On gs:// there is no lock: one trainer per run directory is the rule. Returns what the
+        directory held once the lock was taken, less what taking it created (None: the directory
+        itself), which is what `roll_back` keeps.
+        """
         if "://" in self.path:
             return self.entries()
         import fcntl  # POSIX only, and only for local folders (gs:// has no lock)

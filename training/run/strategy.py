@@ -10,16 +10,13 @@ def choose_strategy(name="auto", tpu=None):
     """Returns the tf.distribute strategy called `name`.
 
     Args:
-        name: "tpu" (TPUClusterResolver + TPUStrategy on `tpu`), "multi_worker"
-            (MultiWorkerMirroredStrategy from TF_CONFIG), "mirrored" (all local GPUs,
-            or all logical CPUs when there is no GPU), "cpu" (the default strategy), or
-            "auto" (TPU if `tpu` is given, multi-worker if TF_CONFIG names several
-            workers, mirrored if there are several GPUs, else the default strategy).
-        tpu: TPU name or grpc:// address (for "tpu"; "local" on a TPU VM).
+        name: "tpu" (TPUStrategy on `tpu`), "multi_worker" (MultiWorkerMirroredStrategy from
+            TF_CONFIG), "mirrored" (all local GPUs, else all logical CPUs), "cpu" (the default
+            strategy), or "auto": TPU if `tpu` is given, multi-worker if TF_CONFIG names several
+            workers, mirrored if there are several GPUs, else the default strategy.
+        tpu: TPU name or grpc:// address ("local" on a TPU VM).
 
-    Raises:
-        ValueError: a TPU is asked for and cannot be found (naming it), or TF_CONFIG is
-            missing or malformed for multi-worker.
+    Raises ValueError when a TPU cannot be found or TF_CONFIG is unusable for multi-worker.
     """
     if name == "auto":
         if tpu:

@@ -14,12 +14,10 @@ import typing
 class TaskSettings:
     """Fields every task has: its registry name and the trained model it starts from.
 
-    init: a run directory of this project (pretraining, fine-tuning or a
-        `concise-collaborative` output) or a Hugging Face BERT folder; its backbone weights,
-        vocabulary and tokenizer settings start the run (and its architecture fills the
-        config's model section when that is left out). When it was trained for the same task
-        with the same labels, its whole task model (head included) starts the run. Ignored
-        once the run has a checkpoint.
+    init: a run directory of this project (pretraining, fine-tuning or a `concise-collaborative`
+        output) or a Hugging Face BERT folder; its backbone weights, vocabulary and tokenizer
+        settings start the run (its architecture fills a missing model section), and its whole task
+        model too when trained for the same task and labels. Ignored once the run has a checkpoint.
     """
 
     name: str

