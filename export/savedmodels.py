@@ -502,8 +502,9 @@ def export_run(
 
     `source` is what `training.artifacts.read` reads ("hf" or "run" as `kind` insists), exported with
     any task head it holds; `out_dir` is local or gs://. `version` defaults to one above the highest
-    present; `seq_length`, `model_name` and `pooling` to what the source records (else 128, its name,
-    "mean"). `onnx` also writes hub/<version>/onnx/; `xla` compiles an encoder's one-text requests.
+    present; `seq_length`, `model_name` and `pooling` ("mean", "normalized_mean" or "cls") to what the
+    source records (else 128, its name, "mean"). `onnx` also writes hub/<version>/onnx/; `xla` compiles an
+    encoder's one-text requests.
 
     Returns the written paths, version, sequence length, export id and what was recovered.
     """
