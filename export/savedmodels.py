@@ -498,15 +498,15 @@ def export_run(
     onnx=False,
     xla=False,
 ):
-    """Exports a trained BERT: TF-Hub, TF Serving and Keras artifacts (module docstring).
+    """Exports a trained BERT: TF-Hub, TF Serving and Keras artifacts.
 
-    `source` is what `training.artifacts.read` reads ("hf" or "run" as `kind` insists), exported with
-    any task head it holds; `out_dir` is local or gs://. `version` defaults to one above the highest
+    `source` is what `training.artifacts.read` reads ("hf" or "run" as `kind` insists), with any task
+    head it holds; `out_dir` is local or gs://. `version` defaults to one above the highest
     present; `seq_length`, `model_name` and `pooling` ("mean", "normalized_mean" or "cls") to what the
     source records (else 128, its name, "mean"). `onnx` also writes hub/<version>/onnx/; `xla` compiles an
-    encoder's one-text requests.
+    encoder's single texts.
 
-    Returns the written paths, version, sequence length, export id and what was recovered.
+    Returns the written paths, version, length, export id and what was recovered.
     """
     store = _store(out_dir)
     commit.check_out_dir(out_dir, store)
