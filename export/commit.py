@@ -190,7 +190,7 @@ def export_version(out, version=None, overwrite=False, store=None):
 
     Example:
     >>> with export_version("exported") as staged:
-    ...     write_hub_and_serving(staged.folder, staged.export_id)  # the exporter's own writer
+    ...     write_hub_and_serving(staged.folder, staged.export_id)
     """
     out, store = str(out), store or LocalStore()
     check_out_dir(out, store)
