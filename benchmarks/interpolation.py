@@ -21,7 +21,6 @@ import pathlib
 import shutil
 import sys
 
-import numpy as np
 
 from concise_attention.training import files
 from concise_attention.training.inference import mteb_protocol
@@ -59,7 +58,7 @@ def interpolated_scores(encoder, move_to, values, split="test"):
     for share in values:
         move_to(share)
         scores = mteb_protocol.evaluate(encoder.encode, split=split)
-        rows[f"{share:g}"] = {**scores, "mean": float(np.mean(list(scores.values())))}
+        rows[f"{share:g}"] = mteb_protocol.with_mean(scores)
         print(split, share, json.dumps(rows[f"{share:g}"]), flush=True)
     return rows
 

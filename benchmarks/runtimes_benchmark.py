@@ -217,7 +217,7 @@ def quality_worker(runtime, folder):
         return vectors[np.argsort(order)]
 
     scores = mteb_protocol.evaluate(batched)
-    print(json.dumps({**scores, "mean": float(np.mean(list(scores.values())))}))
+    print(json.dumps(mteb_protocol.with_mean(scores)))
 
 
 def _exports(workdir):

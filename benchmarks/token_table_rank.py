@@ -15,7 +15,6 @@ import json
 import pathlib
 import sys
 
-import numpy as np
 
 from concise_attention.models.shrink import principal_directions
 from concise_attention.training import artifacts
@@ -36,11 +35,7 @@ def rank_rows(encoder, ranks):
             directions, kept = principal_directions(full, rank)
             table.assign((full @ directions @ directions.T).astype(full.dtype))
         scores = mteb_protocol.evaluate(embeddings.SentenceEncoder(backbone, loaded.tokenizer).encode)
-        rows["full" if rank is None else f"rank {rank}"] = {
-            **scores,
-            "mean": float(np.mean(list(scores.values()))),
-            "kept": kept,
-        }
+        rows["full" if rank is None else f"rank {rank}"] = {**mteb_protocol.with_mean(scores), "kept": kept}
         print(rows, flush=True)
     table.assign(full)
     return rows

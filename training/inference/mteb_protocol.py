@@ -171,11 +171,16 @@ def table(rows, tasks, teacher=None):
     return "\n".join(lines)
 
 
+def with_mean(scores):
+    """`scores` ({task: score}) with their "mean" added, the figure every table reports beside them."""
+    return {**scores, "mean": float(np.mean(list(scores.values())))}
+
+
 def score_rows(encoders, tasks=TASKS, data_dir=None, report=print, split="test"):
     """{encoder name: {width, each task's score, mean}} of `encoders` (each with name, width, encode) on `split`."""
     rows = {}
     for encoder in encoders:
         scores = evaluate(encoder.encode, tasks, data_dir, split)
-        rows[encoder.name] = {"width": encoder.width, **scores, "mean": float(np.mean(list(scores.values())))}
+        rows[encoder.name] = {"width": encoder.width, **with_mean(scores)}
         report(f"{encoder.name}: " + ", ".join(f"{task} {score:.4f}" for task, score in scores.items()))
     return rows
