@@ -231,7 +231,14 @@ def _card_model(name, model, task, training, serving_length):
         "",
         "## Model",
         "",
-        f"BERT encoder, {model['num_layers']} layers, width {model['hidden_size']}, {model['num_heads']} heads, attention "
+        "BERT encoder, "
+        + (
+            f"its token table and first {model['stem_layers']} layer(s) at width {model['stem_width']} "
+            f"({model['stem_heads']} heads, feed-forward {model['stem_intermediate_size']}) mapped linearly to "
+            if model.get("stem_layers")
+            else ""
+        )
+        + f"{model['num_layers']} layers, width {model['hidden_size']}, {model['num_heads']} heads, attention "
         f"`{attention.get('type', 'standard')}`"
         + (f" with head size {attention['head_size']}" if "head_size" in attention else "")
         + f", feed-forward {model['intermediate_size']}"

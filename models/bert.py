@@ -31,6 +31,26 @@ def embedding_width(model):
     return int(model.get("output_size") or model["hidden_size"])
 
 
+def _stem_width(a):
+    """The token table's width from the constructor's arguments `a`, the funnel's settings checked: one line naming
+    the argument."""
+    if not a["stem_layers"]:
+        return a["hidden_size"]
+    for name in ("stem_width", "stem_heads", "stem_intermediate_size"):
+        check_integer(name, a[name])
+    if a["stem_width"] % a["stem_heads"]:
+        raise ValueError(
+            f"`stem_width` must be a multiple of `stem_heads`. Received: stem_width={a['stem_width']}, "
+            f"stem_heads={a['stem_heads']}"
+        )
+    if a["relative_attention_buckets"] and a["stem_heads"] != a["num_heads"]:
+        raise ValueError(
+            "The relative position bias is shared by every layer: `stem_heads` must equal `num_heads`. "
+            f"Received: stem_heads={a['stem_heads']}, num_heads={a['num_heads']}"
+        )
+    return a["stem_width"]
+
+
 @keras.saving.register_keras_serializable(package="concise_attention")
 class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
     """A post-LN BERT encoder with any attention variant, in the TF-Hub BERT contract.
@@ -48,6 +68,10 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
             relative position bias.
         residual_scaling: "none" or "admin" (then call `initialize_admin`).
         output_size: None, or E: a linear map to `sequence_output`.
+        stem_layers, stem_width, stem_heads, stem_intermediate_size: 0, or a funnel: the token table and the
+            first `stem_layers` layers (standard attention, `stem_heads` heads, feed-forward
+            `stem_intermediate_size`) at `stem_width`, then a learned linear map (`stem_projection`) to
+            `hidden_size`, where the `num_layers` layers run. `encoder_outputs` lists those layers only.
 
     Example:
     >>> encoder = BertEncoder(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,
@@ -77,6 +101,10 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         residual_scaling="none",
         initializer_range=0.02,
         output_size=None,
+        stem_layers=0,
+        stem_width=None,
+        stem_heads=None,
+        stem_intermediate_size=None,
         dtype=None,
         **kwargs,
     ):
@@ -88,24 +116,42 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
             ("position_offset", position_offset or 1, 1),
             ("relative_attention_buckets", relative_attention_buckets, 0),
             ("output_size", output_size or 1, 1),
+            ("stem_layers", stem_layers, 0),
         ):
             check_integer(name, value, least)
         self.max_sequence_length, self.position_offset = max_sequence_length, position_offset  # read by _embed
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
-        self._build_embeddings(arguments, initializer)
-        self.blocks = build_blocks(
-            num_layers,
-            num_heads=num_heads,
-            intermediate_size=intermediate_size,
-            attention=attention,
+        self._build_embeddings({**arguments, "hidden_size": _stem_width(arguments)}, initializer)
+        block_arguments = dict(
             activation=activation,
             norm_position="post",
-            residual_scaling=residual_scaling,
             dropout=dropout,
             attention_dropout=attention_dropout,
             layer_norm_epsilon=layer_norm_epsilon,
             kernel_initializer=initializer,
             dtype=dtype,
+        )
+        self.stem_blocks = build_blocks(
+            stem_layers,
+            prefix="stem_layer",
+            num_heads=stem_heads,
+            intermediate_size=stem_intermediate_size,
+            attention=attention_config(None),
+            residual_scaling="none",
+            **block_arguments,
+        )
+        self.stem_projection = (
+            keras.layers.Dense(hidden_size, kernel_initializer=initializer, dtype=dtype, name="stem_projection")
+            if stem_layers
+            else None
+        )
+        self.blocks = build_blocks(
+            num_layers,
+            num_heads=num_heads,
+            intermediate_size=intermediate_size,
+            attention=attention,
+            residual_scaling=residual_scaling,
+            **block_arguments,
         )
         self.output_projection = (
             keras.layers.Dense(output_size, kernel_initializer=initializer, dtype=dtype, name="output_projection")
@@ -167,6 +213,7 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         }
         x = self._embed(inputs)
         bias = self.attention_bias(x)
+        x = self._stem(x, inputs["input_mask"], bias)
         encoder_outputs = []
         for block in self.blocks:
             x = block(x, attention_mask=inputs["input_mask"], attention_bias=bias)
@@ -178,6 +225,17 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
             "pooled_output": self.pooler(x[:, 0, :]),
             "encoder_outputs": encoder_outputs,
         }
+
+    def _stem(self, x, mask, bias, training=None):
+        """The funnel's stem layers and projection to `hidden_size` on embedded tokens `x`; `x` itself without one."""
+        for block in self.stem_blocks:
+            x = block(x, attention_mask=mask, attention_bias=bias, training=training)
+        return x if self.stem_projection is None else self.stem_projection(x)
+
+    @property
+    def token_width(self):
+        """The width of the token table (and of the stem layers, where there are any)."""
+        return self.stem_width if self.stem_layers else self.hidden_size
 
     @property
     def embedding_size(self):
@@ -209,9 +267,9 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         """Admin: sets every block's omegas from a profiling pass over `inputs` (a batch dict)."""
         inputs = {name: ops.convert_to_tensor(value, "int32") for name, value in inputs.items()}
         x = self._embed(inputs, training=False)
-        return admin_initialize(
-            self.blocks, x, attention_mask=inputs["input_mask"], attention_bias=self.attention_bias(x)
-        )
+        bias = self.attention_bias(x)
+        x = self._stem(x, inputs["input_mask"], bias, training=False)
+        return admin_initialize(self.blocks, x, attention_mask=inputs["input_mask"], attention_bias=bias)
 
 
 class EncoderHead(TaskPresetMixin, keras.Model):
@@ -255,7 +313,7 @@ class BertPretrainer(EncoderHead):
             raise ValueError(f"`encoder` must be a BertEncoder. Received: encoder={encoder!r}")
         self.encoder = encoder
         self.transform = keras.layers.Dense(
-            encoder.hidden_size,
+            encoder.token_width,
             activation=get_activation(activation or encoder.activation),
             kernel_initializer=keras.initializers.TruncatedNormal(stddev=encoder.initializer_range),
             dtype=encoder.dtype_policy,

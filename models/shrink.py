@@ -9,10 +9,11 @@ gains, scaled so that the narrower stream keeps the projected stream's norm (`ga
 projected biases.
 Heads re-split: a student with 6 heads of 64 takes the teacher's 12 heads of 32 two by two (the same
 query/key/value widths, reshaped); where it has fewer heads it keeps the first ones, and where it has fewer
-feed-forward units, those with the largest input and output weight norms. Fewer layers: layers evenly spaced through the
-teacher's depth, the first included. A student's output projection (`output_size`), which the teacher lacks,
-starts as the leading `output_size` of those directions. This is an approximation that training repairs, not an
-equivalence.
+feed-forward units, those with the largest input and output weight norms. Fewer layers: layers evenly spaced
+through the teacher's depth, the first included. A funnel (`stem_layers`) keeps the teacher's token table and
+first layers at the teacher's width (heads and feed-forward units as above), then writes into the narrow stream
+through P. A student's output projection (`output_size`), which the teacher lacks, starts as the leading
+`output_size` of those directions. This is an approximation that training repairs, not an equivalence.
 """
 
 import numpy as np
@@ -38,13 +39,22 @@ def stream_directions(teacher, inputs, width):
     return projection, float(np.sqrt(kept * teacher.hidden_size / width))
 
 
-def _layer_map(student_layers, teacher_layers):
-    return {i: int(round(i * teacher_layers / student_layers)) for i in range(student_layers)}
+def _layer_map(student, teacher_layers):
+    """{student layer: teacher layer}. A funnel's layers after its stem take the teacher's after as many, evenly
+    spaced, the first and the last included."""
+    first = student.stem_layers
+    if first:
+        spaced = np.linspace(first, teacher_layers - 1, student.num_layers)
+        return {i: int(round(value)) for i, value in enumerate(spaced)}
+    return {i: int(round(i * teacher_layers / student.num_layers)) for i in range(student.num_layers)}
 
 
 def _teacher_path(path, layers):
-    """The teacher variable of a student variable path (`transformer_layer_3/...` renumbered)."""
+    """The teacher variable of a student variable path (`transformer_layer_3/...` renumbered; a funnel's
+    `stem_layer_i` is the teacher's layer i)."""
     head, _, rest = path.partition("/")
+    if head.startswith("stem_layer_"):
+        return f"transformer_layer_{int(head.rsplit('_', 1)[1])}/{rest}"
     if head.startswith("transformer_layer_"):
         return f"transformer_layer_{layers[int(head.rsplit('_', 1)[1])]}/{rest}"
     return path
@@ -98,27 +108,34 @@ def shrink_into(teacher, student, projection=None, gain_scale=1.0):
         projection, _ = principal_directions(teacher.word_embeddings.embeddings.numpy(), student.hidden_size)
     if teacher.hidden_size == student.hidden_size:
         projection, gain_scale = np.eye(teacher.hidden_size), 1.0
-    layers = _layer_map(student.num_layers, teacher.num_layers)
+    if student.stem_layers and student.stem_width != teacher.hidden_size:
+        raise ValueError(
+            f"A funnel starts from its teacher at the teacher's width: stem_width={student.stem_width}, "
+            f"the teacher's hidden_size={teacher.hidden_size}."
+        )
+    layers = _layer_map(student, teacher.num_layers)
     teacher_values = {variable.path: variable.numpy() for variable in teacher.weights}
     for variable in student.weights:
         path = variable.path
         shape = tuple(variable.shape)
-        if path.startswith("output_projection/") and path not in teacher_values:
-            variable.assign(np.eye(*shape) if len(shape) == 2 else np.zeros(shape))  # the leading directions
+        if path.startswith(("output_projection/", "stem_projection/")) and path not in teacher_values:
+            # the leading directions: output_projection reads the first ones, a funnel's stem_projection writes P
+            start = projection if path.startswith("stem_projection/") else np.eye(*shape)
+            variable.assign((start if len(shape) == 2 else np.zeros(shape)).astype(variable.dtype))
             continue
-        source = teacher_values[_teacher_path(path, layers)]
-        if path.startswith("pooler/") and student.embedding_size != student.hidden_size:
-            value = shrunk_value(source, shape, projection[:, : student.embedding_size])
-            variable.assign(value.astype(variable.dtype))
-            continue
-        if (
-            path.endswith(("intermediate/kernel", "intermediate/bias", "feedforward_output/kernel"))
-            and source.shape != shape
+        teacher_path = _teacher_path(path, layers)
+        source = teacher_values[teacher_path]
+        if path.endswith(("intermediate/kernel", "intermediate/bias", "feedforward_output/kernel")) and (
+            source.shape != shape
         ):
-            source = _feedforward_units(teacher_values, _teacher_path(path, layers), shape)
-        value = shrunk_value(source, shape, projection, is_norm_gain=path.endswith("gamma"))
-        if path.endswith("gamma"):
-            value = value * gain_scale
+            source = _feedforward_units(teacher_values, teacher_path, shape)
+        if student.stem_layers and not path.startswith(("transformer_layer_", "pooler/")):
+            value = shrunk_value(source, shape, np.eye(teacher.hidden_size))  # a funnel's table and stem: not projected
+        elif path.startswith("pooler/") and student.embedding_size != student.hidden_size:
+            value = shrunk_value(source, shape, projection[:, : student.embedding_size])
+        else:
+            value = shrunk_value(source, shape, projection, is_norm_gain=path.endswith("gamma"))
+            value = value * gain_scale if path.endswith("gamma") else value
         variable.assign(value.astype(variable.dtype))
     return projection
 

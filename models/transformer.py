@@ -258,6 +258,6 @@ def admin_initialize(blocks, x, attention_mask=None, use_causal_mask=False, atte
     return variances
 
 
-def build_blocks(num_layers, **block_arguments):
-    """`num_layers` TransformerBlocks named transformer_layer_0, 1, ... from one set of arguments."""
-    return [TransformerBlock(name=f"transformer_layer_{index}", **block_arguments) for index in range(num_layers)]
+def build_blocks(num_layers, prefix="transformer_layer", **block_arguments):
+    """`num_layers` TransformerBlocks named {prefix}_0, 1, ... from one set of arguments."""
+    return [TransformerBlock(name=f"{prefix}_{index}", **block_arguments) for index in range(num_layers)]

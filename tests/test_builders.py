@@ -63,6 +63,42 @@ def test_an_output_projection_maps_the_last_layer_and_commutes_with_mean_pooling
     assert logits.shape == (2, 2, 1000)
 
 
+FUNNEL = ["model.stem_layers=1", "model.stem_width=48", "model.stem_heads=4", "model.stem_intermediate_size=96"]
+
+
+def test_a_funnel_reads_its_table_at_the_stem_width_and_saves_and_loads(tmp_path):
+    """A funnel's token table and stem run at stem_width, its layers at hidden_size; the MLM head reads the table
+    at its width; the model saves and loads with equal outputs."""
+    encoder = configs.load_config("tiny_bert_fixed", FUNNEL).build_model()
+    assert encoder.word_embeddings.embeddings.shape == (1000, 48) and encoder.stem_projection.kernel.shape == (48, 32)
+    inputs = _bert_inputs()
+    outputs = encoder(inputs)
+    assert outputs["sequence_output"].shape == (2, 8, 32) and len(outputs["encoder_outputs"]) == encoder.num_layers
+    pretrainer = BertPretrainer(encoder)
+    masked = dict(inputs, masked_lm_positions=np.array([[1, 3], [0, 2]], "int32"))
+    assert pretrainer(masked)["mlm_logits"].shape == (2, 2, 1000)
+    encoder.save(tmp_path / "funnel.keras")
+    restored = keras.models.load_model(tmp_path / "funnel.keras")
+    assert restored.get_config() == encoder.get_config()
+    np.testing.assert_allclose(
+        np.asarray(restored(inputs)["sequence_output"]), np.asarray(outputs["sequence_output"]), atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.stem_heads=5"], "stem_width=48, stem_heads=5"),
+        (["model.stem_intermediate_size=0"], "stem_intermediate_size=0"),
+        (["model.relative_attention_buckets=32", "model.stem_heads=8"], "stem_heads=8, num_heads=4"),
+        (["model.stem_width=100000"], r"`model.stem_width` must be a number > 0 and <= 65,536"),
+    ],
+)
+def test_a_bad_funnel_is_named(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        configs.load_config("tiny_bert_fixed", FUNNEL + overrides).build_model()
+
+
 def test_padding_does_not_change_real_tokens():
     encoder = configs.load_config("tiny_bert_fixed").build_model()
     inputs = _bert_inputs()

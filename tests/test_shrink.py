@@ -124,3 +124,57 @@ def test_a_standard_student_with_fewer_heads_keeps_the_first_heads(teacher):
     )
     output = teacher.blocks[0].attention.output_dense.kernel.numpy()[:6]
     np.testing.assert_allclose(student.blocks[0].attention.output_dense.kernel.numpy(), output @ projection, atol=1e-5)
+
+
+FUNNEL = {"stem_layers": 1, "stem_width": 384, "stem_heads": 12}
+
+
+def test_a_funnel_at_the_teachers_width_is_the_teacher(teacher):
+    """The teacher's first layer as the stem, its other five after an identity stem projection: every output equal."""
+    student = _student(num_layers=5, stem_intermediate_size=1536, **FUNNEL)
+    shrink_into(teacher, student)
+    np.testing.assert_array_equal(student.stem_projection.kernel.numpy(), np.eye(384))
+    inputs = _inputs()
+    ours, theirs = student(inputs), teacher(inputs)
+    np.testing.assert_allclose(np.asarray(ours["sequence_output"]), np.asarray(theirs["sequence_output"]), atol=2e-5)
+    np.testing.assert_allclose(
+        np.asarray(ours["encoder_outputs"][0]), np.asarray(theirs["encoder_outputs"][1]), atol=2e-5
+    )
+
+
+def test_a_half_width_funnel_keeps_the_teachers_table_and_first_layer_and_writes_through_p(teacher):
+    student = _student(
+        hidden_size=192, num_heads=6, intermediate_size=384, num_layers=3, attention={"type": "fixed", "head_size": 64},
+        stem_intermediate_size=768, **FUNNEL,
+    )  # fmt: skip
+    projection = shrink_into(teacher, student)
+    np.testing.assert_array_equal(
+        student.word_embeddings.embeddings.numpy(), teacher.word_embeddings.embeddings.numpy()
+    )
+    np.testing.assert_allclose(student.stem_projection.kernel.numpy(), projection, atol=1e-7)
+    np.testing.assert_array_equal(student.stem_projection.bias.numpy(), np.zeros(192))
+    # the stem is the teacher's layer 0 with its 768 feed-forward units of largest |in| * |out|
+    inner, outer = teacher.blocks[0].intermediate.kernel.numpy(), teacher.blocks[0].feedforward_output.kernel.numpy()
+    keep = np.sort(np.argsort(-np.linalg.norm(inner, axis=0) * np.linalg.norm(outer, axis=1))[:768])
+    np.testing.assert_array_equal(student.stem_blocks[0].intermediate.kernel.numpy(), inner[:, keep])
+    np.testing.assert_array_equal(student.stem_blocks[0].feedforward_output.kernel.numpy(), outer[keep])
+    np.testing.assert_array_equal(
+        student.stem_blocks[0].attention.query_dense.kernel.numpy(), teacher.blocks[0].attention.query_dense.kernel
+    )
+    # the three narrow layers are the teacher's layers 1, 3 and 5, read through P
+    for layer, source in enumerate((1, 3, 5)):
+        query = teacher.blocks[source].attention.query_dense.kernel.numpy().reshape(384, 6, 64)
+        np.testing.assert_allclose(
+            student.blocks[layer].attention.query_dense.kernel.numpy(),
+            np.tensordot(projection, query, axes=([0], [0])),
+            atol=1e-5,
+        )
+    outputs = student(_inputs())
+    assert [tuple(output.shape) for output in outputs["encoder_outputs"]] == [(2, 12, 192)] * 3
+
+
+def test_a_funnel_whose_stem_is_not_the_teachers_width_is_refused(teacher):
+    student = _student(hidden_size=192, num_heads=6, num_layers=2, stem_layers=1, stem_width=256, stem_heads=4,
+                       stem_intermediate_size=256)  # fmt: skip
+    with pytest.raises(ValueError, match="stem_width=256, the teacher's hidden_size=384"):
+        shrink_into(teacher, student)

@@ -87,8 +87,11 @@ MODEL_POSITIVES = {
     "num_heads": 4_096,
     "position_offset": 1_024,
     "relative_attention_max_distance": 1_048_576,
+    "stem_width": 65_536,
+    "stem_heads": 4_096,
+    "stem_intermediate_size": 1_048_576,
 }
-MODEL_COUNTS = {"type_vocab_size": 1_024, "relative_attention_buckets": 1_024}  # 0 allowed: none
+MODEL_COUNTS = {"type_vocab_size": 1_024, "relative_attention_buckets": 1_024, "stem_layers": 1_024}  # 0: none
 
 
 def _check_model(model):
