@@ -109,7 +109,7 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         **kwargs,
     ):
         arguments = dict(locals())  # the constructor arguments, before any other local exists
-        arguments["attention"] = attention = attention_config(attention)
+        arguments["attention"] = attention_config(attention)
         _check_sizes(dropout, attention_dropout, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers)
         for name, value, least in (
             ("type_vocab_size", type_vocab_size, 0),
@@ -122,37 +122,7 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         self.max_sequence_length, self.position_offset = max_sequence_length, position_offset  # read by _embed
         initializer = keras.initializers.TruncatedNormal(stddev=initializer_range)
         self._build_embeddings({**arguments, "hidden_size": _stem_width(arguments)}, initializer)
-        block_arguments = dict(
-            activation=activation,
-            norm_position="post",
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            layer_norm_epsilon=layer_norm_epsilon,
-            kernel_initializer=initializer,
-            dtype=dtype,
-        )
-        self.stem_blocks = build_blocks(
-            stem_layers,
-            prefix="stem_layer",
-            num_heads=stem_heads,
-            intermediate_size=stem_intermediate_size,
-            attention=attention_config(None),
-            residual_scaling="none",
-            **block_arguments,
-        )
-        self.stem_projection = (
-            keras.layers.Dense(hidden_size, kernel_initializer=initializer, dtype=dtype, name="stem_projection")
-            if stem_layers
-            else None
-        )
-        self.blocks = build_blocks(
-            num_layers,
-            num_heads=num_heads,
-            intermediate_size=intermediate_size,
-            attention=attention,
-            residual_scaling=residual_scaling,
-            **block_arguments,
-        )
+        self._build_layers(arguments, initializer)
         self.output_projection = (
             keras.layers.Dense(output_size, kernel_initializer=initializer, dtype=dtype, name="output_projection")
             if output_size
@@ -163,6 +133,43 @@ class BertEncoder(PresetMixin, ArgumentsAreConfig, keras.Model):
         )
         super().__init__(*self._functional_graph(), dtype=dtype, **kwargs)
         self._keep_arguments(arguments)
+
+    def _build_layers(self, a, initializer):
+        """A funnel's stem layers and projection (none without a funnel), then the `num_layers` blocks, from the
+        constructor's arguments `a`."""
+        shared = dict(
+            activation=a["activation"],
+            norm_position="post",
+            dropout=a["dropout"],
+            attention_dropout=a["attention_dropout"],
+            layer_norm_epsilon=a["layer_norm_epsilon"],
+            kernel_initializer=initializer,
+            dtype=a["dtype"],
+        )
+        self.stem_blocks = build_blocks(
+            a["stem_layers"],
+            prefix="stem_layer",
+            num_heads=a["stem_heads"],
+            intermediate_size=a["stem_intermediate_size"],
+            attention=attention_config(None),
+            residual_scaling="none",
+            **shared,
+        )
+        self.stem_projection = (
+            keras.layers.Dense(
+                a["hidden_size"], kernel_initializer=initializer, dtype=a["dtype"], name="stem_projection"
+            )
+            if a["stem_layers"]
+            else None
+        )
+        self.blocks = build_blocks(
+            a["num_layers"],
+            num_heads=a["num_heads"],
+            intermediate_size=a["intermediate_size"],
+            attention=a["attention"],
+            residual_scaling=a["residual_scaling"],
+            **shared,
+        )
 
     def _build_embeddings(self, a, initializer):
         """The word, position and token-type embeddings, the relative attention bias, their norm and dropout, from
