@@ -40,8 +40,8 @@ def stream_directions(teacher, inputs, width):
 
 
 def _layer_map(student, teacher_layers):
-    """{student layer: teacher layer}. A funnel's layers after its stem take the teacher's after as many, evenly
-    spaced, the first and the last included."""
+    """{student layer: teacher layer}. A funnel's narrow layers take the teacher's layers that follow its stem,
+    evenly spaced, the first and the last included."""
     first = student.stem_layers
     if first:
         spaced = np.linspace(first, teacher_layers - 1, student.num_layers)
