@@ -98,15 +98,20 @@ def shrunk_value(teacher_value, student_shape, projection, is_norm_gain=False):
 
 
 def shrink_into(teacher, student, projection=None, gain_scale=1.0):
-    """Sets every weight of `student` (a `BertEncoder`) from `teacher` (a `BertEncoder`); returns P
-    (default: the word embeddings' leading directions; `stream_directions` gives better ones).
+    """Sets every weight of `student` (a `BertEncoder`) from `teacher` (a `BertEncoder`) on the directions P
+    (default: the word embeddings' leading ones; `stream_directions` gives better ones); returns the map of the
+    student's embedding into the teacher's space: P's columns that the embedding reads (the identity for a student
+    of the teacher's width without an output projection).
 
     Feed-forward units are chosen per layer by the norm of their input and output weights together,
     so that a unit is kept or dropped in both of its matrices.
     """
     if projection is None:
         projection, _ = principal_directions(teacher.word_embeddings.embeddings.numpy(), student.hidden_size)
+    reading = np.eye(student.hidden_size, student.embedding_size)  # what the embedding reads of the student's stream
     if teacher.hidden_size == student.hidden_size:
+        if student.embedding_size != student.hidden_size:
+            reading = projection[:, : student.embedding_size]  # the teacher's own stream: its leading directions
         projection, gain_scale = np.eye(teacher.hidden_size), 1.0
     if student.stem_layers and student.stem_width != teacher.hidden_size:
         raise ValueError(
@@ -120,7 +125,7 @@ def shrink_into(teacher, student, projection=None, gain_scale=1.0):
         shape = tuple(variable.shape)
         if path.startswith(("output_projection/", "stem_projection/")) and path not in teacher_values:
             # the leading directions: output_projection reads the first ones, a funnel's stem_projection writes P
-            start = projection if path.startswith("stem_projection/") else np.eye(*shape)
+            start = projection if path.startswith("stem_projection/") else reading
             variable.assign((start if len(shape) == 2 else np.zeros(shape)).astype(variable.dtype))
             continue
         teacher_path = _teacher_path(path, layers)
@@ -132,12 +137,12 @@ def shrink_into(teacher, student, projection=None, gain_scale=1.0):
         if student.stem_layers and not path.startswith(("transformer_layer_", "pooler/")):
             value = shrunk_value(source, shape, np.eye(teacher.hidden_size))  # a funnel's table and stem: not projected
         elif path.startswith("pooler/") and student.embedding_size != student.hidden_size:
-            value = shrunk_value(source, shape, projection[:, : student.embedding_size])
+            value = shrunk_value(source, shape, projection @ reading)
         else:
             value = shrunk_value(source, shape, projection, is_norm_gain=path.endswith("gamma"))
             value = value * gain_scale if path.endswith("gamma") else value
         variable.assign(value.astype(variable.dtype))
-    return projection
+    return projection @ reading
 
 
 def _feedforward_units(teacher_values, path, student_shape):

@@ -115,6 +115,23 @@ def test_a_wider_stream_with_an_output_projection_starts_at_the_leading_directio
     )
 
 
+def test_a_student_at_the_teachers_width_reads_its_embedding_on_the_streams_leading_directions(teacher):
+    """The teacher's shape with a 192-wide output: its stream is the teacher's, unprojected, and its embedding is the
+    teacher's read through the 192 leading stream directions (not the stream's first 192 coordinates)."""
+    inputs = _inputs((8, 16))
+    directions, _ = stream_directions(teacher, inputs, 384)
+    student = _student(output_size=192)
+    reads = shrink_into(teacher, student, directions)
+    np.testing.assert_array_equal(reads, directions[:, :192])
+    np.testing.assert_allclose(student.output_projection.kernel.numpy(), directions[:, :192], atol=1e-7)
+    np.testing.assert_allclose(
+        np.asarray(student(inputs)["sequence_output"]),
+        np.asarray(teacher(inputs)["sequence_output"]) @ directions[:, :192],
+        atol=1e-5,
+    )
+    np.testing.assert_array_equal(shrink_into(teacher, _student(), directions), np.eye(384))
+
+
 def test_a_standard_student_with_fewer_heads_keeps_the_first_heads(teacher):
     student = _student(hidden_size=192, num_heads=6, intermediate_size=768)
     projection = shrink_into(teacher, student)
