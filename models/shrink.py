@@ -124,7 +124,7 @@ def shrink_into(teacher, student, projection=None, gain_scale=1.0):
         path = variable.path
         shape = tuple(variable.shape)
         if path.startswith(("output_projection/", "stem_projection/")) and path not in teacher_values:
-            # the leading directions: output_projection reads the first ones, a funnel's stem_projection writes P
+            # the leading directions: output_projection starts as `reading`, a funnel's stem_projection writes P
             start = projection if path.startswith("stem_projection/") else reading
             variable.assign((start if len(shape) == 2 else np.zeros(shape)).astype(variable.dtype))
             continue
