@@ -91,6 +91,12 @@ def test_files_of_uncommitted_or_partly_deleted_checkpoints_are_removed_on_resto
     (directory / "ckpt-10.data-00000-of-00001").write_bytes(b"not committed")
     assert TrainingCheckpoints(run, _model(), keep=3).restore() == 5
     assert sorted(path.name for path in directory.iterdir()) == committed
+    # A pointer without timestamps (written by hand) names checkpoints all the same: none of them is a leftover.
+    (directory / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-5"\nall_model_checkpoint_paths: "ckpt-0"\nall_model_checkpoint_paths: "ckpt-5"\n'
+    )
+    assert TrainingCheckpoints(run, _model(), keep=3).restore() == 5
+    assert sorted(path.name for path in directory.iterdir()) == committed
 
 
 def test_a_checkpoint_of_the_older_hdf5_format_is_refused_by_name(tmp_path):

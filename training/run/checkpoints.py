@@ -123,7 +123,7 @@ class TrainingCheckpoints:
             )
         if self.is_chief:
             self._remove_leftovers()
-        candidates = list(reversed(self.manager.checkpoints))
+        candidates = list(reversed(self._named()))
         if candidates:
             self.model.optimizer.build(self.model.trainable_variables)  # its variables exist to be restored into
         for path in candidates:
@@ -141,13 +141,21 @@ class TrainingCheckpoints:
             )
         return None
 
+    def _named(self):
+        """The checkpoints the pointer file names, oldest first. The manager lists none from a pointer without
+        timestamps (one written by hand, or by another tool): its paths are then read as written."""
+        if self.manager.checkpoints or not tf.io.gfile.isdir(self.directory):
+            return list(self.manager.checkpoints)
+        state = tf.train.get_checkpoint_state(self.directory)
+        return list(state.all_model_checkpoint_paths or [state.model_checkpoint_path]) if state else []
+
     def _remove_leftovers(self):
         """Removes what a killed save or clean-up left: files of checkpoints the pointer file
         does not name (a save's ckpt-N_temp/ shards, a checkpoint written but not committed,
         one partly deleted)."""
         if not tf.io.gfile.isdir(self.directory):
             return
-        kept = {path.rsplit("/", 1)[-1] for path in self.manager.checkpoints}
+        kept = {path.rsplit("/", 1)[-1] for path in self._named()}
         for name in tf.io.gfile.listdir(self.directory):
             name = name.rstrip("/")
             if name.startswith(f"{files.CHECKPOINT_PREFIX}-") and name.split(".")[0].split("_temp")[0] not in kept:
