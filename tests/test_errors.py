@@ -41,6 +41,8 @@ def test_unknown_preset(capsys):
         ("training.weight_decay=.nan", "training.weight_decay=nan"),
         ("training.label_smoothing=2", "training.label_smoothing=2.0"),
         ("training.adam_epsilon=.inf", "training.adam_epsilon=inf"),
+        ("training.clip_norm=0", "training.clip_norm=0"),
+        ("training.clip_norm=.nan", "training.clip_norm=nan"),
     ],
 )
 def test_values_that_must_be_refused(tmp_path, capsys, override, expected):

@@ -12,12 +12,13 @@ import h5py
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from concise_attention.training.trainers.trainer import train
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 from concise_attention.training.run.strategy import choose_strategy
-from concise_attention.training.tasks.objectives import WarmupDecaySchedule
+from concise_attention.training.tasks.objectives import WarmupDecaySchedule, make_optimizer
 
 TINY = ["model.dropout=0", "model.attention_dropout=0"]
 
@@ -61,6 +62,76 @@ def test_schedule_is_linear_warmup_then_rsqrt():
     schedule = WarmupDecaySchedule(1e-3, warmup_steps=100)
     rates = [float(schedule(step)) for step in (0, 49, 99, 399, 9999)]
     np.testing.assert_allclose(rates, [1e-5, 5e-4, 1e-3, 5e-4, 1e-4], rtol=1e-5)
+
+
+def _adam_first_step(weights, gradient, learning_rate=0.1, beta_2=0.98, epsilon=1.0):
+    """numpy: the weights after one step of Keras' Adam from zero moments (no weight decay)."""
+    alpha = learning_rate * np.sqrt(1 - beta_2) / (1 - 0.9)
+    return weights - alpha * (0.1 * gradient) / (np.sqrt((1 - beta_2) * gradient**2) + epsilon)
+
+
+CLIPPED = configs.TrainingConfig(
+    learning_rate=0.1, warmup_steps=0, decay="constant", weight_decay=0.0, adam_epsilon=1.0, clip_norm=1.0
+)
+
+
+def test_clip_norm_scales_the_whole_gradient_to_that_global_norm():
+    """training.clip_norm: the gradient of all variables together is scaled to norm 1 (numpy Adam on the
+    clipped gradient), an embedding's gradient that names a row twice counted once per row; under the norm,
+    the step is Keras' AdamW's without clipping, bit for bit."""
+    dense, table = keras.Variable([1.0, 1.0]), keras.Variable(np.zeros((3, 2), "float32"))
+    gradients = [
+        tf.constant([3.0, 4.0]),
+        tf.IndexedSlices(tf.constant([[1.0, 0.0], [1.0, 0.0]]), tf.constant([1, 1]), tf.constant([3, 2])),
+    ]
+    optimizer = make_optimizer(CLIPPED)
+    optimizer.build([dense, table])
+    optimizer.apply(gradients, [dense, table])
+    scale = 1.0 / np.sqrt(3.0**2 + 4.0**2 + 2.0**2)
+    np.testing.assert_allclose(dense.numpy(), _adam_first_step(np.ones(2), scale * np.array([3.0, 4.0])), rtol=1e-6)
+    expected_table = _adam_first_step(np.zeros((3, 2)), scale * np.array([[0, 0], [2.0, 0], [0, 0]]))
+    np.testing.assert_allclose(table.numpy(), expected_table, rtol=1e-6)
+
+    small = [keras.Variable([1.0, 1.0]) for _ in range(2)]
+    for variable, optimizer in zip(
+        small, (make_optimizer(CLIPPED), keras.optimizers.AdamW(0.1, weight_decay=0.0, beta_2=0.98, epsilon=1.0))
+    ):
+        optimizer.build([variable])
+        optimizer.apply([tf.constant([0.3, 0.4])], [variable])
+    np.testing.assert_array_equal(small[0].numpy(), small[1].numpy())
+
+
+def test_clip_norm_clips_the_sum_of_the_replicas_gradients(tmp_path):
+    """Two replicas under MirroredStrategy: clipped is their summed gradient ([3, 0] + [-2.5, 0] is under the
+    norm and stays [0.5, 0]; [3, 0] + [3, 0] becomes [1, 0]), not each replica's as Keras' global_clipnorm
+    does (which would give [0, 0] and [2, 0])."""
+    script = textwrap.dedent(
+        f"""
+        import keras
+        import numpy as np
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        from concise_attention.training.run import configs
+        from concise_attention.training.tasks.objectives import make_optimizer
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        for second in (-2.5, 3.0):
+            with strategy.scope():
+                weights = keras.Variable([1.0, 1.0])
+                optimizer = make_optimizer(configs.TrainingConfig(**{CLIPPED.__dict__!r}))
+                optimizer.build([weights])
+            gradients = strategy.experimental_distribute_values_from_function(
+                lambda context: tf.constant([(3.0, second)[context.replica_id_in_sync_group], 0.0]))
+            strategy.run(tf.function(lambda gradient: optimizer.apply([gradient], [weights])), args=(gradients,))
+            print(second, repr(weights.numpy().tolist()))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    printed = dict(line.split(" ", 1) for line in result.stdout.splitlines()[-2:])
+    for second, summed in (("-2.5", 0.5), ("3.0", 1.0)):
+        expected = _adam_first_step(np.ones(2), np.array([summed, 0.0]))
+        np.testing.assert_allclose(json.loads(printed[second]), expected, rtol=1e-6)
 
 
 def test_one_step_on_mock_lm1b_with_one_trace_of_the_train_step(tmp_path, monkeypatch):

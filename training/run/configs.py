@@ -169,7 +169,8 @@ class TrainingConfig:
     "constant". AdamW with decoupled weight decay. `train_epochs` (passes over the
     training examples), when set, replaces `train_steps`. A checkpoint is saved every `steps_per_epoch`
     steps and on SIGTERM; the last `keep_checkpoints` are kept. `precision`: the Keras dtype
-    policy, "float32", "mixed_bfloat16" or "mixed_float16".
+    policy, "float32", "mixed_bfloat16" or "mixed_float16". `clip_norm`, when set, scales each step's
+    gradient (summed over replicas) to a global norm of at most `clip_norm` (BERT clips at 1.0).
     """
 
     sequence_length: int = 256
@@ -194,6 +195,7 @@ class TrainingConfig:
     seed: int = 0
     precision: str = "float32"
     keep_checkpoints: int = 3
+    clip_norm: typing.Optional[float] = None
 
     def __post_init__(self):
         for name in (
@@ -205,6 +207,7 @@ class TrainingConfig:
             "adam_epsilon",
             "train_epochs",
             "warmup_fraction",
+            "clip_norm",
         ):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
@@ -231,7 +234,8 @@ class TrainingConfig:
                 raise ValueError(
                     f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}"
                 )
-        for name in ("adam_epsilon",) + (("train_epochs",) if self.train_epochs is not None else ()):
+        optional = tuple(name for name in ("train_epochs", "clip_norm") if getattr(self, name) is not None)
+        for name in ("adam_epsilon",) + optional:
             if not getattr(self, name) > 0:
                 raise ValueError(
                     f"`training.{name}` must be positive. Received: training.{name}={getattr(self, name)!r}"

@@ -1,6 +1,7 @@
 """The token cross-entropy, learning-rate schedule and loss scaling shared by the training runs."""
 
 import keras
+import tensorflow as tf
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
@@ -69,11 +70,13 @@ class TokenCrossEntropy(keras.losses.Loss):
 def make_optimizer(training):
     """The AdamW of a `TrainingConfig` with its warm-up/decay schedule (both trainers use it).
 
-    LayerNorm scales and offsets, biases and Admin's omegas are not decayed. Under
+    LayerNorm scales and offsets, biases and Admin's omegas are not decayed; `training.clip_norm`
+    bounds the global norm of each step's gradient (`GlobalClipAdamW`). Under
     training.precision mixed_float16 it is wrapped in dynamic loss scaling (its state stays
     float32).
     """
-    optimizer = keras.optimizers.AdamW(
+    optimizer = GlobalClipAdamW(
+        clip_norm=training.clip_norm,
         learning_rate=WarmupDecaySchedule(
             training.learning_rate, training.warmup_steps, training.decay, training.train_steps
         ),
@@ -84,6 +87,35 @@ def make_optimizer(training):
     )
     optimizer.exclude_from_weight_decay(var_names=["gamma", "beta", "bias", "omega"])
     return StepCountingLossScaleOptimizer(optimizer) if training.precision == "mixed_float16" else optimizer
+
+
+class GlobalClipAdamW(keras.optimizers.AdamW):
+    """Keras' AdamW whose gradient, when `clip_norm` is set, is scaled to a global norm of at most `clip_norm`
+    (BERT's `clip_by_global_norm`) after the replicas' gradients are summed.
+
+    Keras' own `global_clipnorm` clips each replica's gradient before the sum under tf.distribute, so that
+    what it bounds depends on the number of replicas; here one replica or eight clip the same gradient.
+    """
+
+    def __init__(self, clip_norm=None, **kwargs):
+        super().__init__(**kwargs)
+        self.clip_norm = clip_norm
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        # Keras' TensorFlow optimizer sums the replicas' gradients here, just before the update step.
+        grads_and_vars = super()._all_reduce_sum_gradients(grads_and_vars)
+        if self.clip_norm is None:
+            return grads_and_vars
+        # dense: an embedding's gradient (tf.IndexedSlices) may name a row twice, and its norm is of the sum
+        grads = [None if grad is None else tf.convert_to_tensor(grad) for grad, _ in grads_and_vars]
+        norm = tf.linalg.global_norm([grad for grad in grads if grad is not None])
+        scale = self.clip_norm / tf.maximum(norm, self.clip_norm)
+        return [
+            (None if grad is None else grad * scale, variable) for grad, (_, variable) in zip(grads, grads_and_vars)
+        ]
+
+    def get_config(self):
+        return {**super().get_config(), "clip_norm": self.clip_norm}
 
 
 class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
