@@ -134,6 +134,32 @@ def test_clip_norm_clips_the_sum_of_the_replicas_gradients(tmp_path):
         np.testing.assert_allclose(json.loads(printed[second]), expected, rtol=1e-6)
 
 
+def test_clip_norm_clips_under_jax_without_tensorflow():
+    """The JAX backend (the shard trainer's) clips the same gradient, with TensorFlow never imported."""
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        import keras
+        import numpy as np
+        from concise_attention.training.run import configs
+        from concise_attention.training.tasks.objectives import make_optimizer
+        weights = keras.Variable([1.0, 1.0])
+        optimizer = make_optimizer(configs.TrainingConfig(**{CLIPPED.__dict__!r}))
+        optimizer.build([weights])
+        optimizer.apply([np.array([3.0, 4.0], "float32")], [weights])
+        print(json.dumps([np.asarray(weights.value).tolist(), "tensorflow" in sys.modules]))
+        """
+    )
+    environment = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=environment
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    weights, tensorflow_imported = json.loads(result.stdout.splitlines()[-1])
+    np.testing.assert_allclose(weights, _adam_first_step(np.ones(2), np.array([0.6, 0.8])), rtol=1e-6)
+    assert not tensorflow_imported
+
+
 def test_one_step_on_mock_lm1b_with_one_trace_of_the_train_step(tmp_path, monkeypatch):
     """One step on tfds' mock LM1B, its train step traced once: without a tf.distribute strategy Keras 3 builds the
     optimizer inside the first trace, and a tf.function that creates variables is traced twice (seconds of Python

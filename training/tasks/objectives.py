@@ -1,7 +1,6 @@
 """The token cross-entropy, learning-rate schedule and loss scaling shared by the training runs."""
 
 import keras
-import tensorflow as tf
 
 
 @keras.saving.register_keras_serializable(package="concise_attention")
@@ -91,31 +90,42 @@ def make_optimizer(training):
 
 class GlobalClipAdamW(keras.optimizers.AdamW):
     """Keras' AdamW whose gradient, when `clip_norm` is set, is scaled to a global norm of at most `clip_norm`
-    (BERT's `clip_by_global_norm`) after the replicas' gradients are summed.
+    (BERT's `clip_by_global_norm`), after the replicas' gradients are summed.
 
     Keras' own `global_clipnorm` clips each replica's gradient before the sum under tf.distribute, so that
-    what it bounds depends on the number of replicas; here one replica or eight clip the same gradient.
+    what it bounds depends on the number of replicas, and counts an embedding row named twice in a batch
+    (tf.IndexedSlices) as two rows; here one replica or eight clip the same gradient.
     """
 
     def __init__(self, clip_norm=None, **kwargs):
         super().__init__(**kwargs)
         self.clip_norm = clip_norm
 
+    def _clip_gradients(self, grads):
+        # Under TensorFlow the replicas' gradients are summed after this point: they are clipped there.
+        if self.clip_norm is None or keras.backend.backend() == "tensorflow":
+            return super()._clip_gradients(grads)
+        return _clipped(grads, self.clip_norm)
+
     def _all_reduce_sum_gradients(self, grads_and_vars):
-        # Keras' TensorFlow optimizer sums the replicas' gradients here, just before the update step.
+        """Keras' TensorFlow optimizer sums the replicas' gradients here, just before the update step."""
+        import tensorflow as tf  # only the TensorFlow backend calls this; the module stays TensorFlow-free
+
         grads_and_vars = super()._all_reduce_sum_gradients(grads_and_vars)
         if self.clip_norm is None:
             return grads_and_vars
-        # dense: an embedding's gradient (tf.IndexedSlices) may name a row twice, and its norm is of the sum
-        grads = [None if grad is None else tf.convert_to_tensor(grad) for grad, _ in grads_and_vars]
-        norm = tf.linalg.global_norm([grad for grad in grads if grad is not None])
-        scale = self.clip_norm / tf.maximum(norm, self.clip_norm)
-        return [
-            (None if grad is None else grad * scale, variable) for grad, (_, variable) in zip(grads, grads_and_vars)
-        ]
+        grads = _clipped([None if g is None else tf.convert_to_tensor(g) for g, _ in grads_and_vars], self.clip_norm)
+        return [(grad, variable) for grad, (_, variable) in zip(grads, grads_and_vars)]
 
     def get_config(self):
         return {**super().get_config(), "clip_norm": self.clip_norm}
+
+
+def _clipped(grads, clip_norm):
+    """The dense gradients `grads` (None for a variable without one) scaled to a global norm <= clip_norm."""
+    squares = [keras.ops.sum(keras.ops.square(grad)) for grad in grads if grad is not None]
+    scale = clip_norm / keras.ops.maximum(keras.ops.sqrt(keras.ops.sum(keras.ops.stack(squares))), clip_norm)
+    return [None if grad is None else grad * scale for grad in grads]
 
 
 class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
