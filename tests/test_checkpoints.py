@@ -95,8 +95,17 @@ def test_files_of_uncommitted_or_partly_deleted_checkpoints_are_removed_on_resto
     (directory / "checkpoint").write_text(
         'model_checkpoint_path: "ckpt-5"\nall_model_checkpoint_paths: "ckpt-0"\nall_model_checkpoint_paths: "ckpt-5"\n'
     )
-    assert TrainingCheckpoints(run, _model(), keep=3).restore() == 5
+    restored = _model()
+    checkpoints = TrainingCheckpoints(run, restored, keep=3)
+    assert checkpoints.restore() == 5
     assert sorted(path.name for path in directory.iterdir()) == committed
+    restored.optimizer.iterations.assign(10)
+    checkpoints.save()  # the manager keeps and rotates them as its own
+    assert [os.path.basename(path) for path in TrainingCheckpoints(run, _model(), keep=3).manager.checkpoints] == [
+        "ckpt-0",
+        "ckpt-5",
+        "ckpt-10",
+    ]
 
 
 def test_a_checkpoint_of_the_older_hdf5_format_is_refused_by_name(tmp_path):

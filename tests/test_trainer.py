@@ -75,30 +75,37 @@ CLIPPED = configs.TrainingConfig(
 )
 
 
+def _apply(optimizer, gradients, values):
+    variables = [keras.Variable(np.array(value, "float32")) for value in values]
+    optimizer.build(variables)
+    optimizer.apply(gradients, variables)
+    return [variable.numpy() for variable in variables]
+
+
+def _keras_adamw():
+    """Keras' AdamW with CLIPPED's settings, unclipped."""
+    return keras.optimizers.AdamW(0.1, weight_decay=0.0, beta_2=0.98, epsilon=1.0)
+
+
+def _duplicate_row(value):
+    """An embedding's gradient as Keras gives it (tf.IndexedSlices) naming row 1 of a 3 x 2 table twice."""
+    return tf.IndexedSlices(tf.constant([[value, 0.0], [value, 0.0]]), tf.constant([1, 1]), tf.constant([3, 2]))
+
+
 def test_clip_norm_scales_the_whole_gradient_to_that_global_norm():
     """training.clip_norm: the gradient of all variables together is scaled to norm 1 (numpy Adam on the
-    clipped gradient), an embedding's gradient that names a row twice counted once per row; under the norm,
-    the step is Keras' AdamW's without clipping, bit for bit."""
-    dense, table = keras.Variable([1.0, 1.0]), keras.Variable(np.zeros((3, 2), "float32"))
-    gradients = [
-        tf.constant([3.0, 4.0]),
-        tf.IndexedSlices(tf.constant([[1.0, 0.0], [1.0, 0.0]]), tf.constant([1, 1]), tf.constant([3, 2])),
-    ]
-    optimizer = make_optimizer(CLIPPED)
-    optimizer.build([dense, table])
-    optimizer.apply(gradients, [dense, table])
+    clipped dense gradient), an embedding row named twice counted once with its summed gradient ([2, 0]: the
+    norm is sqrt(3^2 + 4^2 + 2^2)); the embedding's gradient is scaled as it is, sparse; under the norm, the
+    step is Keras' AdamW's without clipping, bit for bit."""
+    start = [np.ones(2), np.zeros((3, 2))]
+    dense, table = _apply(make_optimizer(CLIPPED), [tf.constant([3.0, 4.0]), _duplicate_row(1.0)], start)
     scale = 1.0 / np.sqrt(3.0**2 + 4.0**2 + 2.0**2)
-    np.testing.assert_allclose(dense.numpy(), _adam_first_step(np.ones(2), scale * np.array([3.0, 4.0])), rtol=1e-6)
-    expected_table = _adam_first_step(np.zeros((3, 2)), scale * np.array([[0, 0], [2.0, 0], [0, 0]]))
-    np.testing.assert_allclose(table.numpy(), expected_table, rtol=1e-6)
+    np.testing.assert_allclose(dense, _adam_first_step(np.ones(2), scale * np.array([3.0, 4.0])), rtol=1e-6)
+    np.testing.assert_allclose(table, _apply(_keras_adamw(), [_duplicate_row(scale)], start[1:])[0], rtol=1e-6)
 
-    small = [keras.Variable([1.0, 1.0]) for _ in range(2)]
-    for variable, optimizer in zip(
-        small, (make_optimizer(CLIPPED), keras.optimizers.AdamW(0.1, weight_decay=0.0, beta_2=0.98, epsilon=1.0))
-    ):
-        optimizer.build([variable])
-        optimizer.apply([tf.constant([0.3, 0.4])], [variable])
-    np.testing.assert_array_equal(small[0].numpy(), small[1].numpy())
+    small = [tf.constant([0.3, 0.4]), _duplicate_row(0.1)]
+    for got, expected in zip(_apply(make_optimizer(CLIPPED), small, start), _apply(_keras_adamw(), small, start)):
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_clip_norm_clips_the_sum_of_the_replicas_gradients(tmp_path):

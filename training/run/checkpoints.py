@@ -34,6 +34,7 @@ others go on leaves them waiting in their collectives), which that handler would
 import contextlib
 import logging
 import signal
+import time
 
 import keras
 import tensorflow as tf
@@ -92,10 +93,14 @@ class TrainingCheckpoints:
             dropout_seed_states=dropout_seed_states(model),
             data_position=self.position,
         )
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, self.directory, max_to_keep=keep, checkpoint_name=files.CHECKPOINT_PREFIX
-        )
+        self.keep = keep
+        self.manager = self._manager()
         self.saved_step = None  # the step of the checkpoint this process restored or saved last
+
+    def _manager(self):
+        return tf.train.CheckpointManager(
+            self.checkpoint, self.directory, max_to_keep=self.keep, checkpoint_name=files.CHECKPOINT_PREFIX
+        )
 
     @property
     def step(self):
@@ -116,12 +121,13 @@ class TrainingCheckpoints:
         Returns:
             the data position (batches consumed), or None when there is no checkpoint.
         """
-        if tf.io.gfile.exists(self.run.legacy_checkpoint) and not self.manager.checkpoints:
+        if tf.io.gfile.exists(self.run.legacy_checkpoint) and not self._named():
             raise ValueError(
                 f"{self.run.legacy_checkpoint} is a checkpoint of an older version of the trainer (one HDF5 file), "
                 "which cannot be resumed exactly: start a new run directory."
             )
         if self.is_chief:
+            self._adopt_untimed_pointer()
             self._remove_leftovers()
         candidates = list(reversed(self._named()))
         if candidates:
@@ -147,7 +153,24 @@ class TrainingCheckpoints:
         if self.manager.checkpoints or not tf.io.gfile.isdir(self.directory):
             return list(self.manager.checkpoints)
         state = tf.train.get_checkpoint_state(self.directory)
-        return list(state.all_model_checkpoint_paths or [state.model_checkpoint_path]) if state else []
+        if state is None or not state.model_checkpoint_path:
+            return []
+        return list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+
+    def _adopt_untimed_pointer(self):
+        """Gives a pointer without timestamps the timestamps TF's manager needs to list (and so keep and rotate)
+        its checkpoints: else its first save would write a pointer naming that save alone."""
+        named = [path.rsplit("/", 1)[-1] for path in self._named()]  # relative, as the manager writes them
+        if named and not self.manager.checkpoints:
+            now = time.time()
+            tf.compat.v1.train.update_checkpoint_state(
+                self.directory,
+                named[-1],
+                named,
+                all_model_checkpoint_timestamps=[now] * len(named),
+                last_preserved_timestamp=now - 1,
+            )
+            self.manager = self._manager()
 
     def _remove_leftovers(self):
         """Removes what a killed save or clean-up left: files of checkpoints the pointer file

@@ -105,7 +105,8 @@ class GlobalClipAdamW(keras.optimizers.AdamW):
         # Under TensorFlow the replicas' gradients are summed after this point: they are clipped there.
         if self.clip_norm is None or keras.backend.backend() == "tensorflow":
             return super()._clip_gradients(grads)
-        return _clipped(grads, self.clip_norm)
+        scale = _clip_scale(grads, self.clip_norm)
+        return [None if grad is None else grad * keras.ops.cast(scale, grad.dtype) for grad in grads]
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         """Keras' TensorFlow optimizer sums the replicas' gradients here, just before the update step."""
@@ -114,18 +115,25 @@ class GlobalClipAdamW(keras.optimizers.AdamW):
         grads_and_vars = super()._all_reduce_sum_gradients(grads_and_vars)
         if self.clip_norm is None:
             return grads_and_vars
-        grads = _clipped([None if g is None else tf.convert_to_tensor(g) for g, _ in grads_and_vars], self.clip_norm)
-        return [(grad, variable) for grad, (_, variable) in zip(grads, grads_and_vars)]
+        # An embedding's gradient (tf.IndexedSlices) may name a row twice: its norm is that of the sum. It stays
+        # sparse, so that below the norm the update is AdamW's own, bit for bit.
+        scale = _clip_scale([None if g is None else tf.convert_to_tensor(g) for g, _ in grads_and_vars], self.clip_norm)
+
+        def scaled(grad):
+            if isinstance(grad, tf.IndexedSlices):
+                return tf.IndexedSlices(grad.values * tf.cast(scale, grad.values.dtype), grad.indices, grad.dense_shape)
+            return None if grad is None else grad * tf.cast(scale, grad.dtype)
+
+        return [(scaled(grad), variable) for grad, variable in grads_and_vars]
 
     def get_config(self):
         return {**super().get_config(), "clip_norm": self.clip_norm}
 
 
-def _clipped(grads, clip_norm):
-    """The dense gradients `grads` (None for a variable without one) scaled to a global norm <= clip_norm."""
-    squares = [keras.ops.sum(keras.ops.square(grad)) for grad in grads if grad is not None]
-    scale = clip_norm / keras.ops.maximum(keras.ops.sqrt(keras.ops.sum(keras.ops.stack(squares))), clip_norm)
-    return [None if grad is None else grad * scale for grad in grads]
+def _clip_scale(grads, clip_norm):
+    """The factor that brings the dense gradients `grads` (None: a variable without one) to a global norm <= clip_norm."""
+    squares = [keras.ops.sum(keras.ops.square(keras.ops.cast(g, "float32"))) for g in grads if g is not None]
+    return clip_norm / keras.ops.maximum(keras.ops.sqrt(keras.ops.sum(keras.ops.stack(squares))), clip_norm)
 
 
 class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
