@@ -224,6 +224,34 @@ def test_training_lowers_the_loss_and_logs(tmp_path):
     assert sum(stored) == model.count_params() > 0
 
 
+def _logged(run_dir, tag):
+    """The values of `tag` in a run's TensorBoard logs, by step."""
+    values = {}
+    for path in (run_dir / "logs" / "validation").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    values[event.step] = float(tf.make_ndarray(value.tensor))
+    return values
+
+
+def test_every_evaluation_reads_the_eval_batches_once_with_several_steps_per_execution(tmp_path):
+    """2 held-out batches, 5 steps per execution: each epoch's validation loss is that of the 2 batches (the
+    final evaluation's, by Keras' own evaluate, at the last epoch), not of 5 batches cycling over them."""
+    metrics = _main(
+        _cli(
+            tmp_path / "run",
+            "training.train_steps=10",
+            "training.steps_per_epoch=5",
+            "training.steps_per_execution=5",
+            "training.eval_batches=2",
+        )
+    )
+    losses = _logged(tmp_path / "run", "epoch_loss")
+    assert sorted(losses) == [0, 1]
+    assert losses[1] == pytest.approx(metrics["eval_loss"], rel=1e-6)
+
+
 def test_two_steps_under_mirrored_strategy_on_two_cpus(tmp_path):
     """Two replicas: the LM trains with steps_per_execution=2 in its config (Keras 3 fails with several steps
     per execution under MirroredStrategy, keras-team/keras#19246: the trainer runs them one by one, saying

@@ -364,7 +364,7 @@ def cached_eval(eval_data, training):
             f"The evaluation split holds less than one batch of {training.batch_size} rows of {training.sequence_length} tokens: "
             "add data, or lower training.batch_size or training.sequence_length."
         )
-    return eval_data, eval_steps
+    return eval_data.apply(tf.data.experimental.assert_cardinality(eval_steps)), eval_steps  # its length known to Keras
 
 
 def fit_segments(step, train_steps, steps_per_epoch):
@@ -410,15 +410,15 @@ def _fit(model, loop, train_data, eval_data, eval_steps, callbacks, training, st
         if first + (epochs - initial_epoch) * steps == training.train_steps:
             # Finite: an execution of steps_per_execution steps stops where the data ends.
             data = data.take(training.train_steps - first)
-        # Repeated, read eval_steps batches at a time: every evaluation reads the same cached batches, and under
-        # MirroredStrategy Keras keeps one iterator of the distributed validation data across epochs
-        # (StopIteration at the second epoch's evaluation if it ends).
+        # Finite, of known length: Keras keeps one iterator of the validation data across epochs and starts it
+        # anew once it has read that many batches, so every evaluation reads the eval_steps cached batches once.
+        # (Repeated, an evaluation ran steps_per_execution steps: 50 batches for 16, cycling.)
         model.fit(
             data,
             epochs=epochs,
             initial_epoch=initial_epoch,
             steps_per_epoch=steps,
-            validation_data=eval_data.repeat(),
+            validation_data=eval_data,
             validation_steps=eval_steps,
             callbacks=callbacks,
             shuffle=False,
