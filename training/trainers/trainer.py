@@ -412,7 +412,7 @@ def _fit(model, loop, train_data, eval_data, eval_steps, callbacks, training, st
             data = data.take(training.train_steps - first)
         # Finite, of known length: Keras keeps one iterator of the validation data across epochs and starts it
         # anew once it has read that many batches, so every evaluation reads the eval_steps cached batches once.
-        # (Repeated, an evaluation ran steps_per_execution steps: 50 batches for 16, cycling.)
+        # (Repeated data would make each evaluation run whole executions: 50 batches for 16, cycling.)
         model.fit(
             data,
             epochs=epochs,
