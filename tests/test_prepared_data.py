@@ -33,6 +33,7 @@ from concise_attention.training.preprocessing.text import read_vocabulary
 from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 from concise_attention.training.run import configs
 from concise_attention.training.run import runs
+from tensorboard_logs import logged
 
 ROOT = pathlib.Path(__file__).parent.parent
 ROWS_PER_SHARD = 100
@@ -296,13 +297,7 @@ print("RESULT " + json.dumps({"tensorflow_imported": "tensorflow" in sys.modules
 
 
 def _tensorboard_losses(logs_dir):
-    losses = {}
-    for path in tf.io.gfile.glob(os.path.join(logs_dir, "train", "events.*")):
-        for record in tf.data.TFRecordDataset(path):
-            event = tf.compat.v1.Event.FromString(record.numpy())
-            for value in event.summary.value:
-                if value.tag == "epoch_loss":
-                    losses[event.step] = float(tf.make_ndarray(value.tensor))
+    losses = dict(logged(os.path.join(logs_dir, "train"), "epoch_loss"))
     return [losses[step] for step in sorted(losses)]
 
 

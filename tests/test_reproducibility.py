@@ -22,6 +22,7 @@ from concise_attention.training.data.packing import SAMPLE_CORPUS
 from concise_attention.training.data.packing import read_lines
 from concise_attention.training.preprocessing.tokenizer import train_wordpiece
 from concise_attention.training.run import configs
+from tensorboard_logs import logged
 
 DROPOUT = ["model.dropout=0.1", "model.attention_dropout=0.1", "training.jit_compile=false"]
 # 28 = 2 epochs of 10 steps + a last epoch of 8, in executions of 2 steps: a SIGTERM lands inside
@@ -201,16 +202,8 @@ def test_sigterm_inside_an_epoch_saves_that_step_exits_75_and_resumes_exactly(tm
     assert resumed == metrics and resumed["step"] == 28  # the optimizer's iterations: no step lost or repeated
     _assert_same_run(run_dir, reference_dir)
     # The epoch the SIGTERM cut is logged again as the same epoch (its last 10 - step steps), not as a new one.
-    epochs = _logged_epochs(run_dir / "logs" / "validation")
+    epochs = [step for step, _ in logged(run_dir / "logs" / "validation", "epoch_loss")]
     assert sorted(set(epochs)) == [0, 1, 2] and epochs.count(0) == 1
-
-
-def _logged_epochs(directory):
-    steps = []
-    for path in directory.glob("events.out.tfevents.*"):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            steps += [event.step for value in event.summary.value if value.tag == "epoch_loss"]
-    return steps
 
 
 @pytest.mark.slow

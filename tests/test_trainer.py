@@ -19,6 +19,7 @@ from concise_attention.training.run import configs
 from concise_attention.training.run import runs
 from concise_attention.training.run.strategy import choose_strategy
 from concise_attention.training.tasks.objectives import WarmupDecaySchedule, make_optimizer
+from tensorboard_logs import logged
 
 TINY = ["model.dropout=0", "model.attention_dropout=0"]
 
@@ -224,17 +225,6 @@ def test_training_lowers_the_loss_and_logs(tmp_path):
     assert sum(stored) == model.count_params() > 0
 
 
-def _logged(run_dir, tag):
-    """The values of `tag` in a run's TensorBoard logs, by step."""
-    values = {}
-    for path in (run_dir / "logs" / "validation").glob("events.out.tfevents.*"):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                if value.tag == tag:
-                    values[event.step] = float(tf.make_ndarray(value.tensor))
-    return values
-
-
 def test_every_evaluation_reads_the_eval_batches_once_with_several_steps_per_execution(tmp_path):
     """2 held-out batches, 5 steps per execution: each epoch's validation loss is that of the 2 batches (the
     final evaluation's, by Keras' own evaluate, at the last epoch), not of 5 batches cycling over them."""
@@ -247,7 +237,7 @@ def test_every_evaluation_reads_the_eval_batches_once_with_several_steps_per_exe
             "training.eval_batches=2",
         )
     )
-    losses = _logged(tmp_path / "run", "epoch_loss")
+    losses = dict(logged(tmp_path / "run" / "logs" / "validation", "epoch_loss"))
     assert sorted(losses) == [0, 1]
     assert losses[1] == pytest.approx(metrics["eval_loss"], rel=1e-6)
 
