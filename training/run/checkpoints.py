@@ -121,15 +121,16 @@ class TrainingCheckpoints:
         Returns:
             the data position (batches consumed), or None when there is no checkpoint.
         """
-        if tf.io.gfile.exists(self.run.legacy_checkpoint) and not self._named():
+        named = self._named()
+        if tf.io.gfile.exists(self.run.legacy_checkpoint) and not named:
             raise ValueError(
                 f"{self.run.legacy_checkpoint} is a checkpoint of an older version of the trainer (one HDF5 file), "
                 "which cannot be resumed exactly: start a new run directory."
             )
         if self.is_chief:
-            self._adopt_untimed_pointer()
-            self._remove_leftovers()
-        candidates = list(reversed(self._named()))
+            self._adopt_untimed_pointer(named)
+            self._remove_leftovers(named)
+        candidates = list(reversed(named))
         if candidates:
             self.model.optimizer.build(self.model.trainable_variables)  # its variables exist to be restored into
         for path in candidates:
@@ -157,10 +158,10 @@ class TrainingCheckpoints:
             return []
         return list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
 
-    def _adopt_untimed_pointer(self):
-        """Gives a pointer without timestamps the timestamps TF's manager needs to list (and so keep and rotate)
-        its checkpoints: else its first save would write a pointer naming that save alone."""
-        named = [path.rsplit("/", 1)[-1] for path in self._named()]  # relative, as the manager writes them
+    def _adopt_untimed_pointer(self, named):
+        """Gives a pointer without timestamps (naming the checkpoints `named`) the timestamps TF's manager needs to
+        list (and so keep and rotate) them: else its first save would write a pointer naming that save alone."""
+        named = [path.rsplit("/", 1)[-1] for path in named]  # relative, as the manager writes them
         if named and not self.manager.checkpoints:
             now = time.time()
             tf.compat.v1.train.update_checkpoint_state(
@@ -172,13 +173,13 @@ class TrainingCheckpoints:
             )
             self.manager = self._manager()
 
-    def _remove_leftovers(self):
+    def _remove_leftovers(self, named):
         """Removes what a killed save or clean-up left: files of checkpoints the pointer file
-        does not name (a save's ckpt-N_temp/ shards, a checkpoint written but not committed,
+        does not name (`named`; a save's ckpt-N_temp/ shards, a checkpoint written but not committed,
         one partly deleted)."""
         if not tf.io.gfile.isdir(self.directory):
             return
-        kept = {path.rsplit("/", 1)[-1] for path in self._named()}
+        kept = {path.rsplit("/", 1)[-1] for path in named}
         for name in tf.io.gfile.listdir(self.directory):
             name = name.rstrip("/")
             if name.startswith(f"{files.CHECKPOINT_PREFIX}-") and name.split(".")[0].split("_temp")[0] not in kept:
