@@ -422,7 +422,8 @@ def _store(out_dir):
     return GFileStore() if "://" in str(out_dir) else commit.LocalStore()
 
 
-PATH_SETTINGS = ("init", "teacher", "data_dir", "cache_dir")  # task settings that name folders of the training machine
+# task settings that name folders of the training machine
+PATH_SETTINGS = ("init", "teacher", "student_init", "data_dir", "cache_dir")
 
 
 def portable_task(task):

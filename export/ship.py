@@ -194,7 +194,12 @@ def _start(task):
         return (
             f"{known.split(' (')[0]} itself" if known else f"the trained encoder `{task['init']}`"
         ) + " (task.init), its projection to the teacher's space fitted by ridge least squares before the first step"
-    return "the teacher (models/shrink.py)" if task["student_init"] == "teacher" else "seeded random weights"
+    named = task["student_init"]
+    if named == "random":
+        return "seeded random weights"
+    if named == "teacher":
+        return "the teacher (models/shrink.py)"
+    return f"the encoder `{os.path.basename(os.path.normpath(named))}` (task.student_init) projected (models/shrink.py)"
 
 
 def _interpolation(record):

@@ -370,7 +370,7 @@ def test_a_student_with_a_vocabulary_of_its_own_reads_texts_with_it_and_learns_t
     tokens[1], tokens[the] = tokens[the], tokens[1]
     other = tmp_path / "vocab.txt"
     other.write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=f"The vocabulary {other} differs .* started from the teacher"):
+    with pytest.raises(ValueError, match=f"The vocabulary {other} differs .* projected from the teacher"):
         _task(tmp_path, f"tokenizer.vocabulary={other}")
     with pytest.raises(ValueError, match="task.relation_weight=1.0 needs the teacher's vocabulary"):
         _task(tmp_path, f"tokenizer.vocabulary={other}", "task.student_init=random", "task.relation_weight=1")
@@ -386,32 +386,74 @@ def test_a_student_with_a_vocabulary_of_its_own_reads_texts_with_it_and_learns_t
     np.testing.assert_allclose(targets["teacher_space"].numpy(), expected, atol=1e-4)
 
 
-def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_dir):
-    """student_init=teacher through the task's own hook: the stream projection, the re-split heads and the
-    projection head give back the teacher's embeddings (numpy BERT) when nothing has to be dropped."""
-    task = _task(
-        tmp_path,
-        "model.hidden_size=384",
-        "model.num_layers=6",
-        "model.num_heads=12",
-        "model.intermediate_size=1536",
-        "model.attention={type: standard}",
-    )
+TEACHER_SHAPE = (
+    "model.hidden_size=384",
+    "model.num_layers=6",
+    "model.num_heads=12",
+    "model.intermediate_size=1536",
+    "model.attention={type: standard}",
+)
+
+
+def _started_outputs(task, vocabulary):
+    """(the token ids, the outputs) of a student started through the task's own hook, on 6 held-out texts."""
     task.read()
     backbone = task.config.build_model()
     model = task.build_model(backbone)
     task.initialize(model, backbone, task.tokenizer)
-    texts = task.eval_texts[:6]
-    ids = hugging_face_ids(minilm_dir / "vocab.txt", texts, 32)
+    ids = hugging_face_ids(vocabulary, task.eval_texts[:6], 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
     outputs = model.predict(
         {"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"), "input_type_ids": 0 * word_ids},
         verbose=0,
     )
-    expected = reference_embeddings(minilm_dir, ids)
-    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    return ids, outputs
+
+
+def _unit_reference(folder, ids):
+    expected = reference_embeddings(folder, ids)
+    return expected / np.linalg.norm(expected, axis=1, keepdims=True)
+
+
+def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_dir):
+    """student_init=teacher through the task's own hook: the stream projection, the re-split heads and the
+    projection head give back the teacher's embeddings (numpy BERT) when nothing has to be dropped."""
+    ids, outputs = _started_outputs(_task(tmp_path, *TEACHER_SHAPE), minilm_dir / "vocab.txt")
+    expected = _unit_reference(minilm_dir, ids)
     np.testing.assert_allclose(outputs["teacher_space"], expected, atol=1e-4)
     np.testing.assert_allclose(outputs["embedding"], expected, atol=1e-4)
+
+
+def test_a_student_projected_from_another_encoder_starts_as_that_encoder(tmp_path, minilm_dir):
+    """task.student_init names an encoder that reads the teacher's vocabulary (here all-MiniLM-L6-v2 with its first
+    and last layers swapped, a Hugging Face folder): a student of its shape starts as it (numpy BERT of that
+    folder), not as the teacher. One with another vocabulary, or no encoder at the location, is refused naming
+    the setting."""
+    from safetensors.numpy import load_file, save_file
+
+    swapped = tmp_path / "swapped"
+    shutil.copytree(minilm_dir, swapped)
+    renamed = {"layer.0.": "layer.5.", "layer.5.": "layer.0."}
+    tensors = {
+        next((name.replace(a, b) for a, b in renamed.items() if a in name), name): value
+        for name, value in load_file(minilm_dir / "model.safetensors").items()
+    }
+    save_file(tensors, swapped / "model.safetensors")
+    ids, outputs = _started_outputs(
+        _task(tmp_path, *TEACHER_SHAPE, f"task.student_init={swapped}"), minilm_dir / "vocab.txt"
+    )
+    np.testing.assert_allclose(outputs["embedding"], _unit_reference(swapped, ids), atol=1e-4)
+    assert np.abs(outputs["embedding"] - _unit_reference(minilm_dir, ids)).max() > 0.1
+
+    tokens = (swapped / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    tokens[1], tokens[2] = tokens[2], tokens[1]
+    (swapped / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    with pytest.raises(
+        ValueError, match=f"task.student_init='{swapped}': its vocabulary .* differs from the teacher's"
+    ):
+        _task(tmp_path, f"task.student_init={swapped}")
+    with pytest.raises(ValueError, match=f"task.student_init='{tmp_path / 'none'}': Not a directory"):
+        _task(tmp_path, f"task.student_init={tmp_path / 'none'}")
 
 
 def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projection(tmp_path):

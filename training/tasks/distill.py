@@ -108,7 +108,8 @@ class DistillSettings(TaskSettings):
         cache_dir: where teacher outputs are kept.
         projection_weight, similarity_weight: the objective's two terms.
         teacher_width: None reads it off the teacher; kept so the run loads without it.
-        student_init: "teacher" (its weights projected, `models.shrink`) or "random".
+        student_init: "teacher" (its weights projected, `models.shrink`), "random", or an encoder that reads the
+            teacher's vocabulary (a run, preset or Hugging Face folder; e.g. a wider student) projected the same way.
         relation_weight, relation_heads: MiniLMv2's relation term (0: off), its heads (None: the teacher's).
         projection: "learned", or "principal" (the teacher's principal directions).
         length_bucket: 0 pads to the full length; n > 0 batches training texts of like length,
@@ -165,9 +166,10 @@ class DistillSettings(TaskSettings):
             raise ValueError(
                 f"`task.projection` must be learned or principal. Received: task.projection={self.projection!r}"
             )
-        if self.student_init not in ("teacher", "random"):
+        if not (isinstance(self.student_init, str) and self.student_init):
             raise ValueError(
-                f"`task.student_init` must be teacher or random. Received: task.student_init={self.student_init!r}"
+                "`task.student_init` must be teacher, random or an encoder's location. "
+                f"Received: task.student_init={self.student_init!r}"
             )
         if self.projection_weight == 0 and self.similarity_weight == 0:
             raise ValueError(
@@ -268,6 +270,25 @@ class DistillTask(Task):
         return artifacts.load_backbone(self.source)
 
     @functools.cached_property
+    def start_source(self):
+        """What a student started by projection is projected from (`Source`): the teacher, or the encoder that
+        task.student_init names."""
+        named = self.settings.student_init
+        if named == "teacher":
+            return self.source
+        try:
+            return artifacts.read(named)
+        except ValueError as error:
+            raise ValueError(f"task.student_init={named!r}: {error}") from None
+
+    @functools.cached_property
+    def start_backbone(self):
+        """The encoder of `start_source`, weights loaded (the teacher's own when it is the teacher)."""
+        if self.settings.student_init == "teacher":
+            return self.teacher_backbone
+        return artifacts.load_backbone(self.start_source)
+
+    @functools.cached_property
     def teacher_digest(self):
         """sha256 of the teacher's weights and vocabulary files (read once per run)."""
         digest = hashlib.sha256()
@@ -305,10 +326,32 @@ class DistillTask(Task):
                 raise ValueError(
                     f"task.relation_weight={self.settings.relation_weight}, task.relation_heads={self.settings.relation_heads}: {error}"
                 ) from error
-        if self.settings.student_init == "teacher" and not self.settings.init:
-            _check_same_positions(source.model, self.config.model, self.teacher)
+        if self.settings.student_init != "random" and not self.settings.init:
+            self._check_start()
         files.check_creatable(cache_directory(self.settings), "task.cache_dir")  # before the teacher runs
         self.settings = dataclasses.replace(self.settings, teacher_width=embedding_width(source.model))
+
+    def _check_start(self):
+        """A student projected from the teacher or another encoder (task.student_init) reads that encoder's
+        vocabulary and settings (the teacher's: its stream is taken on the teacher's token ids) and takes its
+        position scheme."""
+        named, start = self.settings.student_init, self.start_source
+        if named != "teacher":
+            if read_vocabulary(start.vocabulary) != read_vocabulary(self.source.vocabulary):
+                raise ValueError(
+                    f"task.student_init={named!r}: its vocabulary {start.vocabulary} differs from the teacher's "
+                    f"{self.source.vocabulary} (task.teacher={self.teacher!r}): a student projected from it reads "
+                    "the teacher's."
+                )
+            if bert_settings(start.tokenizer) != self.teacher_settings:
+                raise ValueError(
+                    f"task.student_init={named!r}: its tokenizer settings {bert_settings(start.tokenizer)} differ "
+                    f"from the teacher's {self.teacher_settings} (task.teacher={self.teacher!r})."
+                )
+        if named == "teacher":
+            _check_same_positions(start.model, self.config.model, "the teacher", f"task.teacher={self.teacher!r}")
+        else:
+            _check_same_positions(start.model, self.config.model, "its start", f"task.student_init={named!r}")
 
     @functools.cached_property
     def teacher_settings(self):
@@ -332,11 +375,12 @@ class DistillTask(Task):
                 f"The vocabulary {path} differs from the teacher's ({self.source.vocabulary}, task.teacher="
                 f"{self.teacher!r}): task.relation_weight={self.settings.relation_weight} needs the teacher's vocabulary."
             )
-        if self.settings.student_init == "teacher" and not self.settings.init:
+        if self.settings.student_init != "random" and not self.settings.init:
             raise ValueError(
                 f"The vocabulary {path} differs from the teacher's ({self.source.vocabulary}, task.teacher="
-                f"{self.teacher!r}): a student started from the teacher (task.student_init: teacher) reads its "
-                "vocabulary (leave tokenizer.vocabulary unset, or set task.student_init: random)."
+                f"{self.teacher!r}): a student projected from the teacher or another encoder (task.student_init: "
+                f"{self.settings.student_init}) reads its vocabulary (leave tokenizer.vocabulary unset, or set "
+                "task.student_init: random)."
             )
 
     def vocabulary_file(self):
@@ -345,8 +389,8 @@ class DistillTask(Task):
     def initialize(self, model, backbone, tokenizer, started=None):
         """A new run's starting weights (`tokenizer`: the student's). From task.init's student backbone alone
         ("backbone", e.g. a shipped preset): the projection to the teacher's space is fitted by least squares
-        (`fit_projection`). Without task.init and with student_init "teacher": the teacher's weights shrunk
-        (`models.shrink`) onto the leading directions of its residual stream on the first `STREAM_TEXTS`
+        (`fit_projection`). Without task.init and with student_init "teacher" (or an encoder's location): its weights
+        shrunk (`models.shrink`) onto the leading directions of its residual stream on the first `STREAM_TEXTS`
         training texts; the projection starts as P^T, mapping them back. projection "principal" fixes the
         projection whatever the start.
         """
@@ -354,11 +398,12 @@ class DistillTask(Task):
             self.principal_projection(model)
         elif started == "backbone":
             self.fit_projection(model, tokenizer)
-        if started is not None or self.settings.student_init != "teacher":
+        if started is not None or self.settings.student_init == "random":
             return
+        start = self.start_backbone
         inputs = self._encoder_inputs(self.train_texts[:STREAM_TEXTS], self.tokenizer)
-        projection, gain = stream_directions(self.teacher_backbone, inputs, backbone.hidden_size)
-        projection = shrink_into(self.teacher_backbone, backbone, projection, gain_scale=gain)
+        projection, gain = stream_directions(start, inputs, backbone.hidden_size)
+        projection = shrink_into(start, backbone, projection, gain_scale=gain)
         if self.settings.projection == "learned":
             model.projection.kernel.assign(projection[:, : backbone.embedding_size].T.astype("float32"))
             model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
@@ -505,20 +550,21 @@ POSITION_SETTINGS = (
 )
 
 
-def _check_same_positions(teacher_model, student, teacher):
-    """A student started from its teacher's weights (student_init: teacher) takes its position scheme: segment types
-    or none, the position offset, the relative position bias (no more heads than the teacher's, which it keeps)."""
+def _check_same_positions(start_model, student, owner, label):
+    """A student projected from an encoder's weights (`owner`, named by the setting `label`) takes its position
+    scheme: segment types or none, the position offset, the relative position bias (no more heads than the
+    encoder's, which it keeps)."""
     for name, default in POSITION_SETTINGS:
-        theirs, ours = teacher_model.get(name, default), getattr(student, name)
+        theirs, ours = start_model.get(name, default), getattr(student, name)
         if (theirs == 0) != (ours == 0) if name == "type_vocab_size" else theirs != ours:
             raise ValueError(
-                f"model.{name}={ours!r} but the teacher's is {theirs!r} (task.teacher={teacher!r}): a student "
-                f"started from the teacher (task.student_init: teacher) takes its position scheme."
+                f"model.{name}={ours!r} but {owner}'s is {theirs!r} ({label}): a student projected from an "
+                "encoder's weights takes its position scheme."
             )
-    if teacher_model.get("relative_attention_buckets") and student.num_heads > teacher_model["num_heads"]:
+    if start_model.get("relative_attention_buckets") and student.num_heads > start_model["num_heads"]:
         raise ValueError(
-            f"model.num_heads={student.num_heads} exceeds the teacher's {teacher_model['num_heads']} "
-            f"(task.teacher={teacher!r}): each head of the student takes one of its relative position biases."
+            f"model.num_heads={student.num_heads} exceeds {owner}'s {start_model['num_heads']} ({label}): each "
+            "head of the student takes one of its relative position biases."
         )
 
 
