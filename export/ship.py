@@ -199,7 +199,9 @@ def _start(task):
         return "seeded random weights"
     if named == "teacher":
         return "the teacher (models/shrink.py)"
-    return f"the encoder `{os.path.basename(os.path.normpath(named))}` (task.student_init) projected (models/shrink.py)"
+    known = _known(named)
+    start = known.split(" (")[0] if known else f"the encoder `{encoders.encoder_name(named)}`"
+    return f"{start} (task.student_init) projected (models/shrink.py)"
 
 
 def _interpolation(record):

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -61,6 +62,7 @@ def _task(tmp_path, *overrides):
     )
     task = make_task(config)
     task.check()
+    task.check_start()
     return task
 
 
@@ -396,7 +398,8 @@ TEACHER_SHAPE = (
 
 
 def _started_outputs(task, vocabulary):
-    """(the token ids, the outputs) of a student started through the task's own hook, on 6 held-out texts."""
+    """(the token ids, the outputs, the model) of a student started through the task's own hook, on 6 held-out
+    texts."""
     task.read()
     backbone = task.config.build_model()
     model = task.build_model(backbone)
@@ -407,78 +410,22 @@ def _started_outputs(task, vocabulary):
         {"input_word_ids": word_ids, "input_mask": (word_ids > 0).astype("int32"), "input_type_ids": 0 * word_ids},
         verbose=0,
     )
-    return ids, outputs
+    return ids, outputs, model
 
 
-def _unit_reference(folder, ids):
-    expected = reference_embeddings(folder, ids)
-    return expected / np.linalg.norm(expected, axis=1, keepdims=True)
-
-
-def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_dir):
-    """student_init=teacher through the task's own hook: the stream projection, the re-split heads and the
-    projection head give back the teacher's embeddings (numpy BERT) when nothing has to be dropped."""
-    ids, outputs = _started_outputs(_task(tmp_path, *TEACHER_SHAPE), minilm_dir / "vocab.txt")
-    expected = _unit_reference(minilm_dir, ids)
-    np.testing.assert_allclose(outputs["teacher_space"], expected, atol=1e-4)
-    np.testing.assert_allclose(outputs["embedding"], expected, atol=1e-4)
-
-
-def test_a_student_projected_from_another_encoder_starts_as_that_encoder(tmp_path, minilm_dir):
-    """task.student_init names an encoder that reads the teacher's vocabulary (here all-MiniLM-L6-v2 with its first
-    and last layers swapped, a Hugging Face folder): a student of its shape starts as it (numpy BERT of that
-    folder), not as the teacher. One with another vocabulary, or no encoder at the location, is refused naming
-    the setting."""
-    from safetensors.numpy import load_file, save_file
-
-    swapped = tmp_path / "swapped"
-    shutil.copytree(minilm_dir, swapped)
-    renamed = {"layer.0.": "layer.5.", "layer.5.": "layer.0."}
-    tensors = {
-        next((name.replace(a, b) for a, b in renamed.items() if a in name), name): value
-        for name, value in load_file(minilm_dir / "model.safetensors").items()
-    }
-    save_file(tensors, swapped / "model.safetensors")
-    ids, outputs = _started_outputs(
-        _task(tmp_path, *TEACHER_SHAPE, f"task.student_init={swapped}"), minilm_dir / "vocab.txt"
-    )
-    np.testing.assert_allclose(outputs["embedding"], _unit_reference(swapped, ids), atol=1e-4)
-    assert np.abs(outputs["embedding"] - _unit_reference(minilm_dir, ids)).max() > 0.1
-
-    tokens = (swapped / "vocab.txt").read_text(encoding="utf-8").splitlines()
-    tokens[1], tokens[2] = tokens[2], tokens[1]
-    (swapped / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    with pytest.raises(
-        ValueError, match=f"task.student_init='{swapped}': its vocabulary .* differs from the teacher's"
-    ):
-        _task(tmp_path, f"task.student_init={swapped}")
-    with pytest.raises(ValueError, match=f"task.student_init='{tmp_path / 'none'}': Not a directory"):
-        _task(tmp_path, f"task.student_init={tmp_path / 'none'}")
-
-
-def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projection(tmp_path):
-    """task.init gave the backbone alone (a shipped preset, say): P and its bias are the ridge map of the
-    student's mean token vectors (numpy pooling) onto the teacher's embeddings (SciPy's lstsq on the
-    problem written as plain least squares: centred rows stacked on sqrt(lambda) I); when task.init gave
-    the whole model, P stays as loaded."""
+def _assert_least_squares_projection(task, model):
+    """P and its bias are the ridge map of the student's mean token vectors (numpy pooling) onto the teacher's
+    embeddings of the training texts (SciPy's lstsq on the problem written as plain least squares: centred rows
+    stacked on sqrt(lambda) I)."""
     import scipy.linalg
 
     from concise_attention.training.preprocessing.tokenizer import wordpiece_tokenizer
 
-    task = _task(tmp_path, "task.student_init=random")
-    task.read()
-    backbone = task.config.build_model()
-    model = task.build_model(backbone)
-    loaded = model.projection.kernel.numpy().copy()
-    task.initialize(model, backbone, task.tokenizer, "model")
-    np.testing.assert_array_equal(model.projection.kernel.numpy(), loaded)
-
-    task.initialize(model, backbone, task.tokenizer, "backbone")
     texts = task.train_texts
     ids = hugging_face_ids(task.vocabulary_file(), texts, 32)
     word_ids = np.array([row + [0] * (32 - len(row)) for row in ids], "int32")
     mask = (word_ids > 0).astype("int32")
-    tokens = backbone.predict(
+    tokens = model.encoder.predict(
         {"input_word_ids": word_ids, "input_mask": mask, "input_type_ids": 0 * word_ids}, verbose=0
     )["sequence_output"]
     pooled = (tokens * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
@@ -495,6 +442,95 @@ def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projec
     np.testing.assert_allclose(
         model.projection.bias.numpy(), targets.mean(0) - pooled.mean(0) @ kernel, atol=1e-3, rtol=1e-3
     )
+
+
+def _unit_reference(folder, ids):
+    expected = reference_embeddings(folder, ids)
+    return expected / np.linalg.norm(expected, axis=1, keepdims=True)
+
+
+def test_a_student_of_the_teachers_shape_starts_as_the_teacher(tmp_path, minilm_dir):
+    """student_init=teacher through the task's own hook: the stream projection, the re-split heads and the
+    projection head give back the teacher's embeddings (numpy BERT) when nothing has to be dropped."""
+    ids, outputs, _ = _started_outputs(_task(tmp_path, *TEACHER_SHAPE), minilm_dir / "vocab.txt")
+    expected = _unit_reference(minilm_dir, ids)
+    np.testing.assert_allclose(outputs["teacher_space"], expected, atol=1e-4)
+    np.testing.assert_allclose(outputs["embedding"], expected, atol=1e-4)
+
+
+def test_a_student_projected_from_another_encoder_starts_as_that_encoder(tmp_path, minilm_dir):
+    """task.student_init names an encoder that reads the teacher's vocabulary (here all-MiniLM-L6-v2 with its first
+    and last layers swapped, a Hugging Face folder): a student of its shape starts as it (numpy BERT of that
+    folder), not as the teacher, and its projection to the teacher's space is the least-squares one. An encoder
+    with another vocabulary, one the student does not fit in, or no encoder at the location is refused naming the
+    setting, and so is task.init beside it."""
+    from safetensors.numpy import load_file, save_file
+
+    swapped = tmp_path / "swapped"
+    shutil.copytree(minilm_dir, swapped)
+    renamed = {"layer.0.": "layer.5.", "layer.5.": "layer.0."}
+    tensors = {
+        next((name.replace(a, b) for a, b in renamed.items() if a in name), name): value
+        for name, value in load_file(minilm_dir / "model.safetensors").items()
+    }
+    save_file(tensors, swapped / "model.safetensors")
+    task = _task(tmp_path, *TEACHER_SHAPE, f"task.student_init={swapped}")
+    ids, outputs, model = _started_outputs(task, minilm_dir / "vocab.txt")
+    np.testing.assert_allclose(outputs["embedding"], _unit_reference(swapped, ids), atol=1e-4)
+    assert np.abs(outputs["embedding"] - _unit_reference(minilm_dir, ids)).max() > 0.1
+    _assert_least_squares_projection(task, model)
+
+    for override, message in (
+        ("model.num_layers=7", f"model.num_layers=7 exceeds its start's 6 (task.student_init='{swapped}')"),
+        ("model.max_sequence_length=1024", "model.max_sequence_length=1024 exceeds its start's 512"),
+        ("model.type_vocab_size=0", f"model.type_vocab_size=0 but its start's is 2 (task.student_init='{swapped}')"),
+        (f"task.init={minilm_dir}", f"task.init='{minilm_dir}' and task.student_init='{swapped}' both name a start"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _task(tmp_path, *TEACHER_SHAPE, f"task.student_init={swapped}", override)
+    tokens = (swapped / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    tokens[1], tokens[2] = tokens[2], tokens[1]
+    (swapped / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    with pytest.raises(
+        ValueError, match=f"task.student_init='{swapped}': its vocabulary .* differs from the teacher's"
+    ):
+        _task(tmp_path, f"task.student_init={swapped}")
+    with pytest.raises(ValueError, match=f"task.student_init='{tmp_path / 'none'}' .*: Not a directory"):
+        _task(tmp_path, f"task.student_init={tmp_path / 'none'}")
+
+
+def test_a_narrow_student_started_from_a_wider_student_run_trains_and_resumes_without_it(tmp_path, minilm_dir, capsys):
+    """A 32-d student started from a trained 64-d student's run directory (a width the teacher's 384 is not):
+    through the CLI it trains; its projection started as the least-squares map to the teacher's space; and once
+    the start is gone the run resumes (it reads the start only when new)."""
+    wide = tmp_path / "wide"
+    argv = ["--config", "distill_minilm_d192_fixed", "--quiet"]
+    for override in (*TINY, f"task.cache_dir={tmp_path / 'cache'}", "training.train_steps=3"):
+        argv += ["--set", override]
+    assert cli.main([*argv, "--run-dir", str(wide), "--set", "model.hidden_size=64"]) == 0
+    narrow = [*argv, "--run-dir", str(tmp_path / "narrow"), "--set", f"task.student_init={wide}"]
+    task = _task(tmp_path, f"task.student_init={wide}")
+    _assert_least_squares_projection(task, _started_outputs(task, minilm_dir / "vocab.txt")[2])
+    assert cli.main(narrow) == 0
+    shutil.rmtree(wide)
+    assert cli.main([*narrow, "--set", "training.train_steps=6"]) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "narrow" / "metrics.json").read_text())["step"] == 6
+
+
+def test_a_student_started_from_a_trained_backbone_gets_the_least_squares_projection(tmp_path):
+    """task.init gave the backbone alone (a shipped preset, say): P and its bias are the least-squares map
+    (`_assert_least_squares_projection`); when task.init gave the whole model, P stays as loaded."""
+    task = _task(tmp_path, "task.student_init=random")
+    task.read()
+    backbone = task.config.build_model()
+    model = task.build_model(backbone)
+    loaded = model.projection.kernel.numpy().copy()
+    task.initialize(model, backbone, task.tokenizer, "model")
+    np.testing.assert_array_equal(model.projection.kernel.numpy(), loaded)
+
+    task.initialize(model, backbone, task.tokenizer, "backbone")
+    _assert_least_squares_projection(task, model)
     assert not np.allclose(model.projection.kernel.numpy(), loaded, atol=1e-2)
 
 

@@ -63,6 +63,11 @@ class Task:
                 f"Task {self.name!r} trains {self.backbone_type} models. Received: model_type={self.config.model_type!r} ({self.config.name})"
             )
 
+    def check_start(self):
+        """Fails fast on what only a new run reads (the sources of its starting weights): the trainer calls it before
+        anything is written for a run without progress; a resumed run, an evaluation or data preparation does not.
+        This default: nothing."""
+
     def vocabulary_text(self):
         """Lines to learn a vocabulary from when neither the config nor `init` gives one."""
         raise ValueError(f"Task {self.name!r} needs a vocabulary: set task.init or tokenizer.vocabulary.")

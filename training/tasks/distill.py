@@ -279,7 +279,9 @@ class DistillTask(Task):
         try:
             return artifacts.read(named)
         except ValueError as error:
-            raise ValueError(f"task.student_init={named!r}: {error}") from None
+            raise ValueError(
+                f"task.student_init={named!r} (teacher, random or an encoder's location): {error}"
+            ) from None
 
     @functools.cached_property
     def start_backbone(self):
@@ -326,16 +328,22 @@ class DistillTask(Task):
                 raise ValueError(
                     f"task.relation_weight={self.settings.relation_weight}, task.relation_heads={self.settings.relation_heads}: {error}"
                 ) from error
-        if self.settings.student_init != "random" and not self.settings.init:
-            self._check_start()
+        if self.settings.init and self.settings.student_init not in ("teacher", "random"):
+            raise ValueError(
+                f"task.init={self.settings.init!r} and task.student_init={self.settings.student_init!r} both name a "
+                "start: set one."
+            )
         files.check_creatable(cache_directory(self.settings), "task.cache_dir")  # before the teacher runs
         self.settings = dataclasses.replace(self.settings, teacher_width=embedding_width(source.model))
 
-    def _check_start(self):
+    def check_start(self):
         """A student projected from the teacher or another encoder (task.student_init) reads that encoder's
-        vocabulary and settings (the teacher's: its stream is taken on the teacher's token ids) and takes its
-        position scheme."""
-        named, start = self.settings.student_init, self.start_source
+        vocabulary and settings (the teacher's: its stream is taken on the teacher's token ids) and fits in it
+        (`_check_projectable`). Only a new run reads that encoder."""
+        named = self.settings.student_init
+        if named == "random" or self.settings.init:
+            return
+        start = self.start_source
         if named != "teacher":
             if read_vocabulary(start.vocabulary) != read_vocabulary(self.source.vocabulary):
                 raise ValueError(
@@ -349,9 +357,9 @@ class DistillTask(Task):
                     f"from the teacher's {self.teacher_settings} (task.teacher={self.teacher!r})."
                 )
         if named == "teacher":
-            _check_same_positions(start.model, self.config.model, "the teacher", f"task.teacher={self.teacher!r}")
+            _check_projectable(start, self.config.model, "the teacher", f"task.teacher={self.teacher!r}")
         else:
-            _check_same_positions(start.model, self.config.model, "its start", f"task.student_init={named!r}")
+            _check_projectable(start, self.config.model, "its start", f"task.student_init={named!r}")
 
     @functools.cached_property
     def teacher_settings(self):
@@ -389,22 +397,27 @@ class DistillTask(Task):
     def initialize(self, model, backbone, tokenizer, started=None):
         """A new run's starting weights (`tokenizer`: the student's). From task.init's student backbone alone
         ("backbone", e.g. a shipped preset): the projection to the teacher's space is fitted by least squares
-        (`fit_projection`). Without task.init and with student_init "teacher" (or an encoder's location): its weights
-        shrunk (`models.shrink`) onto the leading directions of its residual stream on the first `STREAM_TEXTS`
-        training texts; the projection starts as P^T, mapping them back. projection "principal" fixes the
-        projection whatever the start.
+        (`fit_projection`). Without task.init, unless student_init is "random": the weights of the teacher or of the
+        encoder student_init names, shrunk (`_project_start`); the learned projection then starts as P^T from the
+        teacher, fitted by least squares from another encoder. projection "principal" fixes the projection whatever
+        the start.
         """
+        projected = started is None and self.settings.student_init != "random"
+        if projected:
+            self._project_start(model, backbone)
         if self.settings.projection == "principal":
             self.principal_projection(model)
-        elif started == "backbone":
+        elif started == "backbone" or (projected and self.settings.student_init != "teacher"):
             self.fit_projection(model, tokenizer)
-        if started is not None or self.settings.student_init == "random":
-            return
+
+    def _project_start(self, model, backbone):
+        """The start's weights shrunk (`models.shrink`) onto the leading directions of its residual stream on the
+        first `STREAM_TEXTS` training texts; from the teacher, the learned projection P^T maps them back."""
         start = self.start_backbone
         inputs = self._encoder_inputs(self.train_texts[:STREAM_TEXTS], self.tokenizer)
         projection, gain = stream_directions(start, inputs, backbone.hidden_size)
         projection = shrink_into(start, backbone, projection, gain_scale=gain)
-        if self.settings.projection == "learned":
+        if self.settings.projection == "learned" and self.settings.student_init == "teacher":
             model.projection.kernel.assign(projection[:, : backbone.embedding_size].T.astype("float32"))
             model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
 
@@ -550,22 +563,40 @@ POSITION_SETTINGS = (
 )
 
 
-def _check_same_positions(start_model, student, owner, label):
-    """A student projected from an encoder's weights (`owner`, named by the setting `label`) takes its position
-    scheme: segment types or none, the position offset, the relative position bias (no more heads than the
-    encoder's, which it keeps)."""
+def _check_projectable(start, student, owner, label):
+    """A student projected from an encoder's weights (`start`, a `Source`; `owner` names it, `label` the setting
+    that does) fits in it: a BERT or MPNet encoder of standard or fixed-head-size attention with neither a funnel nor
+    an output projection of its own, no narrower, shallower or shorter than the student, of its activation; and it
+    takes its position scheme: segment types or none, the position offset, the relative position bias (no more heads
+    than the encoder's, which it keeps)."""
+    model = start.model
+    kind = (model.get("attention") or {}).get("type", "standard")
+    problem = None
+    if (
+        start.model_type != "bert"
+        or kind not in ("standard", "fixed")
+        or model.get("stem_layers")
+        or model.get("output_size")
+    ):
+        problem = f"a {start.model_type} model of {kind} attention" + (", a funnel" if model.get("stem_layers") else "")
+        problem += ", with an output projection" if model.get("output_size") else ""
+        problem += ": only a BERT or MPNet encoder of standard or fixed-head-size attention is projected"
+    for name in ("hidden_size", "num_layers", "max_sequence_length"):
+        if problem is None and getattr(student, name) > model[name]:
+            problem = f"model.{name}={getattr(student, name)} exceeds {owner}'s {model[name]}"
+    if problem is None and model.get("activation", "gelu") != student.activation:
+        problem = f"model.activation={student.activation!r} but {owner}'s is {model.get('activation', 'gelu')!r}"
     for name, default in POSITION_SETTINGS:
-        theirs, ours = start_model.get(name, default), getattr(student, name)
-        if (theirs == 0) != (ours == 0) if name == "type_vocab_size" else theirs != ours:
-            raise ValueError(
-                f"model.{name}={ours!r} but {owner}'s is {theirs!r} ({label}): a student projected from an "
-                "encoder's weights takes its position scheme."
-            )
-    if start_model.get("relative_attention_buckets") and student.num_heads > start_model["num_heads"]:
-        raise ValueError(
-            f"model.num_heads={student.num_heads} exceeds {owner}'s {start_model['num_heads']} ({label}): each "
-            "head of the student takes one of its relative position biases."
+        theirs, ours = model.get(name, default), getattr(student, name)
+        if problem is None and ((theirs == 0) != (ours == 0) if name == "type_vocab_size" else theirs != ours):
+            problem = f"model.{name}={ours!r} but {owner}'s is {theirs!r}"
+    if problem is None and model.get("relative_attention_buckets") and student.num_heads > model["num_heads"]:
+        problem = (
+            f"model.num_heads={student.num_heads} exceeds {owner}'s {model['num_heads']}: each head of the student "
+            "takes one of its relative position biases"
         )
+    if problem:
+        raise ValueError(f"{problem} ({label}): a student projected from an encoder's weights fits in it.")
 
 
 def length_bucketed(examples, batch_size, lengths, skip_batches=0):

@@ -302,6 +302,8 @@ def _train(config, run_dir, verbose, preemption):
     _check_sequence_length(config)
     run = runs.RunDirectory(run_dir)
     run.check_writable()
+    if not run.has_progress():
+        task.check_start()
     task.read()
     # The task may resolve settings from its data (e.g. the label names): the run keeps them.
     config = dataclasses.replace(
