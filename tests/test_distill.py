@@ -499,18 +499,15 @@ def test_a_student_projected_from_another_encoder_starts_as_that_encoder(tmp_pat
         _task(tmp_path, f"task.student_init={tmp_path / 'none'}")
 
 
-def test_a_narrow_student_started_from_a_wider_student_run_trains_and_resumes_without_it(tmp_path, minilm_dir, capsys):
-    """A 32-d student started from a trained 64-d student's run directory (a width the teacher's 384 is not):
-    through the CLI it trains; its projection started as the least-squares map to the teacher's space; and once
-    the start is gone the run resumes (it reads the start only when new)."""
+def test_a_narrow_student_started_from_a_wider_student_run_trains_and_resumes_without_it(tmp_path, capsys):
+    """A 32-d student started from a trained 64-d student's run directory (a width the teacher's 384 is not)
+    trains through the CLI, and once the start is gone the run resumes (it reads the start only when new)."""
     wide = tmp_path / "wide"
     argv = ["--config", "distill_minilm_d192_fixed", "--quiet"]
     for override in (*TINY, f"task.cache_dir={tmp_path / 'cache'}", "training.train_steps=3"):
         argv += ["--set", override]
     assert cli.main([*argv, "--run-dir", str(wide), "--set", "model.hidden_size=64"]) == 0
     narrow = [*argv, "--run-dir", str(tmp_path / "narrow"), "--set", f"task.student_init={wide}"]
-    task = _task(tmp_path, f"task.student_init={wide}")
-    _assert_least_squares_projection(task, _started_outputs(task, minilm_dir / "vocab.txt")[2])
     assert cli.main(narrow) == 0
     shutil.rmtree(wide)
     assert cli.main([*narrow, "--set", "training.train_steps=6"]) == 0
