@@ -483,6 +483,11 @@ def test_a_student_projected_from_another_encoder_starts_as_that_encoder(tmp_pat
     for override, message in (
         ("model.num_layers=7", f"model.num_layers=7 exceeds its start's 6 (task.student_init='{swapped}')"),
         ("model.max_sequence_length=1024", "model.max_sequence_length=1024 exceeds its start's 512"),
+        ("model.intermediate_size=2048", "model.intermediate_size=2048 exceeds its start's 1536"),
+        (
+            "model.attention={type: fixed, head_size: 64}",
+            "the model's 12 heads of 64 exceed its start's 12 heads of 32",
+        ),
         ("model.type_vocab_size=0", f"model.type_vocab_size=0 but its start's is 2 (task.student_init='{swapped}')"),
         (f"task.init={minilm_dir}", f"task.init='{minilm_dir}' and task.student_init='{swapped}' both name a start"),
     ):

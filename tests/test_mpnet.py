@@ -505,6 +505,7 @@ def test_a_student_started_from_an_mpnet_teacher_takes_its_position_scheme(
         "model.num_heads=2",
         "model.num_layers=2",
         "model.max_sequence_length=64",
+        "model.intermediate_size=32",
         "model.attention={type: fixed, head_size: 8}",
         f"model.vocab_size={len(tiny_mpnet['tokens'])}",
         override,

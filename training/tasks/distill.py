@@ -357,7 +357,8 @@ class DistillTask(Task):
                     f"from the teacher's {self.teacher_settings} (task.teacher={self.teacher!r})."
                 )
         if named == "teacher":
-            _check_projectable(start, self.config.model, "the teacher", f"task.teacher={self.teacher!r}")
+            label = f"task.student_init: teacher, task.teacher={self.teacher!r}"
+            _check_projectable(start, self.config.model, "the teacher", label)
         else:
             _check_projectable(start, self.config.model, "its start", f"task.student_init={named!r}")
 
@@ -564,39 +565,58 @@ POSITION_SETTINGS = (
 
 
 def _check_projectable(start, student, owner, label):
-    """A student projected from an encoder's weights (`start`, a `Source`; `owner` names it, `label` the setting
-    that does) fits in it: a BERT or MPNet encoder of standard or fixed-head-size attention with neither a funnel nor
-    an output projection of its own, no narrower, shallower or shorter than the student, of its activation; and it
-    takes its position scheme: segment types or none, the position offset, the relative position bias (no more heads
-    than the encoder's, which it keeps)."""
+    """A student projected from an encoder's weights (`start`, a `Source`; `owner` names it, `label` the settings
+    that do) fits in it (`_projection_problems`); else one line naming the first problem."""
+    problem = next(_projection_problems(start, student, owner), None)
+    if problem:
+        raise ValueError(
+            f"{problem} ({label}): a student projected from an encoder's weights fits in it (task.student_init: "
+            "random starts from seeded weights)."
+        )
+
+
+def _projection_problems(start, student, owner):
+    """What keeps `student` from a start on `start`'s weights (`models.shrink`): it must be a BERT or MPNet encoder
+    of standard or fixed-head-size attention with neither a funnel nor an output projection of its own; no
+    narrower, shallower, shorter or of fewer feed-forward units or heads (a funnel's stem at its width), of its
+    activation; and its position scheme: segment types or none, the position offset, the relative position bias
+    (no more heads than the encoder's, which it keeps)."""
     model = start.model
     kind = (model.get("attention") or {}).get("type", "standard")
-    problem = None
-    if (
-        start.model_type != "bert"
-        or kind not in ("standard", "fixed")
-        or model.get("stem_layers")
-        or model.get("output_size")
-    ):
-        problem = f"a {start.model_type} model of {kind} attention" + (", a funnel" if model.get("stem_layers") else "")
-        problem += ", with an output projection" if model.get("output_size") else ""
-        problem += ": only a BERT or MPNet encoder of standard or fixed-head-size attention is projected"
-    for name in ("hidden_size", "num_layers", "max_sequence_length"):
-        if problem is None and getattr(student, name) > model[name]:
-            problem = f"model.{name}={getattr(student, name)} exceeds {owner}'s {model[name]}"
-    if problem is None and model.get("activation", "gelu") != student.activation:
-        problem = f"model.activation={student.activation!r} but {owner}'s is {model.get('activation', 'gelu')!r}"
-    for name, default in POSITION_SETTINGS:
-        theirs, ours = model.get(name, default), getattr(student, name)
-        if problem is None and ((theirs == 0) != (ours == 0) if name == "type_vocab_size" else theirs != ours):
-            problem = f"model.{name}={ours!r} but {owner}'s is {theirs!r}"
-    if problem is None and model.get("relative_attention_buckets") and student.num_heads > model["num_heads"]:
-        problem = (
+    if start.model_type != "bert" or kind not in ("standard", "fixed") or model.get("stem_layers"):
+        yield f"{owner} is a {start.model_type} model of {kind} attention, stem_layers={model.get('stem_layers')}"
+    if model.get("output_size"):
+        yield f"{owner} has an output projection (output_size={model['output_size']})"
+    for name in ("hidden_size", "num_layers", "intermediate_size", "max_sequence_length"):
+        if getattr(student, name) > model[name]:
+            yield f"model.{name}={getattr(student, name)} exceeds {owner}'s {model[name]}"
+    if model.get("relative_attention_buckets") and student.num_heads > model["num_heads"]:
+        yield (
             f"model.num_heads={student.num_heads} exceeds {owner}'s {model['num_heads']}: each head of the student "
             "takes one of its relative position biases"
         )
-    if problem:
-        raise ValueError(f"{problem} ({label}): a student projected from an encoder's weights fits in it.")
+    ours = _heads(student.num_heads, student.hidden_size, student.attention)
+    theirs = _heads(model["num_heads"], model["hidden_size"], model.get("attention"))
+    if ours[0] * ours[1] != theirs[0] * theirs[1] and (ours[0] > theirs[0] or ours[1] > theirs[1]):
+        yield f"the model's {ours[0]} heads of {ours[1]} exceed {owner}'s {theirs[0]} heads of {theirs[1]}"
+    if student.stem_layers and (
+        student.stem_width != model["hidden_size"] or student.stem_intermediate_size > model["intermediate_size"]
+    ):
+        yield (
+            f"model.stem_width={student.stem_width}, stem_intermediate_size={student.stem_intermediate_size}: a "
+            f"funnel's stem is {owner}'s width {model['hidden_size']}, of at most its {model['intermediate_size']} units"
+        )
+    if model.get("activation", "gelu") != student.activation:
+        yield f"model.activation={student.activation!r} but {owner}'s is {model.get('activation', 'gelu')!r}"
+    for name, default in POSITION_SETTINGS:
+        theirs, ours = model.get(name, default), getattr(student, name)
+        if (theirs == 0) != (ours == 0) if name == "type_vocab_size" else theirs != ours:
+            yield f"model.{name}={ours!r} but {owner}'s is {theirs!r}"
+
+
+def _heads(count, width, attention):
+    """(heads, head size) of an attention layer's settings."""
+    return count, (attention or {}).get("head_size") or width // count
 
 
 def length_bucketed(examples, batch_size, lengths, skip_batches=0):
