@@ -284,13 +284,6 @@ class DistillTask(Task):
             ) from None
 
     @functools.cached_property
-    def start_backbone(self):
-        """The encoder of `start_source`, weights loaded (the teacher's own when it is the teacher)."""
-        if self.settings.student_init == "teacher":
-            return self.teacher_backbone
-        return artifacts.load_backbone(self.start_source)
-
-    @functools.cached_property
     def teacher_digest(self):
         """sha256 of the teacher's weights and vocabulary files (read once per run)."""
         digest = hashlib.sha256()
@@ -356,11 +349,10 @@ class DistillTask(Task):
                     f"task.student_init={named!r}: its tokenizer settings {bert_settings(start.tokenizer)} differ "
                     f"from the teacher's {self.teacher_settings} (task.teacher={self.teacher!r})."
                 )
+        owner, label = ("its start", f"task.student_init={named!r}")
         if named == "teacher":
-            label = f"task.student_init: teacher, task.teacher={self.teacher!r}"
-            _check_projectable(start, self.config.model, "the teacher", label)
-        else:
-            _check_projectable(start, self.config.model, "its start", f"task.student_init={named!r}")
+            owner, label = ("the teacher", f"task.student_init: teacher, task.teacher={self.teacher!r}")
+        _check_projectable(start, self.config.model, owner, label)
 
     @functools.cached_property
     def teacher_settings(self):
@@ -413,12 +405,14 @@ class DistillTask(Task):
 
     def _project_start(self, model, backbone):
         """The start's weights shrunk (`models.shrink`) onto the leading directions of its residual stream on the
-        first `STREAM_TEXTS` training texts; from the teacher, the learned projection P^T maps them back."""
-        start = self.start_backbone
+        first `STREAM_TEXTS` training texts; from the teacher, the learned projection P^T maps them back. Another
+        encoder's weights are loaded here and released after."""
+        from_teacher = self.settings.student_init == "teacher"
+        start = self.teacher_backbone if from_teacher else artifacts.load_backbone(self.start_source)
         inputs = self._encoder_inputs(self.train_texts[:STREAM_TEXTS], self.tokenizer)
         projection, gain = stream_directions(start, inputs, backbone.hidden_size)
         projection = shrink_into(start, backbone, projection, gain_scale=gain)
-        if self.settings.projection == "learned" and self.settings.student_init == "teacher":
+        if self.settings.projection == "learned" and from_teacher:
             model.projection.kernel.assign(projection[:, : backbone.embedding_size].T.astype("float32"))
             model.projection.bias.assign(np.zeros(model.projection.bias.shape, "float32"))
 
