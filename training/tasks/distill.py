@@ -337,7 +337,10 @@ class DistillTask(Task):
         if named == "random" or self.settings.init:
             return
         start = self.start_source
-        if named != "teacher":
+        if named == "teacher":
+            owner, label = ("the teacher", f"task.student_init: teacher, task.teacher={self.teacher!r}")
+        else:
+            owner, label = ("its start", f"task.student_init={named!r}")
             if read_vocabulary(start.vocabulary) != read_vocabulary(self.source.vocabulary):
                 raise ValueError(
                     f"task.student_init={named!r}: its vocabulary {start.vocabulary} differs from the teacher's "
@@ -349,9 +352,6 @@ class DistillTask(Task):
                     f"task.student_init={named!r}: its tokenizer settings {bert_settings(start.tokenizer)} differ "
                     f"from the teacher's {self.teacher_settings} (task.teacher={self.teacher!r})."
                 )
-        owner, label = ("its start", f"task.student_init={named!r}")
-        if named == "teacher":
-            owner, label = ("the teacher", f"task.student_init: teacher, task.teacher={self.teacher!r}")
         _check_projectable(start, self.config.model, owner, label)
 
     @functools.cached_property
