@@ -150,11 +150,7 @@ def main(argv=None):
 
     # one text per line: a query's own line breaks become spaces
     texts = [" ".join(row["text"].split()) for row in mteb_protocol.read_split("Banking77Classification", "test")]
-    result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/beam_check.py", argv or sys.argv[1:]),
-        "texts": len(texts),
-    }
+    result = {**provenance.header(__file__, argv), "texts": len(texts)}
     served, start = encoders.Served(args.export), time.perf_counter()
     direct = served.encode(texts)
     result["served_directly_sentences_per_second"] = len(texts) / (time.perf_counter() - start)
@@ -178,7 +174,7 @@ def main(argv=None):
         result["refused"] = refusals(args.export, pathlib.Path(workdir))
     print(json.dumps(result, indent=1))
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        provenance.write(args.out, result)
 
 
 if __name__ == "__main__":

@@ -580,8 +580,7 @@ def measure(args, parser, argv):
     ).items():
         rows[name][f"sentences_per_s_batch_{batch_size}"] = value
     result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/distill_eval.py", argv or sys.argv[1:]),
+        **provenance.header(__file__, argv),
         "texts": len(texts),
         "pairs": len(pairs[0]),
         "map_texts": len(drawn[: args.map_texts]),
@@ -590,7 +589,7 @@ def measure(args, parser, argv):
         "runs": run_configs,
     }
     # Whole or absent: distill_table.sh skips a measured run.
-    files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
+    provenance.write(args.out, result)
     print(f"\n{result['machine']}, {result['date']}\n\n" + table(rows, teacher.name))
     print(f"\n(`python benchmarks/distill_eval.py --markdown {args.out}` prints this table again)")
 

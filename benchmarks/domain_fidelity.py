@@ -89,13 +89,9 @@ def main(argv=None):
     import provenance
 
     rows = measure(args.encoder, args.teacher or default_teacher(), args.fit_texts, args.fit_count)
-    result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/domain_fidelity.py", argv or sys.argv[1:]),
-        "rows": rows,
-    }
+    result = {**provenance.header(__file__, argv), "rows": rows}
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        provenance.write(args.out, result)
     for name, encoders_row in rows.items():
         for encoder, measures in encoders_row.items():
             print(f"| {name} | {encoder} | {measures['cosine']:.4f} | {measures['pairs']:.4f} |")

@@ -127,15 +127,9 @@ def main(argv=None):
             save(encoder, args.end, args.save, record)
     except ValueError as error:
         parser.exit(2, f"interpolation.py: error: {error}\n")
-    result = {
-        **provenance.record(since),
-        "command": provenance.command_line("benchmarks/interpolation.py", argv or sys.argv[1:]),
-        "start": args.start,
-        "end": args.end,
-        **rows,
-    }
+    result = {**provenance.header(__file__, argv, since), "start": args.start, "end": args.end, **rows}
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        provenance.write(args.out, result)
 
 
 if __name__ == "__main__":

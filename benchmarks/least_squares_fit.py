@@ -8,7 +8,6 @@ the held-out cosine and the cosine on the fitted texts themselves (how far the m
 """
 
 import argparse
-import json
 import pathlib
 import sys
 
@@ -28,7 +27,6 @@ def main(argv=None):
     parser.add_argument("--preset", default="concise-minilm-d192")
     parser.add_argument("--out", default=str(distill_eval.RESULTS / "least_squares_fit.json"))
     args = parser.parse_args(argv)
-    from concise_attention.training import files
     from concise_attention.training.inference.embeddings import SentenceEncoder
     from concise_attention.training.tasks.distill import default_teacher
 
@@ -56,14 +54,8 @@ def main(argv=None):
                 }
             )
             print(rows[-1], flush=True)
-    result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/least_squares_fit.py", argv or sys.argv[1:]),
-        "preset": args.preset,
-        "held_out_texts": len(texts),
-        "rows": rows,
-    }
-    files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
+    result = {**provenance.header(__file__, argv), "preset": args.preset, "held_out_texts": len(texts), "rows": rows}
+    provenance.write(args.out, result)
 
 
 if __name__ == "__main__":

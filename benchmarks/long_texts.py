@@ -10,7 +10,6 @@ max_seq_length in sentence-transformers, how its users run it) and at each `--le
 """
 
 import argparse
-import json
 import pathlib
 import sys
 
@@ -53,7 +52,6 @@ def main(argv=None):
     parser.add_argument("--teacher-length", type=int, default=256)
     parser.add_argument("--out", default="benchmarks/results/long_texts.json")
     args = parser.parse_args(argv)
-    from concise_attention.training import files
     from concise_attention.training.inference.embeddings import SentenceEncoder
     from concise_attention.training.tasks.distill import default_teacher
 
@@ -71,14 +69,13 @@ def main(argv=None):
                 flush=True,
             )
     result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/long_texts.py", argv or sys.argv[1:]),
+        **provenance.header(__file__, argv),
         "texts": len(texts),
         "words": args.words,
         "teacher_length": args.teacher_length,
         "spearman": rows,
     }
-    files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
+    provenance.write(args.out, result)
 
 
 if __name__ == "__main__":

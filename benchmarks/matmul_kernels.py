@@ -143,14 +143,10 @@ def main(argv=None):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     import provenance
 
-    result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/matmul_kernels.py", argv or sys.argv[1:]),
-        "rows": summary(measure(args.runtime_path, args.rounds)),
-    }
+    result = {**provenance.header(__file__, argv), "rows": summary(measure(args.runtime_path, args.rounds))}
     print(json.dumps(result["rows"], indent=1))
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        provenance.write(args.out, result)
 
 
 if __name__ == "__main__":

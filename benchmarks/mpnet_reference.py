@@ -15,7 +15,6 @@ Face `tokenizers`), cut at its max_seq_length; then `SentenceEncoder.from_preset
 import argparse
 import json
 import pathlib
-import platform
 import sys
 import time
 
@@ -24,6 +23,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 TYPED_SPECIAL = ("<s>", "</s>", "<pad>", "<unk>", "<mask>")
 
 
@@ -73,7 +73,10 @@ def main(argv=None):
     ours = encoder.encode(subset, batch_size=32)
     seconds_ours = time.perf_counter() - start
     cosine = np.sum(ours * theirs, axis=1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    import provenance
+
     result = {
+        **provenance.header(__file__, argv),
         "model": str(args.model),
         "max_seq_length": reference.max_seq_length,
         "sequence_length": encoder.sequence_length,
@@ -85,12 +88,10 @@ def main(argv=None):
         "cosine_mean": float(cosine.mean()),
         "seconds_sentence_transformers": round(seconds_theirs, 1),
         "seconds_ours": round(seconds_ours, 1),
-        "machine": f"{platform.processor() or platform.machine()}, {platform.platform()}",
-        "date": time.strftime("%Y-%m-%d"),
     }
     print(json.dumps(result, indent=1))
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        provenance.write(args.out, result)
     return 0 if identical == total and cosine.min() >= 0.99999 else 1
 
 

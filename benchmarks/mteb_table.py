@@ -57,7 +57,6 @@ def main(argv=None):
     if not (args.encoder and args.fit_texts):
         parser.error("--encoder and --fit-texts are required (unless --markdown)")
     from concise_attention.cli.evaluate import evaluate_encoders
-    from concise_attention.training import files
     from concise_attention.training.inference import encoders
     from concise_attention.training.inference import mteb_protocol
     from concise_attention.training.tasks.distill import default_teacher
@@ -72,12 +71,8 @@ def main(argv=None):
     texts = sorted({row[key] for row in rows for key in ("sentence1", "sentence2")}, key=len)
     for (name, batch_size), value in throughput(timed, texts).items():  # the same names as the rows'
         result["rows"][name][f"sentences_per_s_batch_{batch_size}"] = value
-    result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/mteb_table.py", argv or sys.argv[1:]),
-        **result,
-    }
-    files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
+    result = {**provenance.header(__file__, argv), **result}
+    provenance.write(args.out, result)
     print(markdown(result))
 
 

@@ -53,7 +53,6 @@ def main(argv=None):
     parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "output_map_probe.json"))
     args = parser.parse_args(argv)
     from concise_attention.cli.evaluate import draw_fit_texts
-    from concise_attention.training import files
     from concise_attention.training.inference import encoders
     from concise_attention.training.inference import mteb_protocol
     from concise_attention.training.inference.embeddings import unit_rows
@@ -69,14 +68,8 @@ def main(argv=None):
             split: mteb_protocol.with_mean(mteb_protocol.evaluate(embed, split=split)) for split in ("test", "dev")
         }
         print(name, json.dumps(rows[name]), flush=True)
-    result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/output_map_probe.py", argv or sys.argv[1:]),
-        "encoder": args.encoder,
-        "teacher": teacher.name,
-        "rows": rows,
-    }
-    files.write_bytes_atomically(args.out, json.dumps(result, indent=1) + "\n")
+    result = {**provenance.header(__file__, argv), "encoder": args.encoder, "teacher": teacher.name, "rows": rows}
+    provenance.write(args.out, result)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Where, when and from which code a result was measured: recorded beside every results row."""
 
+import json
 import os
 import pathlib
 import platform
 import subprocess
+import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -56,3 +58,17 @@ def record(since=None):
     if since is not None:
         fields.update(commit=since["commit"], clean=clean and since["clean"] and head == since["commit"])
     return fields
+
+
+def header(script, argv=None, since=None):
+    """What every results file opens with: record(since), then the command that regenerates it. `script` is the
+    benchmark's __file__, `argv` its arguments (sys.argv[1:] when None)."""
+    shown = os.path.relpath(os.path.abspath(script), ROOT)
+    return {**record(since), "command": command_line(shown, sys.argv[1:] if argv is None else argv)}
+
+
+def write(path, result):
+    """`result` as indented JSON at `path`, atomically: a kill leaves the file as it was or whole, never half."""
+    from concise_attention.training import files
+
+    files.write_bytes_atomically(path, json.dumps(result, indent=1) + "\n")

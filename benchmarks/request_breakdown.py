@@ -84,13 +84,10 @@ def main(argv=None):
             print(
                 length, batch, json.dumps({key: round(value, 2) for key, value in rows[f"{length} b{batch}"].items()})
             )
-    result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/request_breakdown.py", argv or sys.argv[1:]),
-    }
+    result = {**provenance.header(__file__, argv)}
     result["rows"] = rows
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        provenance.write(args.out, result)
 
 
 if __name__ == "__main__":

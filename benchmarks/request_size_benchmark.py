@@ -80,13 +80,13 @@ def main(argv=None):
         small = serve_in_fresh_process(serving, sentences)
         large = serve_in_fresh_process(serving, ["hello world"] * args.strings)
     result = {
-        **provenance.record(),
+        **provenance.header(__file__, argv),
         "small": small,
         "large": large,
         "peak_ratio": large["peak_kb"] / small["peak_kb"],
         "cost_per_string_ratio": (large["seconds"] / large["strings"]) / (small["seconds"] / small["strings"]),
     }
-    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    provenance.write(args.out, result)
     print(json.dumps(result, indent=1))
 
 

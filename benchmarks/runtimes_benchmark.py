@@ -369,13 +369,8 @@ def main(argv=None):
         rows = measure_quality(folders, args.runtime_path, args.runtimes)
     else:
         rows = measure(folders, _texts(workdir), args.runtime_path, args.rounds, args.runtimes)
-    result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/runtimes_benchmark.py", argv or sys.argv[1:]),
-        "threads": THREADS,
-        "rows": rows,
-    }
-    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    result = {**provenance.header(__file__, argv), "threads": THREADS, "rows": rows}
+    provenance.write(args.out, result)
     print(f"\n{result['machine']}, {result['date']}\n\n{quality_table(rows) if args.quality else table(result)}")
 
 

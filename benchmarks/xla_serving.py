@@ -68,10 +68,7 @@ def main(argv=None):
     import provenance
     import serving_benchmark
 
-    result = {
-        **provenance.record(),
-        "command": provenance.command_line("benchmarks/xla_serving.py", argv or sys.argv[1:]),
-    }
+    result = {**provenance.header(__file__, argv)}
     with tempfile.TemporaryDirectory() as workdir:
         served = {}
         for name, xla in (("plain", False), ("xla", True)):
@@ -82,7 +79,7 @@ def main(argv=None):
         result["rows"] = {name: compare(served["plain"], served["xla"], chosen) for name, chosen in texts.items()}
     print(json.dumps(result, indent=1))
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        provenance.write(args.out, result)
 
 
 if __name__ == "__main__":

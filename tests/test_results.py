@@ -636,6 +636,29 @@ def test_a_row_is_clean_when_only_results_differ_from_its_commit(tmp_path, monke
     assert provenance.commit() == ("unknown", False)
 
 
+def test_a_results_file_opens_with_its_record_and_command_and_an_unwritable_result_keeps_the_old_file(
+    tmp_path, monkeypatch
+):
+    """Every benchmark's results file starts with where, when, from which commit and by which command (runnable
+    from the repository root, no machine's folders in it) it was measured; a result that cannot be written leaves
+    the file before it whole and no temporary file beside it."""
+    provenance = _benchmark_module("provenance")
+    monkeypatch.chdir(provenance.ROOT)
+    argv = ["--out", str(provenance.ROOT / "benchmarks" / "results" / "x.json"), "--fit-texts", "general-corpus"]
+    result = {**provenance.header(str(provenance.ROOT / "benchmarks" / "mteb_table.py"), argv), "rows": {"a": 1}}
+    assert list(result) == ["date", "machine", "commit", "clean", "command", "rows"]
+    assert (
+        result["command"]
+        == "python benchmarks/mteb_table.py --out benchmarks/results/x.json --fit-texts general-corpus"
+    )
+    path = tmp_path / "result.json"
+    provenance.write(path, result)
+    assert json.loads(path.read_text()) == result and path.read_text().endswith("}\n")
+    with pytest.raises(TypeError):
+        provenance.write(path, {**result, "rows": {"a": object()}})
+    assert json.loads(path.read_text()) == result and os.listdir(tmp_path) == ["result.json"]
+
+
 def test_readme_long_text_figures_are_the_committed_data():
     """The README's Spearman figures for long texts are long_texts.json's, and its measure is SciPy's Spearman of
     the two upper triangles of cosines, checked on a hand-made case where the rank order is known."""
