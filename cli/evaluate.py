@@ -165,7 +165,7 @@ def evaluate_encoders(
 
 def draw_fit_texts(folder, count):
     """`count` texts drawn from the training split of the corpus `folder`, less any evaluation text."""
-    train_lines, _ = corpus_splits("text_files", folder)
+    train_lines, _ = corpus_splits("text_files", folder, field="--fit-texts")
     return draw_texts(train_lines(), count, 0.5, seed=1, excluded=mteb_protocol.excluded_hashes())
 
 
@@ -180,7 +180,10 @@ def main(argv=None):
     what.add_argument("--run", help="a finished run directory, or a concise-collaborative output of one")
     parser.add_argument("--output", help="also write the scores or metrics to this JSON file")
     parser.add_argument("--teacher", help="with --encoder: score the teacher and its baselines beside them")
-    parser.add_argument("--fit-texts", help="with --teacher: the text corpus folder the teacher's PCA is fitted on")
+    parser.add_argument(
+        "--fit-texts",
+        help="with --teacher: the texts the teacher's PCA is fitted on (a folder of .txt files or one .txt file)",
+    )
     parser.add_argument(
         "--pca-width", type=int, nargs="+", default=[], help="with --teacher: more widths of its PCA baseline"
     )

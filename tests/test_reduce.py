@@ -50,6 +50,7 @@ def test_the_reduced_preset_gives_the_sources_embeddings_projected_on_their_prin
         (["--width", "384"], "--width must be narrower than the encoder's 384. Received: --width=384"),
         (["--width", "0"], "`--width` must be a positive integer"),
         (["--width", "200"], "gives 120 texts: more than --width=200 are needed"),
+        (["--width", "16", "--fit-texts", "missing.txt"], "not found. Received: --fit-texts='missing.txt'"),
     ],
 )
 def test_a_bad_width_is_one_line_and_nothing_is_written(minilm_dir, tmp_path, capsys, extra, message):
@@ -59,3 +60,18 @@ def test_a_bad_width_is_one_line_and_nothing_is_written(minilm_dir, tmp_path, ca
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in error and len(error.strip().splitlines()) == 1, error
     assert sorted(path.name for path in tmp_path.iterdir()) == ["corpus"]
+
+
+def test_one_text_file_fits_as_the_folder_that_holds_it(minilm_dir, tmp_path):
+    """--fit-texts takes one .txt file of the user's own texts, one a line: the same texts, held-out lines and
+    directions as a folder holding only that file."""
+    texts = _corpus(tmp_path / "corpus")
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    for name, fit in (("from_file", tmp_path / "own" / "texts.txt"), ("from_folder", tmp_path / "own")):
+        assert main([str(minilm_dir), "--width", "16", "--fit-texts", str(fit), "--out", str(tmp_path / name)]) == 0
+    probe = ["A man is playing a guitar.", "winter ocean poem"]
+    from_file, from_folder = (
+        SentenceEncoder.from_preset(str(tmp_path / name)) for name in ("from_file", "from_folder")
+    )
+    np.testing.assert_array_equal(from_file.encode(probe), from_folder.encode(probe))

@@ -429,7 +429,7 @@ def test_cli_reports_bad_strategy_input_without_traceback(tmp_path, capsys):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["task.dataset=text_files", "task.data_dir=/nonexistent/corpus"], "Corpus folder not found"),
+        (["task.dataset=text_files", "task.data_dir=/nonexistent/corpus"], "Corpus folder or .txt file not found"),
         (["training.sequence_length=128"], "sequence_length=128 is above the model's max_sequence_length=64"),
         (["tokenizer.vocabulary=/nonexistent/vocab.txt"], "Vocabulary file not found"),
     ],

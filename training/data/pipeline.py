@@ -31,13 +31,16 @@ EVAL_WORD_LINES = 20_000
 CHECK_CHUNK_BYTES = 1 << 24
 
 
-def _text_files(data_dir):
-    """Every .txt file under `data_dir`, sorted; local or any tf.io.gfile path (gs://...)."""
+def _text_files(data_dir, field="task.data_dir"):
+    """Every .txt file under `data_dir`, sorted, or `data_dir` itself if it is a .txt file; local or any
+    tf.io.gfile path (gs://...). `field` is the setting or flag that named it, for the error messages."""
     if not data_dir:
-        raise ValueError("training.data_dir must name a folder of .txt files for dataset='text_files'.")
+        raise ValueError(f"{field} must name a folder of .txt files for dataset='text_files'.")
     data_dir = str(data_dir)
+    if data_dir.endswith(".txt") and tf.io.gfile.exists(data_dir) and not tf.io.gfile.isdir(data_dir):
+        return [data_dir]
     if not tf.io.gfile.isdir(data_dir):
-        raise ValueError(f"Corpus folder not found. Received: task.data_dir={data_dir!r}")
+        raise ValueError(f"Corpus folder or .txt file not found. Received: {field}={data_dir!r}")
     files = sorted(
         tf.io.gfile.join(root, name)
         for root, _, names in tf.io.gfile.walk(data_dir)
@@ -45,7 +48,7 @@ def _text_files(data_dir):
         if name.endswith(".txt")
     )
     if not files:
-        raise ValueError(f"No .txt files under task.data_dir={data_dir!r}")
+        raise ValueError(f"No .txt files under {field}={data_dir!r}")
     return files
 
 
@@ -83,23 +86,23 @@ def check_utf8(path):
             lines += chunk.count(b"\n")
 
 
-def _checked_text_files(data_dir, split_name=None):
+def _checked_text_files(data_dir, split_name=None, field="task.data_dir"):
     """The .txt files of a corpus folder, checked before anything is trained: UTF-8
     throughout, not empty, and (a folder split by line, `split_name` None) a non-empty
     training split."""
-    files = _text_files(data_dir)
+    files = _text_files(data_dir, field)
     for path in files:
         check_utf8(path)
     first_lines = list(itertools.islice(_stream_lines(files), 2))
     if not first_lines:
         raise ValueError(
-            f"The corpus under task.data_dir={str(data_dir)!r} is empty."
+            f"The corpus under {field}={str(data_dir)!r} is empty."
             if split_name is None
-            else f"The {split_name} split of task.data_dir is empty: no non-empty line in the .txt files under {str(data_dir)!r}."
+            else f"The {split_name} split of {field} is empty: no non-empty line in the .txt files under {str(data_dir)!r}."
         )
     if len(first_lines) == 1 and split_name is None:
         raise ValueError(
-            f"The training split of task.data_dir={str(data_dir)!r} is empty: the corpus has 1 non-empty line, held out for "
+            f"The training split of {field}={str(data_dir)!r} is empty: the corpus has 1 non-empty line, held out for "
             f"evaluation (every {EVAL_EVERY}th line is, from the first). Add text: training needs at least 2 lines."
         )
     return files
@@ -112,14 +115,15 @@ def split_folders(data_dir):
     return folders if data_dir and all(tf.io.gfile.isdir(folder) for folder in folders) else None
 
 
-def corpus_splits(dataset, data_dir=None):
+def corpus_splits(dataset, data_dir=None, field="task.data_dir"):
     """(train, eval): functions returning a fresh iterator over the lines of each split.
 
     Checks the source at once (missing folder, no files, text that is not UTF-8, an empty
     corpus or training split) so that bad data fails before any training starts. A text
     corpus holds out every EVAL_EVERY-th non-empty line for evaluation, unless its folder has
     `train/` and `heldout/` sub-folders (`scripts/make_corpus.py`'s layout: held out by
-    document), which are then the two splits; LM1B has its own.
+    document), which are then the two splits; LM1B has its own. `data_dir` may also be one .txt
+    file. `field` is the setting or flag that gave `data_dir`: its errors name it.
     """
     if dataset == "lm1b":
         return _lm1b_lines(data_dir, "train"), _lm1b_lines(data_dir, "test")
@@ -129,11 +133,11 @@ def corpus_splits(dataset, data_dir=None):
         all_lines = lambda: iter(lines)  # noqa: E731
     elif folders:
         train_files, eval_files = (
-            _checked_text_files(folder, name) for folder, name in zip(folders, ("training", "held-out"))
+            _checked_text_files(folder, name, field) for folder, name in zip(folders, ("training", "held-out"))
         )
         return lambda: _stream_lines(train_files), lambda: _stream_lines(eval_files)
     elif dataset == "text_files":
-        files = _checked_text_files(data_dir)
+        files = _checked_text_files(data_dir, field=field)
         all_lines = lambda: _stream_lines(files)  # noqa: E731
     else:
         raise ValueError(f"`dataset` must be one of sample, lm1b, text_files. Received: dataset={dataset!r}")
