@@ -61,9 +61,16 @@ def main(argv=None):
     student = encoders.load_encoder(args.encoder, 256)
     teacher = encoders.load_encoder(default_teacher(), 256)
     maps = fitted_maps(student, teacher, draw_fit_texts(args.fit_texts, args.fit_count))
+    embedded = {}  # every map reads the same calls' embeddings: each text list is embedded once
+
+    def student_embeddings(texts):
+        if tuple(texts) not in embedded:
+            embedded[tuple(texts)] = student.encode(texts)
+        return embedded[tuple(texts)]
+
     rows = {}
     for name, mapped in maps.items():
-        embed = lambda texts, mapped=mapped: unit_rows(mapped(student.encode(texts)).astype(np.float32))  # noqa: E731
+        embed = lambda texts, mapped=mapped: unit_rows(mapped(student_embeddings(texts)).astype(np.float32))  # noqa: E731
         rows[name] = {
             split: mteb_protocol.with_mean(mteb_protocol.evaluate(embed, split=split)) for split in ("test", "dev")
         }
