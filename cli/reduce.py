@@ -31,8 +31,8 @@ from concise_attention.training.run import configs
 
 
 def reduced(spec, width, fit_texts, fit_count=FIT_COUNT):
-    """(source, its name, the reduced encoder, the share of the fit embeddings' variance its directions keep) of the
-    encoder named by `spec` (a preset, run, Keras preset or Hugging Face folder)."""
+    """(source, its name, the reduced encoder, the number of texts fitted on, the share of their embeddings' variance
+    the directions keep) of the encoder named by `spec` (a preset, run, Keras preset or Hugging Face folder)."""
     texts = draw_fit_texts(fit_texts, fit_count)  # a bad corpus is refused before the encoder loads
     source = artifacts.read(spec)
     encoder = encoders.load_encoder(spec)
@@ -45,7 +45,7 @@ def reduced(spec, width, fit_texts, fit_count=FIT_COUNT):
     pca = encoders.TeacherPca(encoder, texts, width).pca
     backbone = encoder.sentence_encoder.backbone
     kept = float(pca.explained_variance_ratio_.sum())
-    return source, encoder.name, with_output_projection(backbone, pca.components_.T), kept
+    return source, encoder.name, with_output_projection(backbone, pca.components_.T), len(texts), kept
 
 
 def main(argv=None):
@@ -69,10 +69,14 @@ def main(argv=None):
             raise ValueError(f"{out} exists; pass --overwrite to replace it.")
         check_integer("--width", args.width)
         check_integer("--fit-count", args.fit_count)
-        source, name, narrow, kept = reduced(args.source, args.width, args.fit_texts, args.fit_count)
+        source, name, narrow, fitted, kept = reduced(args.source, args.width, args.fit_texts, args.fit_count)
         with files.staged_folder(out) as staging:
             write_keras_preset(staging, narrow, source.vocabulary, source)
-    print(f"wrote {out}: {name} at width {args.width} (the directions keep {100 * kept:.1f}% of the variance)")
+    print(
+        f"wrote {out}: {name} at width {args.width}, fitted on {fitted:,} texts"
+        + (f" (all --fit-texts holds: fewer than --fit-count={args.fit_count:,})" if fitted < args.fit_count else "")
+        + f"; the directions keep {100 * kept:.1f}% of their variance"
+    )
     return 0
 
 

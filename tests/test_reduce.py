@@ -32,7 +32,9 @@ def test_the_reduced_preset_gives_the_sources_embeddings_projected_on_their_prin
         main([str(minilm_dir), "--width", "16", "--fit-texts", str(tmp_path / "corpus"), "--out", str(tmp_path / "r")])
         == 0
     )
-    assert "at width 16" in capsys.readouterr().out
+    assert "at width 16, fitted on 120 texts (all --fit-texts holds: fewer than --fit-count=20,000)" in (
+        capsys.readouterr().out
+    )
     source = SentenceEncoder.from_preset(minilm_dir)
     reduced = SentenceEncoder.from_preset(str(tmp_path / "r"))
     assert (reduced.width, reduced.sequence_length) == (16, source.sequence_length)
@@ -51,6 +53,7 @@ def test_the_reduced_preset_gives_the_sources_embeddings_projected_on_their_prin
         (["--width", "0"], "`--width` must be a positive integer"),
         (["--width", "200"], "gives 120 texts: more than --width=200 are needed"),
         (["--width", "16", "--fit-texts", "missing.txt"], "not found. Received: --fit-texts='missing.txt'"),
+        (["--width", "16", "--fit-texts", __file__], f"nor a .txt file. Received: --fit-texts={__file__!r}"),
     ],
 )
 def test_a_bad_width_is_one_line_and_nothing_is_written(minilm_dir, tmp_path, capsys, extra, message):
