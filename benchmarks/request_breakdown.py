@@ -84,7 +84,7 @@ def main(argv=None):
             print(
                 length, batch, json.dumps({key: round(value, 2) for key, value in rows[f"{length} b{batch}"].items()})
             )
-    result = {**provenance.header(__file__, argv)}
+    result = provenance.header(__file__, argv)
     result["rows"] = rows
     if args.out:
         provenance.write(args.out, result)

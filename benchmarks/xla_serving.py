@@ -68,7 +68,7 @@ def main(argv=None):
     import provenance
     import serving_benchmark
 
-    result = {**provenance.header(__file__, argv)}
+    result = provenance.header(__file__, argv)
     with tempfile.TemporaryDirectory() as workdir:
         served = {}
         for name, xla in (("plain", False), ("xla", True)):

@@ -37,12 +37,12 @@ def _text_files(data_dir, field="task.data_dir"):
     if not data_dir:
         raise ValueError(f"{field} must name a folder of .txt files for dataset='text_files'.")
     data_dir = str(data_dir)
-    if tf.io.gfile.exists(data_dir) and not tf.io.gfile.isdir(data_dir):
-        if data_dir.endswith(".txt"):
-            return [data_dir]
-        raise ValueError(f"Not a folder of .txt files nor a .txt file. Received: {field}={data_dir!r}")
-    if not tf.io.gfile.isdir(data_dir):
-        raise ValueError(f"Corpus folder or .txt file not found. Received: {field}={data_dir!r}")
+    if not tf.io.gfile.isdir(data_dir):  # one call for a folder, the usual case (a request each on gs://)
+        if not tf.io.gfile.exists(data_dir):
+            raise ValueError(f"Corpus folder or .txt file not found. Received: {field}={data_dir!r}")
+        if not data_dir.endswith(".txt"):
+            raise ValueError(f"Not a folder of .txt files nor a .txt file. Received: {field}={data_dir!r}")
+        return [data_dir]
     files = sorted(
         tf.io.gfile.join(root, name)
         for root, _, names in tf.io.gfile.walk(data_dir)
